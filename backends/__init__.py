@@ -1,0 +1,1 @@
+"""Per-device attention backends and op wrappers, plus the pure-torch reference."""

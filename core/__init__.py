@@ -1,0 +1,1 @@
+"""Device-agnostic engine: scheduler, KV cache manager, models, sampler, server."""

@@ -1,0 +1,10 @@
+// Registration entry points of the paged._C_cpu extension; each subsystem
+// binds its own functions so the pieces stay in separate files.
+#pragma once
+#include <nanobind/nanobind.h>
+
+namespace paged::cpu {
+void register_runtime(nanobind::module_& m);     // runtime/: topology, pinning, NUMA memory
+void register_block_pool(nanobind::module_& m);  // block_pool/: shared accounting + host arena
+void register_attention(nanobind::module_& m);   // attention/: paged attention + cache ops
+}  // namespace paged::cpu

@@ -1,0 +1,1 @@
+"""Platform interface, built-in platforms (cpu, cuda, npu) and the registry."""
