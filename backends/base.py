@@ -1,0 +1,131 @@
+"""The attention backend interface: the kernel contract every platform meets.
+
+See docs/kernels.md for the full contract. In short, per layer the KV cache is
+a pair of tensors (key_cache, value_cache) whose layout the backend chooses
+(``kv_cache_shape``). The ops are:
+
+- reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    key/value [T, Hkv, D]; slot = block * block_size + offset; slot < 0 = padding, skipped.
+- paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
+    decode: query/out [S, H, D], one new token per sequence, already written to the cache.
+- prefill_attention(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window)
+    varlen causal: sequence i owns query rows query_start_loc[i]:query_start_loc[i+1],
+    which are its LAST q_i positions (seq_lens[i] - q_i .. seq_lens[i] - 1); keys are
+    positions 0 .. seq_lens[i]-1 read from the cache (cached prefix + new tokens).
+- copy_blocks(key_caches, value_caches, block_mapping)      block_mapping [N, 2] (src, dst), all layers
+- swap_blocks(src_cache, dst_cache, block_mapping)          one tensor to another (device <-> host)
+- read_kv(key_cache, value_cache, slot_mapping) -> (key, value) [T, Hkv, D]   (tests / debugging)
+
+Index tensors: slot_mapping int64; block_tables, seq_lens, query_start_loc int32.
+sliding_window: 0 or None = unlimited; else key j is visible to query i iff
+i - window < j <= i. scale multiplies q.k before softmax.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs, built once per step by the model runner.
+
+    Sequences are ordered decodes first (one query token each), then
+    prefills (chunked prefill / prefix-cache hits included).
+    """
+
+    slot_mapping: torch.Tensor  # int64 [num_tokens]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
+    num_decodes: int  # the first num_decodes sequences have exactly one query token
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+class AttentionBackend(abc.ABC):
+    """Paged attention for one model shape on one device."""
+
+    name: str = ""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu",
+                 scale: float | None = None, sliding_window: int | None = None):
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.block_size = block_size
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.scale = float(scale) if scale is not None else head_size ** -0.5
+        self.sliding_window = int(sliding_window or 0)
+
+    # -- cache allocation --------------------------------------------------
+    @abc.abstractmethod
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's key cache (the value cache has the same)."""
+
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = self.kv_cache_shape(num_blocks)
+        return [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device),
+             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(num_layers)
+        ]
+
+    def bytes_per_block(self, num_layers: int) -> int:
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * num_layers * self.block_size * self.num_kv_heads * self.head_size * elem
+
+    # -- the kernel contract ------------------------------------------------
+    @abc.abstractmethod
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None: ...
+
+    @abc.abstractmethod
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None: ...
+
+    @abc.abstractmethod
+    def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                          block_tables, scale: float, sliding_window: int = 0) -> None: ...
+
+    @abc.abstractmethod
+    def copy_blocks(self, key_caches, value_caches, block_mapping) -> None: ...
+
+    @abc.abstractmethod
+    def swap_blocks(self, src_cache, dst_cache, block_mapping) -> None: ...
+
+    @abc.abstractmethod
+    def read_kv(self, key_cache, value_cache, slot_mapping) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    # -- one attention layer of a mixed batch --------------------------------
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        """query [T, H, D], key/value [T, Hkv, D] for this step's tokens.
+        Writes the new K/V into the cache, then attends: decodes through
+        paged_attention, the rest through prefill_attention."""
+        key_cache, value_cache = kv_cache
+        self.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+        out = torch.empty_like(query)
+        nd = meta.num_decodes
+        if nd:
+            self.paged_attention(out[:nd], query[:nd], key_cache, value_cache,
+                                 meta.block_tables[:nd], meta.seq_lens[:nd],
+                                 self.scale, self.sliding_window)
+        if nd < meta.num_seqs:
+            qsl = meta.query_start_loc[nd:]
+            if nd:
+                qsl = qsl - nd
+            self.prefill_attention(out[nd:], query[nd:], key_cache, value_cache, qsl,
+                                   meta.seq_lens[nd:], meta.block_tables[nd:],
+                                   self.scale, self.sliding_window)
+        return out

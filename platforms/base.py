@@ -1,0 +1,116 @@
+"""The Platform interface: everything core/ needs to know about a device.
+
+core/ never imports a device library (torch.cuda, torch_npu) itself; it asks
+the current platform. Built-ins: cpu, cuda, npu; third-party platforms
+register through the ``paged.platforms`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class PlatformUnavailable(RuntimeError):
+    """Raised when a requested platform cannot run here; the message is one
+    line saying what is missing and how to get it (the CLI prints it and
+    exits 2)."""
+
+
+@dataclass
+class Availability:
+    ok: bool
+    reason: str = ""  # when not ok: what is missing and how to get it
+
+
+@dataclass
+class MemoryInfo:
+    total_bytes: int
+    available_bytes: int
+
+
+class Platform(abc.ABC):
+    """One kind of device. Instances are cheap; construction must not
+    initialise a device runtime (that happens in ``init()``)."""
+
+    #: short name used on the command line: cpu, cuda, npu, or a plugin's name
+    name: str = ""
+    #: torch device type string ("cpu", "cuda", "npu", ...)
+    device_type: str = ""
+    #: collective backend for torch.distributed (gloo, nccl, hccl)
+    dist_backend: str = "gloo"
+    #: default KV block size in tokens
+    default_block_size: int = 16
+
+    # -- detection ---------------------------------------------------------
+    @abc.abstractmethod
+    def is_available(self) -> Availability:
+        """Whether this platform can run here, and if not, why."""
+
+    @abc.abstractmethod
+    def device_count(self) -> int: ...
+
+    # -- lifecycle ---------------------------------------------------------
+    def init(self, **options: Any) -> None:
+        """Prepare the platform for serving (bind threads, pick device...).
+        Called once by the engine after the platform is chosen."""
+
+    def set_device(self, index: int) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def torch_device(self, index: int = 0):
+        import torch
+
+        return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
+
+    # -- memory and dtypes -------------------------------------------------
+    @abc.abstractmethod
+    def memory_info(self) -> MemoryInfo:
+        """Total and available memory for the KV cache budget."""
+
+    @abc.abstractmethod
+    def supported_dtypes(self) -> list:
+        """torch dtypes the kernels support here, best first."""
+
+    def default_dtype(self):
+        return self.supported_dtypes()[0]
+
+    def kv_cache_budget_bytes(self, requested: int | None = None) -> int:
+        """Bytes for the KV cache: ``requested`` if it fits, else a share of
+        available memory. Raises ValueError with the numbers when it does
+        not fit."""
+        avail = self.memory_info().available_bytes
+        if requested is None:
+            return int(avail * 0.25)
+        if requested > avail:
+            raise ValueError(
+                f"--kv-cache-memory {requested / 2**30:.2f} GiB exceeds the "
+                f"{avail / 2**30:.2f} GiB available on {self.name}"
+            )
+        return requested
+
+    # -- kernels -----------------------------------------------------------
+    @abc.abstractmethod
+    def attention_backend_cls(self):
+        """The AttentionBackend subclass (backends/base.py) for this device."""
+
+    def ops_module(self):
+        """The compiled ops module (e.g. paged._C_cpu), or None."""
+        return None
+
+    def block_pool_cls(self):
+        """The block pool class for this device (accounting is shared C++;
+        the class decides where block memory lives)."""
+        from paged._C_cpu import BlockPool  # shared accounting
+
+        return BlockPool
+
+    # -- reporting ---------------------------------------------------------
+    def env_report(self) -> dict:
+        """What ``paged env`` prints for this platform (JSON-serialisable)."""
+        a = self.is_available()
+        return {"platform": self.name, "available": a.ok, "reason": a.reason}
