@@ -1,0 +1,118 @@
+"""Argument checks for the kernel contract, written in plain torch.
+
+The reference backend runs these once per call so that it rejects exactly
+the inputs a compiled backend rejects (the conformance suite checks both the
+same way). Every message names the argument and the offending value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INDEX_DTYPES = {"slot_mapping": torch.int64, "block_tables": torch.int32,
+                "seq_lens": torch.int32, "query_start_loc": torch.int32,
+                "block_mapping": torch.int64}
+
+
+def _fail(msg: str):
+    raise ValueError(msg)
+
+
+def check_tensor(name: str, t, ndim: int | None = None, dtype=None, device=None, shape=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        _fail(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        _fail(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if device is not None and t.device != torch.device(device):
+        _fail(f"{name} must be on {device}, got {t.device}")
+    if shape is not None:
+        for i, want in enumerate(shape):
+            if want is not None and t.shape[i] != want:
+                _fail(f"{name} has shape {tuple(t.shape)}; dim {i} must be {want}")
+    if not t.is_contiguous():
+        _fail(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
+
+
+def check_index(name: str, t, ndim: int, device, length: int | None = None):
+    check_tensor(name, t, ndim=ndim, dtype=INDEX_DTYPES[name], device=device)
+    if length is not None and t.shape[0] != length:
+        _fail(f"{name} has {t.shape[0]} rows but {length} were expected (mismatched batch sizes)")
+
+
+def check_caches(be, key_cache, value_cache):
+    shape = be.kv_cache_shape(key_cache.shape[0] if isinstance(key_cache, torch.Tensor) and key_cache.dim() else 0)
+    check_tensor("key_cache", key_cache, ndim=len(shape), dtype=be.dtype, device=be.device, shape=shape)
+    check_tensor("value_cache", value_cache, ndim=len(shape), dtype=be.dtype, device=be.device,
+                 shape=tuple(key_cache.shape))
+
+
+def check_heads(be, name: str, t, num_heads: int, rows: int | None = None):
+    check_tensor(name, t, ndim=3, dtype=be.dtype, device=be.device, shape=(rows, num_heads, be.head_size))
+
+
+def check_block_tables(be, block_tables, seq_lens, num_blocks: int):
+    """Every sequence's used table entries (ceil(seq_len / block_size)) must be
+    valid block ids; entries past the used ones are padding and ignored."""
+    num_seqs = seq_lens.shape[0]
+    if block_tables.shape[0] != num_seqs:
+        _fail(f"block_tables has {block_tables.shape[0]} rows but seq_lens has {num_seqs} (mismatched batch sizes)")
+    lens = seq_lens.cpu()
+    if num_seqs and int(lens.min()) < 1:
+        i = int(torch.argmin(lens))
+        _fail(f"seq_lens[{i}] = {int(lens[i])} must be >= 1")
+    capacity = block_tables.shape[1] * be.block_size
+    if num_seqs and int(lens.max()) > capacity:
+        i = int(torch.argmax(lens))
+        _fail(f"seq_lens[{i}] = {int(lens[i])} exceeds the block table capacity "
+              f"{block_tables.shape[1]} blocks x {be.block_size} = {capacity} tokens")
+    used = (lens + be.block_size - 1) // be.block_size
+    cols = torch.arange(block_tables.shape[1])
+    mask = cols[None, :] < used[:, None]
+    tables = block_tables.cpu()
+    bad = mask & ((tables < 0) | (tables >= num_blocks))
+    if bool(bad.any()):
+        s, j = (int(x) for x in bad.nonzero()[0])
+        raise IndexError(f"block_tables[{s}, {j}] = {int(tables[s, j])} is not a block id in [0, {num_blocks})")
+
+
+def check_slots(name: str, slots, num_slots: int):
+    s = slots.cpu()
+    bad = s >= num_slots
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise IndexError(f"{name}[{i}] = {int(s[i])} is beyond the cache ({num_slots} slots)")
+
+
+def check_query_start_loc(query_start_loc, num_tokens: int, seq_lens):
+    q = query_start_loc.cpu().long()
+    if q.shape[0] != seq_lens.shape[0] + 1:
+        _fail(f"query_start_loc has {q.shape[0]} entries but seq_lens has {seq_lens.shape[0]} "
+              f"(needs num_seqs + 1)")
+    if int(q[0]) != 0 or int(q[-1]) != num_tokens:
+        _fail(f"query_start_loc must run from 0 to num_tokens={num_tokens}, got {int(q[0])}..{int(q[-1])}")
+    qlens = q[1:] - q[:-1]
+    lens = seq_lens.cpu().long()
+    bad = (qlens < 1) | (qlens > lens)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        _fail(f"sequence {i} has {int(qlens[i])} query tokens but seq_lens[{i}] = {int(lens[i])} "
+              f"(need 1 <= query tokens <= seq_len)")
+
+
+def check_block_mapping(block_mapping, num_src: int, num_dst: int, device=None):
+    check_tensor("block_mapping", block_mapping, ndim=2, dtype=torch.int64, shape=(None, 2))
+    m = block_mapping.cpu()
+    for col, (what, n) in enumerate((("source", num_src), ("destination", num_dst))):
+        bad = (m[:, col] < 0) | (m[:, col] >= n)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise IndexError(f"block_mapping[{i}, {col}] = {int(m[i, col])} is not a {what} block id in [0, {n})")
+
+
+def check_scale_window(scale, sliding_window):
+    if not isinstance(scale, (int, float)) or not (float(scale) == float(scale)) or float(scale) == 0.0:
+        _fail(f"scale must be a finite non-zero number, got {scale!r}")
+    if sliding_window is not None and int(sliding_window) < 0:
+        _fail(f"sliding_window must be >= 0 (0 = unlimited), got {sliding_window}")
