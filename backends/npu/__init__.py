@@ -1,0 +1,120 @@
+"""Ascend NPU attention backend on CANN's own paged-attention operators.
+
+Written against torch_npu 2.13.0 (docs/ascend.md):
+- cache writes: torch_npu.npu_scatter_pa_kv_cache(..., cache_mode="Norm")
+  on caches laid out [num_blocks, block_size, Hkv, D] (ND);
+- decode and prefill / chunked prefill: torch_npu.npu_fused_infer_attention_score
+  with block_table, actual_seq_lengths (query) and actual_seq_lengths_kv,
+  BSH layout, the cache viewed as [num_blocks, block_size, Hkv*D]; causal
+  prefill uses sparse_mode=3 (right-down causal, so the query rows are the
+  LAST positions of each sequence), sliding windows an explicit mask.
+Block copies and reads are plain torch indexing, which torch_npu runs on
+the device. torch_npu is imported only when an operator runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged.backends.npu import layout
+from paged.backends.reference import ReferenceBackend
+from paged.backends.reference import validation as v
+
+__all__ = ["NpuBackend"]
+
+
+def _torch_npu():
+    try:
+        import torch_npu  # noqa: F401  (registers torch.npu and the operators)
+    except ImportError as e:  # not installed, or CANN libraries missing
+        raise RuntimeError(f"the npu backend needs torch_npu with CANN: {e}") from e
+    return torch_npu
+
+
+class NpuBackend(ReferenceBackend):
+    """Argument checks and the layout-agnostic block copies (copy_blocks,
+    swap_blocks: plain indexing on dim 0) are inherited from the reference
+    backend; the cache layout and every kernel are the NPU's own."""
+
+    name = "npu"
+
+    def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="npu",
+                 scale=None, sliding_window=None):
+        layout.check_shape(num_heads, num_kv_heads, head_size, block_size, dtype)
+        super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return layout.kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
+
+    def _flat_cache(self, cache: torch.Tensor) -> torch.Tensor:
+        return cache.view(cache.shape[0], self.block_size, self.num_kv_heads * self.head_size)
+
+    # -- cache writes / reads ---------------------------------------------
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        v.check_caches(self, key_cache, value_cache)
+        v.check_heads(self, "key", key, self.num_kv_heads)
+        v.check_heads(self, "value", value, self.num_kv_heads, rows=key.shape[0])
+        v.check_index("slot_mapping", slot_mapping, 1, self.device, length=key.shape[0])
+        v.check_slots("slot_mapping", slot_mapping, key_cache.shape[0] * self.block_size)
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):  # the operator takes no padding slots
+            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+        if key.shape[0]:
+            _torch_npu().npu_scatter_pa_kv_cache(key.contiguous(), value.contiguous(), key_cache, value_cache,
+                                                 slot_mapping.contiguous(), cache_mode="Norm")
+
+    def read_kv(self, key_cache, value_cache, slot_mapping):
+        v.check_caches(self, key_cache, value_cache)
+        v.check_index("slot_mapping", slot_mapping, 1, self.device)
+        v.check_slots("slot_mapping", slot_mapping, key_cache.shape[0] * self.block_size)
+        keep = (slot_mapping >= 0)[:, None, None]
+        slots = slot_mapping.clamp(min=0)
+        blocks, offsets = slots // self.block_size, slots % self.block_size
+        zero = torch.zeros((), dtype=key_cache.dtype, device=key_cache.device)
+        return (torch.where(keep, key_cache[blocks, offsets], zero).contiguous(),
+                torch.where(keep, value_cache[blocks, offsets], zero).contiguous())
+
+    # -- attention ----------------------------------------------------------
+    def _fused_attention(self, query_bsh, key_cache, value_cache, block_tables, kv_lens, scale, **extra):
+        out, _ = _torch_npu().npu_fused_infer_attention_score(
+            query_bsh, self._flat_cache(key_cache), self._flat_cache(value_cache),
+            block_table=block_tables, actual_seq_lengths_kv=kv_lens,
+            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads, scale=float(scale),
+            input_layout="BSH", block_size=self.block_size, **extra)
+        return out
+
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None:
+        self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
+        if seq_lens.shape[0] != query.shape[0]:
+            raise ValueError(f"query has {query.shape[0]} sequences but seq_lens has {seq_lens.shape[0]} "
+                             "(mismatched batch sizes)")
+        if not query.shape[0]:
+            return
+        lens = seq_lens.tolist()
+        extra = {}
+        if sliding_window:
+            kv_len = block_tables.shape[1] * self.block_size
+            extra["atten_mask"] = layout.decode_window_mask(lens, kv_len, int(sliding_window), query.device)
+        s, h, d = query.shape
+        o = self._fused_attention(query.reshape(s, 1, h * d), key_cache, value_cache, block_tables,
+                                  lens, scale, **extra)
+        out.copy_(o.reshape(s, h, d))
+
+    def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                          block_tables, scale: float, sliding_window: int = 0) -> None:
+        self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
+        v.check_index("query_start_loc", query_start_loc, 1, self.device)
+        v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens)
+        if not seq_lens.shape[0]:
+            return
+        q_lens, kv_lens = layout.query_lens(query_start_loc), seq_lens.tolist()
+        if sliding_window:
+            kv_len = block_tables.shape[1] * self.block_size
+            extra = {"atten_mask": layout.window_mask(q_lens, kv_lens, kv_len, int(sliding_window), query.device),
+                     "sparse_mode": 0}
+        else:
+            extra = {"atten_mask": layout.causal_mask(query.device), "sparse_mode": 3}
+        o = self._fused_attention(layout.pad_queries(query, q_lens), key_cache, value_cache, block_tables,
+                                  kv_lens, scale, actual_seq_lengths=q_lens, **extra)
+        out.copy_(layout.unpad_output(o, q_lens, self.num_heads))
