@@ -79,19 +79,27 @@ class Platform(abc.ABC):
     def default_dtype(self):
         return self.supported_dtypes()[0]
 
-    def kv_cache_budget_bytes(self, requested: int | None = None) -> int:
-        """Bytes for the KV cache: ``requested`` if it fits, else a share of
-        available memory. Raises ValueError with the numbers when it does
-        not fit."""
+    #: share of available memory the KV cache takes when no size is requested
+    default_kv_cache_fraction: float = 0.25
+
+    def kv_cache_budget_bytes(self, requested: int | str | None = None) -> int:
+        """Bytes for the KV cache: ``requested`` (bytes or a size like
+        "2GiB") if it fits, else ``default_kv_cache_fraction`` of available
+        memory. Raises ValueError with the numbers when it does not fit."""
+        from paged.platforms.sizes import format_size, parse_size
+
         avail = self.memory_info().available_bytes
         if requested is None:
-            return int(avail * 0.25)
-        if requested > avail:
+            return int(avail * self.default_kv_cache_fraction)
+        wanted = parse_size(requested)
+        if wanted <= 0:
+            raise ValueError(f"--kv-cache-memory {requested!r} must be more than 0 bytes")
+        if wanted > avail:
             raise ValueError(
-                f"--kv-cache-memory {requested / 2**30:.2f} GiB exceeds the "
-                f"{avail / 2**30:.2f} GiB available on {self.name}"
+                f"--kv-cache-memory {format_size(wanted)} exceeds the "
+                f"{format_size(avail)} available on {self.name}"
             )
-        return requested
+        return wanted
 
     # -- kernels -----------------------------------------------------------
     @abc.abstractmethod

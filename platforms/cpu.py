@@ -1,0 +1,170 @@
+"""The CPU platform: NUMA-aware, one pinned OpenMP thread per physical core.
+
+Pinning and the memory policy happen inside the C++ runtime (paged._C_cpu,
+csrc_cpu/runtime/); this module decides *what* to bind from the sysfs
+topology (platforms/topology.py). See docs/platforms.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from paged.platforms.base import Availability, MemoryInfo, Platform
+from paged.platforms.cpulist import format_cpulist, parse_cpulist
+from paged.platforms.topology import Topology, read_topology, system_memory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BindingPlan:
+    """What ``--cpu-threads-bind`` resolved to for this process."""
+
+    spec: str
+    cpus: list[int] = field(default_factory=list)  # OpenMP thread i -> cpus[i]; empty: no pinning
+    node: int | None = None  # NUMA node for memory; None: default policy
+    memory_method: str | None = None  # "libnuma" / "set_mempolicy" once applied, or why it failed
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec, "cpus": format_cpulist(self.cpus), "threads": len(self.cpus),
+                "node": self.node, "memory_method": self.memory_method}
+
+
+def plan_binding(spec: str, topology: Topology, rank: int = 0) -> BindingPlan:
+    """Resolve ``auto | none | <cpulist>[|<cpulist>...]`` (one list per rank).
+
+    auto: one thread per physical core of the node with the most usable
+    cores; a CPU list: exactly those CPUs, memory on the node holding most.
+    """
+    spec = (spec or "").strip()
+    if spec == "none":
+        return BindingPlan(spec)
+    if spec == "auto":
+        node = topology.best_node()
+        return BindingPlan(spec, topology.one_thread_per_core(node), node.id)
+    lists = spec.split("|")
+    if rank >= len(lists):
+        raise ValueError(f"--cpu-threads-bind {spec!r} has {len(lists)} CPU list(s), none for rank {rank}")
+    try:
+        cpus = parse_cpulist(lists[rank], allowed=topology.usable)
+    except ValueError as e:
+        raise ValueError(f"--cpu-threads-bind: {e} (use auto, none or a CPU list like 0-3)") from None
+    return BindingPlan(spec, cpus, topology.node_of(cpus))
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    default_block_size = 16
+
+    def __init__(self, sysfs_root: str | os.PathLike = "/sys", allowed: list[int] | set[int] | None = None):
+        self._sysfs_root = sysfs_root
+        self._allowed = allowed
+        self._topology: Topology | None = None
+        self.plan: BindingPlan | None = None  # set by init()
+
+    # -- detection ---------------------------------------------------------
+    def is_available(self) -> Availability:
+        try:
+            self.ops_module()
+        except ImportError as e:
+            return Availability(False, f"paged._C_cpu is not built ({e}); reinstall: pip install -e .")
+        return Availability(True)
+
+    def device_count(self) -> int:
+        return 1
+
+    def topology(self) -> Topology:
+        if self._topology is None:
+            self._topology = read_topology(self._sysfs_root, self._process_cpus())
+        return self._topology
+
+    def _process_cpus(self) -> list[int] | set[int]:
+        """The CPUs this process may use. Once threads are pinned the calling
+        thread's mask is one CPU, so prefer the mask the runtime captured at
+        import, before any pinning."""
+        if self._allowed is not None:
+            return self._allowed
+        try:
+            return self.ops_module().initial_allowed_cpus()
+        except ImportError:
+            return os.sched_getaffinity(0)
+
+    # -- lifecycle ---------------------------------------------------------
+    def init(self, threads_bind: str = "auto", rank: int = 0, **options: Any) -> None:
+        """Pin OpenMP (and torch's intra-op) threads and bind memory to the
+        node of those threads. ``threads_bind``: auto | none | CPU list(s)."""
+        plan = plan_binding(threads_bind, self.topology(), rank)
+        ops = self.ops_module()
+        if plan.cpus:
+            import torch
+
+            torch.set_num_threads(len(plan.cpus))
+            ops.bind_threads(plan.cpus)
+        if plan.node is not None:
+            try:
+                plan.memory_method = ops.bind_memory_to_node(plan.node)
+            except (RuntimeError, ValueError) as e:  # e.g. a seccomp profile forbids set_mempolicy
+                plan.memory_method = f"not bound: {e}"
+                log.warning("memory not bound to NUMA node %d: %s", plan.node, e)
+        self.plan = plan
+
+    # -- memory and dtypes -------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        """The bound node's MemTotal/MemFree; the machine's /proc/meminfo
+        (MemAvailable) when unbound or when sysfs has no node meminfo."""
+        if self.plan is not None and self.plan.node is not None:
+            node = self.topology().node(self.plan.node)
+            if node.mem_total_bytes is not None and node.mem_free_bytes is not None:
+                return MemoryInfo(node.mem_total_bytes, node.mem_free_bytes)
+        total, available = system_memory()
+        return MemoryInfo(total, available)
+
+    def cpu_features(self) -> dict[str, bool]:
+        return dict(self.ops_module().cpu_features())
+
+    def supported_dtypes(self) -> list:
+        """bfloat16 first where the CPU computes it natively (AVX512_BF16 or
+        AMX), else float32 first; float16 where the CPU converts it (F16C)."""
+        import torch
+
+        features = self.cpu_features()
+        native_bf16 = features.get("avx512bf16") or features.get("amx_bf16")
+        dtypes = [torch.bfloat16, torch.float32] if native_bf16 else [torch.float32, torch.bfloat16]
+        if features.get("f16c") or features.get("avx512fp16"):
+            dtypes.append(torch.float16)
+        return dtypes
+
+    # -- kernels -----------------------------------------------------------
+    def attention_backend_cls(self):
+        from paged.backends.cpu import CpuBackend
+
+        return CpuBackend
+
+    def ops_module(self):
+        from paged import _C_cpu
+
+        return _C_cpu
+
+    # -- reporting ---------------------------------------------------------
+    def env_report(self) -> dict:
+        report = super().env_report()
+        topo = self.topology()
+        report["topology"] = topo.to_dict()
+        report["binding"] = self.plan.to_dict() if self.plan else None
+        if not report["available"]:
+            return report
+        ops = self.ops_module()
+        report["threads"] = ops.thread_report() if self.plan and self.plan.cpus else None
+        report["memory_policy"] = ops.memory_policy()
+        report["libnuma"] = ops.libnuma_available()
+        report["cpu_features"] = self.cpu_features()
+        report["dtypes"] = [str(d).removeprefix("torch.") for d in self.supported_dtypes()]
+        mem = self.memory_info()
+        report["memory"] = {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}
+        report["kv_cache_budget_bytes"] = self.kv_cache_budget_bytes()
+        return report
