@@ -1,0 +1,255 @@
+"""Engine: schedule -> run -> sample -> update, one step at a time.
+
+    engine = Engine(EngineConfig(...))   # loads the model, sizes the KV cache, warms up
+    engine.add_request("r1", "Hello", SamplingParams(max_tokens=8))
+    while engine.has_unfinished_requests():
+        for out in engine.step(): ...   # RequestOutput, cumulative text / token ids
+
+Not thread-safe: one thread drives it (core/async_engine.py for the server).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional, Union
+
+import torch
+
+from .engine_config import EngineConfig
+from .model_runner import ModelRunner, size_kv_cache
+from .outputs import RequestOutput
+from .request import Detokenizer, Request, Sequence
+from .sampler import Sampler, top_logprobs
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+log = logging.getLogger("paged.engine")
+
+
+def resolve_platform(device: str):
+    """The Platform for --device (auto picks the best available); becomes
+    the process's current platform."""
+    from paged.platforms import get_platform, set_current_platform
+
+    platform = get_platform(device or "auto")
+    set_current_platform(platform)
+    return platform
+
+
+class Engine:
+    def __init__(self, config: Optional[EngineConfig] = None):
+        from paged.core.config import resolve_dtype
+        from paged.core.kv_cache_manager import KVCacheManager
+        from paged.core.loaders import load_model_files
+        from paged.core.models import build_model
+
+        self.config = config = config or EngineConfig()
+        self.platform = resolve_platform(config.device)
+        self.platform.init(threads_bind=config.cpu_threads_bind)
+        self.device = self.platform.torch_device()
+        self.dtype = resolve_dtype(config.dtype, self.platform)
+
+        path = config.model
+        if path is None:
+            from paged.core.model_files import default_model_path
+
+            path = default_model_path()
+        t0 = time.perf_counter()
+        loaded = load_model_files(str(path))
+        self.model_path = str(path)
+        self.model_config = mc = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = loaded.chat_template
+
+        self.block_size = config.block_size or self.platform.default_block_size
+        if config.attention_backend == "reference":
+            from paged.backends.reference import ReferenceBackend as backend_cls
+        else:
+            backend_cls = self.platform.attention_backend_cls()
+        self.attn_backend = backend_cls(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.block_size,
+                                        self.dtype, self.device, sliding_window=mc.sliding_window)
+        model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend)
+        del loaded
+
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"--max-model-len {self.max_model_len} exceeds the model's context length "
+                             f"({mc.max_position_embeddings})")
+        bytes_per_block = self.attn_backend.bytes_per_block(mc.num_layers)
+        if config.num_kv_blocks is not None:
+            num_blocks = config.num_kv_blocks
+        else:
+            budget = self.platform.kv_cache_budget_bytes(config.kv_cache_memory)
+            num_blocks = size_kv_cache(budget, bytes_per_block, self.block_size, self.max_model_len,
+                                       config.max_num_seqs)
+        # one sequence must always fit on its own, or preemption could not make progress
+        self.max_model_len = min(self.max_model_len, num_blocks * self.block_size)
+        log.info("KV cache: %d blocks (%.2f GiB), block size %d", num_blocks,
+                 num_blocks * bytes_per_block / 2**30, self.block_size)
+
+        self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
+                                               pool_cls=self.platform.block_pool_cls())
+        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_waiting, config.enable_prefix_caching)
+        self.runner = ModelRunner(model, self.attn_backend, mc.num_layers, num_blocks, self.block_size,
+                                  self.device, self.kv_cache_manager)
+        self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
+        self.eos_token_id = mc.eos_token_id
+        self.sampler = Sampler(sorted(self.stop_token_ids), config.seed)
+        if config.warm_up:
+            self.runner.warm_up()
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.num_finished = 0
+        log.info("engine ready: %s on %s, %s, in %.1f s", self.model_path, self.platform.name,
+                 str(self.dtype).removeprefix("torch."), time.perf_counter() - t0)
+
+    # -- requests ---------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Union[str, list[int]], params: Optional[SamplingParams] = None,
+                    arrival_time: Optional[float] = None) -> None:
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.model_config.vocab_size
+        params.validate_for_vocab(vocab)
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, list(prompt)
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]!r} is not in the vocabulary [0, {vocab})")
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                             "(prompt + at least one generated token must fit)")
+        req = Request(request_id, text, ids, params, arrival_time)
+        room = self.max_model_len - len(ids)
+        req.max_tokens = min(params.max_tokens or room, room)
+        self._init_output_state(req.seqs[0])
+        self.scheduler.add_request(req)
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Stops the request and frees its blocks; returns its final output
+        (finish_reason 'abort'), or None when it is unknown or already done."""
+        req = self.scheduler.abort_request(request_id)
+        if req is None:
+            return None
+        req.metrics.finished_time = time.time()
+        return req.output()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.empty:
+            return []
+        result = self.runner.execute(out)
+        self.scheduler.advance(out)
+        for e in out.prefills:
+            self.num_prompt_tokens += e.num_new_tokens
+        touched: dict[str, Request] = {}
+        for e, logits in result.prompt_logits:
+            self._add_prompt_logprobs(e, logits)
+        if result.sample_seqs:
+            seqs, rows = self._fork_finished_prompts(result.sample_seqs)
+            logits = result.logits if len(rows) == len(result.sample_seqs) else result.logits[rows]
+            sampled = self.sampler(logits, seqs)
+            now = time.time()
+            for i, seq in enumerate(seqs):
+                self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.chosen_logprobs[i], now)
+                touched[seq.group.request_id] = seq.group
+        return [req.output() for req in touched.values()]
+
+    def _fork_finished_prompts(self, sample_seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+        """n > 1: once the prompt is computed, the first sequence is forked
+        into n - 1 more that share its blocks; all sample from its logits row."""
+        seqs, rows = list(sample_seqs), list(range(len(sample_seqs)))
+        for row, seq in enumerate(sample_seqs):
+            req = seq.group
+            if req.params.n > len(req.seqs):
+                for j in range(len(req.seqs), req.params.n):
+                    child = Sequence(req, j, list(seq.token_ids), f"{req.request_id}#{j}")
+                    child.num_computed_tokens = seq.num_computed_tokens
+                    child.prefill_target = seq.prefill_target
+                    self._init_output_state(child)
+                    req.seqs.append(child)
+                    self.scheduler.fork(seq, child)
+                    seqs.append(child)
+                    rows.append(row)
+        return seqs, rows
+
+    def _init_output_state(self, seq: Sequence) -> None:
+        seq.detok = Detokenizer(self.tokenizer, seq.group.prompt_token_ids, seq.params.skip_special_tokens)
+
+    def _append_token(self, seq: Sequence, token: int, lp, chosen_lp, now: float) -> None:
+        req, p = seq.group, seq.params
+        seq.token_ids.append(token)
+        self.num_generation_tokens += 1
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+        req.metrics.num_generated_tokens += 1
+        if seq.logprobs is not None:
+            seq.logprobs.append(lp)
+            seq.cumulative_logprob += chosen_lp
+        n_out = seq.num_output_tokens
+        can_stop = n_out >= p.min_tokens
+        if can_stop and ((token in self.stop_token_ids and not p.ignore_eos) or token in p.stop_token_ids):
+            self._finish(seq, "stop", token)
+            return
+        delta = seq.detok.add(token)
+        if delta:
+            seq.text += delta
+            if can_stop and p.stop_strings and self._check_stop_strings(seq, len(delta)):
+                return
+        if n_out >= req.max_tokens:
+            self._finish(seq, "length")
+
+    def _check_stop_strings(self, seq: Sequence, delta_len: int) -> bool:
+        text = seq.text
+        for stop in seq.params.stop_strings:
+            idx = text.find(stop, max(0, len(text) - delta_len - len(stop) + 1))
+            if idx >= 0:
+                seq.text = text[:idx + len(stop)] if seq.params.include_stop_str_in_output else text[:idx]
+                self._finish(seq, "stop", stop)
+                return True
+        return False
+
+    def _finish(self, seq: Sequence, reason: str, stop_reason=None) -> None:
+        seq.finish(reason, stop_reason)
+        self.scheduler.finish_seq(seq)
+        if seq.group.finished:
+            seq.group.metrics.finished_time = time.time()
+            self.num_finished += 1
+
+    def _add_prompt_logprobs(self, e, logits: torch.Tensor) -> None:
+        """Row r of a prompt chunk predicts prompt token start + r + 1."""
+        req = e.seq.group
+        if e.seq.index != 0 or len(req.prompt_logprobs) >= len(req.prompt_token_ids):
+            return
+        lps = torch.log_softmax(logits, dim=-1)
+        k = req.params.prompt_logprobs
+        for r in range(logits.shape[0]):
+            pos = e.start + r + 1
+            if pos >= len(req.prompt_token_ids):
+                break
+            if pos == len(req.prompt_logprobs):
+                req.prompt_logprobs.append(top_logprobs(lps[r], k, req.prompt_token_ids[pos]))
+
+    # -- reporting ---------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.scheduler.stats()
+        kv = self.kv_cache_manager.stats()
+        s.update(
+            kv_cache=kv,
+            kv_cache_usage=kv.get("usage", 0.0),
+            prefix_cache_hit_rate=kv.get("hit_rate", 0.0),
+            prompt_tokens=self.num_prompt_tokens,
+            generation_tokens=self.num_generation_tokens,
+            num_finished=self.num_finished,
+        )
+        return s

@@ -1,0 +1,101 @@
+"""EngineConfig and the command-line options shared by serve / generate / chat."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+_SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+               "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_memory_size(text) -> int:
+    """'4GiB', '512MiB', '2.5G', '1e9b' -> bytes; a bare number means GiB."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"--kv-cache-memory: cannot read {text!r} as a size (e.g. 4GiB, 512MiB, 2)")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    size = int(value * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"--kv-cache-memory must be > 0, got {text!r}")
+    return size
+
+
+@dataclass
+class EngineConfig:
+    model: Optional[str] = None  # .gguf file or HF folder; None: the default SmolLM2
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: Optional[int] = None  # None: the model's context length
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    block_size: Optional[int] = None  # None: the platform's default
+    kv_cache_memory: Optional[int] = None  # bytes; None: the platform's share of free memory
+    num_kv_blocks: Optional[int] = None  # exact block count (tests); overrides kv_cache_memory
+    cpu_threads_bind: str = "auto"
+    enable_prefix_caching: bool = True
+    seed: Optional[int] = 0
+    max_waiting: Optional[int] = None  # bounded waiting queue (server 503); None: unbounded
+    attention_backend: Optional[str] = None  # "reference" forces the pure-torch oracle
+    warm_up: bool = True
+
+    def __post_init__(self) -> None:
+        def positive(name):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "num_kv_blocks", "max_waiting"):
+            positive(name)
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        if self.attention_backend not in (None, "reference"):
+            raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None,
+                   help="a .gguf file or a Hugging Face model folder (default: SmolLM2-135M-Instruct GGUF)")
+    g.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16 | float16 (default: auto)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="context length limit (default: the model's)")
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                   help=f"most sequences in one step (default: {d.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help=f"token budget of one step; longer prompts are prefilled in chunks "
+                        f"(default: {d.max_num_batched_tokens})")
+    g.add_argument("--block-size", type=int, default=None, help="KV cache block size in tokens")
+    g.add_argument("--kv-cache-memory", default=None,
+                   help="KV cache size, e.g. 4GiB or 512MiB (default: a share of free memory)")
+    g.add_argument("--cpu-threads-bind", default=d.cpu_threads_bind,
+                   help="auto | none | <cpu list>[|<cpu list>...] (CPU platform)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=d.enable_prefix_caching, help="automatic prefix caching (default: on)")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling (default: 0)")
+
+
+def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
+    """EngineConfig from parsed options (args.device is the CLI's global --device)."""
+    values = dict(
+        model=args.model,
+        device=getattr(args, "device", None) or "auto",
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        kv_cache_memory=args.kv_cache_memory,
+        cpu_threads_bind=args.cpu_threads_bind,
+        enable_prefix_caching=args.enable_prefix_caching,
+        seed=args.seed,
+    )
+    values.update(overrides)
+    return EngineConfig(**values)

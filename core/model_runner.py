@@ -1,0 +1,166 @@
+"""Runs one scheduled step through the model.
+
+Per step it builds the flat inputs once, with numpy (no per-token Python
+loops): token ids, positions, slot_mapping (slot = block_table[pos // bs] * bs
++ pos % bs), padded int32 block tables, seq_lens, query_start_loc; performs
+the step's copy-on-write block copies; runs the model under
+torch.inference_mode(); and computes logits only for the rows that sample
+(the last token of every sequence whose step reaches its last known token),
+plus the prompt rows of requests that asked for prompt_logprobs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from paged.backends.base import AttentionMetadata
+
+from .request import Request, Sequence
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger("paged.engine")
+
+
+def size_kv_cache(budget_bytes: int, bytes_per_block: int, block_size: int,
+                  max_model_len: int, max_num_seqs: int) -> int:
+    """Number of KV blocks: what the byte budget holds, but no more than
+    every running sequence at full context length could ever use."""
+    if bytes_per_block <= 0:
+        raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
+    fit = budget_bytes // bytes_per_block
+    per_seq = -(-max_model_len // block_size)
+    useful = per_seq * max_num_seqs
+    num_blocks = int(min(fit, useful))
+    if num_blocks < per_seq:
+        raise ValueError(
+            f"the KV cache budget ({budget_bytes / 2**30:.3f} GiB) holds {fit} blocks of {block_size} tokens, "
+            f"fewer than one sequence of max_model_len={max_model_len} needs ({per_seq}); "
+            "raise --kv-cache-memory or lower --max-model-len")
+    return num_blocks
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_rows: np.ndarray  # row of the last token of each sampling sequence
+    sample_seqs: list[Sequence]
+    prompt_lp: list[tuple[ScheduledSeq, int]] = field(default_factory=list)  # (entry, first row)
+
+
+@dataclass
+class StepResult:
+    sample_seqs: list[Sequence]
+    logits: Optional[torch.Tensor]  # float32 [len(sample_seqs), vocab]
+    # prompt_logprobs requests: (entry, logits of its chunk's rows [n, vocab])
+    prompt_logits: list[tuple[ScheduledSeq, torch.Tensor]] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, model, attn_backend, num_layers: int, num_blocks: int, block_size: int,
+                 device: torch.device, kv_cache_manager):
+        self.model = model
+        self.backend = attn_backend
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self.kv = kv_cache_manager
+        self.num_blocks = num_blocks
+        self.kv_caches = attn_backend.allocate_kv_cache(num_layers, num_blocks)
+        self._key_caches = [k for k, _ in self.kv_caches]
+        self._value_caches = [v for _, v in self.kv_caches]
+
+    # -- inputs -------------------------------------------------------------------
+    def build_inputs(self, out: SchedulerOutput) -> StepInputs:
+        entries = out.scheduled
+        tables = [self.kv.block_table(e.seq.seq_id) for e in entries]
+        return self._build(entries, tables, len(out.decodes))
+
+    def _build(self, entries: list[ScheduledSeq], tables: list[list[int]], num_decodes: int) -> StepInputs:
+        bs = self.block_size
+        num_seqs = len(entries)
+        lens = np.fromiter((e.num_new_tokens for e in entries), dtype=np.int64, count=num_seqs)
+        starts = np.fromiter((e.start for e in entries), dtype=np.int64, count=num_seqs)
+        qsl = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        total = int(qsl[-1])
+        seq_lens = starts + lens
+
+        ids: list[int] = []
+        for e in entries:
+            toks = e.seq.token_ids
+            if e.num_new_tokens == 1:
+                ids.append(toks[e.start])
+            else:
+                ids.extend(toks[e.start:e.start + e.num_new_tokens])
+
+        row_seq = np.repeat(np.arange(num_seqs), lens)
+        positions = np.arange(total, dtype=np.int64) - qsl[row_seq] + starts[row_seq]
+
+        width = max(1, int(-(-seq_lens.max() // bs)) if num_seqs else 1)
+        block_tables = np.zeros((num_seqs, width), dtype=np.int32)
+        for i, t in enumerate(tables):
+            n = min(len(t), width)
+            block_tables[i, :n] = t[:n]
+        slot_mapping = block_tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
+
+        samples = [i for i, e in enumerate(entries) if e.samples]
+        sample_rows = qsl[1:][samples] - 1
+        prompt_lp = [(e, int(qsl[i])) for i, e in enumerate(entries)
+                     if i >= num_decodes and e.seq.group.params.prompt_logprobs is not None]
+
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
+            block_tables=torch.from_numpy(block_tables).to(dev),
+            num_decodes=num_decodes,
+            max_query_len=int(lens.max()) if num_seqs else 0,
+            max_seq_len=int(seq_lens.max()) if num_seqs else 0,
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.from_numpy(positions).to(dev),
+            meta=meta,
+            sample_rows=sample_rows,
+            sample_seqs=[entries[i].seq for i in samples],
+            prompt_lp=prompt_lp,
+        )
+
+    # -- one step -------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        if out.copies:
+            mapping = torch.tensor(out.copies, dtype=torch.int64, device=self.device)
+            self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
+        inp = self.build_inputs(out)
+        hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+        logits = None
+        if inp.sample_seqs:
+            rows = torch.from_numpy(inp.sample_rows).to(self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows)).float().cpu()
+        prompt_logits = [(e, self.model.compute_logits(hidden[r:r + e.num_new_tokens]).float().cpu())
+                         for e, r in inp.prompt_lp]
+        return StepResult(inp.sample_seqs, logits, prompt_logits)
+
+    @torch.inference_mode()
+    def warm_up(self, prompt_len: int = 16) -> None:
+        """One prefill and one decode through free blocks, so the first
+        request does not pay for lazy initialisation. The blocks' contents
+        are garbage afterwards; nothing reads a block before writing it."""
+        need = -(-(prompt_len + 1) // self.block_size)
+        if need > self.num_blocks:
+            return
+        table = list(range(need))
+        seq = Request("warm-up", None, [0] * (prompt_len + 1), SamplingParams(max_tokens=1)).seqs[0]
+        for entry, nd in ((ScheduledSeq(seq, 0, prompt_len), 0), (ScheduledSeq(seq, prompt_len, 1), 1)):
+            inp = self._build([entry], [table], nd)
+            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+            self.model.compute_logits(hidden[-1:])

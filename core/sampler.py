@@ -1,0 +1,150 @@
+"""Turns the logits of the sequences that sample this step into tokens.
+
+Vectorised over the batch; every step is a row-wise operation, so a row's
+result does not depend on what else is in the batch. Order of processing:
+
+1. logprobs (when requested) are taken from the raw model logits;
+2. repetition / presence / frequency penalties (OpenAI / vLLM semantics:
+   repetition over prompt + output, presence / frequency over the output);
+3. EOS and stop_token_ids are masked while fewer than min_tokens were generated;
+4. temperature 0 rows take the argmax; the others are divided by their
+   temperature, filtered by top_k, top_p, min_p and sampled with the
+   exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
+   sequence's own torch.Generator when it has a seed, so a seeded request
+   gives the same tokens alone or batched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .outputs import TokenLogprobs
+from .request import Sequence
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[Optional[TokenLogprobs]]  # per row: top-k + chosen, or None when not requested
+    chosen_logprobs: list[Optional[float]]
+
+
+def top_logprobs(logprobs_row: torch.Tensor, k: int, chosen: Optional[int]) -> TokenLogprobs:
+    """{token_id: logprob} for the k most likely tokens plus the chosen one."""
+    out: TokenLogprobs = {}
+    if k:
+        vals, ids = logprobs_row.topk(k)
+        out = dict(zip(ids.tolist(), vals.tolist()))
+    if chosen is not None and chosen not in out:
+        out[chosen] = float(logprobs_row[chosen])
+    return out
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int], seed: Optional[int] = None):
+        self.eos_token_ids = list(eos_token_ids)  # the model's end-of-generation ids
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else torch.seed())
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+        """logits: float32 [N, V], row i for seqs[i] (rows may be shared by the
+        samples of an n > 1 request: pass them expanded)."""
+        n = len(seqs)
+        params = [s.params for s in seqs]
+        want_lp = [p.logprobs is not None for p in params]
+        logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        logits = logits.clone()
+
+        if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
+            self._apply_penalties(logits, seqs)
+        self._mask_until_min_tokens(logits, seqs)
+
+        temps = [p.temperature for p in params]
+        tokens = logits.argmax(dim=-1)
+        rand_rows = [i for i in range(n) if temps[i] > 0.0]
+        if rand_rows:
+            sub = logits[rand_rows] if len(rand_rows) < n else logits
+            tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows])
+            tokens[rand_rows] = tokens_rand
+        token_list = tokens.tolist()
+
+        lp_out: list[Optional[TokenLogprobs]] = [None] * n
+        chosen: list[Optional[float]] = [None] * n
+        for i in range(n):
+            if want_lp[i]:
+                lp_out[i] = top_logprobs(logprobs[i], params[i].logprobs, token_list[i])
+                chosen[i] = lp_out[i][token_list[i]]
+        return SamplerOutput(token_list, lp_out, chosen)
+
+    # -- logits processors ---------------------------------------------------------
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        n, vocab = logits.shape
+        rep = torch.tensor([s.params.repetition_penalty for s in seqs], dtype=logits.dtype)
+        pres = torch.tensor([s.params.presence_penalty for s in seqs], dtype=logits.dtype)
+        freq = torch.tensor([s.params.frequency_penalty for s in seqs], dtype=logits.dtype)
+        counts = torch.zeros(n, vocab, dtype=logits.dtype)
+        seen = torch.zeros(n, vocab, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            out = s.output_token_ids
+            if out:
+                counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=logits.dtype))
+            if s.params.repetition_penalty != 1.0:
+                seen[i, torch.tensor(s.token_ids)] = True
+        seen |= counts > 0
+        penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits.copy_(torch.where(seen, penalised, logits))
+        logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+
+    def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        for i, s in enumerate(seqs):
+            p = s.params
+            if s.num_output_tokens < p.min_tokens:
+                ids = list(p.stop_token_ids)
+                if not p.ignore_eos:
+                    ids += self.eos_token_ids
+                if ids:
+                    logits[i, ids] = float("-inf")
+
+    def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        logits = logits / torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
+        vocab = logits.shape[1]
+        filt = [i for i, p in enumerate(params) if (0 < p.top_k < vocab) or p.top_p < 1.0]
+        if filt:
+            logits[filt] = self._top_k_top_p(logits[filt], [params[i] for i in filt])
+        probs = torch.softmax(logits, dim=-1)
+        min_ps = [p.min_p for p in params]
+        if any(min_ps):
+            thresh = torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < thresh, 0.0)
+        noise = torch.empty_like(probs)
+        for i, s in enumerate(seqs):
+            noise[i].exponential_(generator=self._generator_for(s))
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+        vocab = logits.shape[1]
+        ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+        ps = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], dtype=logits.dtype)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= ks[:, None], float("-inf"))
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # keep the smallest prefix whose mass reaches top_p (always the first token)
+        sorted_logits = sorted_logits.masked_fill(mass_before >= ps[:, None], float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+    def _generator_for(self, seq: Sequence) -> torch.Generator:
+        seed = seq.params.seed
+        if seed is None:
+            return self.generator
+        if seq.generator is None:
+            seq.generator = torch.Generator()
+            seq.generator.manual_seed(seed + seq.index)  # sample i of an n > 1 request: seed + i
+        return seq.generator

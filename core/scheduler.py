@@ -1,0 +1,224 @@
+"""Continuous-batching scheduler.
+
+Each step fills a token budget (``max_num_batched_tokens``) with, in order:
+
+1. one token for every running sequence that is decoding (oldest first),
+2. the next prompt chunk of running sequences still in prefill,
+3. new sequences from the waiting queue (FCFS, prefix-cache lookup at
+   admission), each taking a chunk of what budget is left.
+
+So a long prompt is split into chunks and never stalls running decodes.
+When the KV cache runs out of blocks for a running sequence, the newest
+running sequence is preempted by recompute: its blocks are freed and it goes
+back to the front of the waiting queue with its generated tokens kept, to be
+recomputed as part of its prompt. Waiting sequences never hold blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .request import Request, Sequence, SeqStatus
+
+
+class WaitingQueueFull(RuntimeError):
+    """The waiting queue is at max_waiting; the server answers 503."""
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first position computed this step (= num_computed_tokens before the step)
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step computes the sequence's last known token, so its
+        logits give the next token (a prompt chunk that does not finish the
+        prompt does not sample)."""
+        return self.start + self.num_new_tokens == len(self.seq.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # CoW (src, dst) before the forward
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        """Decodes first, then prefills: the AttentionMetadata order."""
+        return self.decodes + self.prefills
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(s.num_new_tokens for s in self.prefills)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, kv_cache_manager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_waiting: Optional[int] = None, enable_prefix_caching: bool = True):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.kv = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_waiting = max_waiting
+        self.enable_prefix_caching = enable_prefix_caching
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the newest is last
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # -- queue management -----------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use")
+        if self.max_waiting is not None and len(self.waiting) >= self.max_waiting:
+            raise WaitingQueueFull(f"the waiting queue is full ({self.max_waiting} requests)")
+        self.requests[req.request_id] = req
+        self.waiting.extend(req.seqs)
+
+    def abort_request(self, request_id: str) -> Optional[Request]:
+        """Finishes every sequence of the request with 'abort' and frees its
+        blocks. Returns the request, or None when unknown / already done."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if seq.status is SeqStatus.RUNNING:
+                self.running.remove(seq)
+                self.kv.free(seq.seq_id)
+            elif seq.status is SeqStatus.WAITING:
+                self.waiting.remove(seq)
+            if not seq.finished:
+                seq.finish("abort")
+        return req
+
+    def finish_seq(self, seq: Sequence) -> None:
+        """Called once a sequence has finished (stop / length): frees its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.kv.free(seq.seq_id)
+        if seq.group.finished:
+            self.requests.pop(seq.group.request_id, None)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """n > 1: the child shares all of the parent's blocks (copy-on-write)."""
+        self.kv.fork(parent.seq_id, child.seq_id)
+        child.status = SeqStatus.RUNNING
+        self.running.insert(self.running.index(parent) + 1, child)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        scheduled: set[str] = set()
+
+        # 1. decodes, oldest first
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.in_prefill:
+                i += 1
+                continue
+            if self._allocate_running(seq, 1, out, scheduled):
+                out.decodes.append(ScheduledSeq(seq, seq.num_computed_tokens, 1))
+                scheduled.add(seq.seq_id)
+                budget -= 1
+                i += 1
+            # else: seq itself was preempted and removed; i now points at the next one
+
+        # 2. prompt chunks of running sequences still in prefill
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if not seq.in_prefill or seq.seq_id in scheduled or seq.status is not SeqStatus.RUNNING:
+                continue
+            n = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            if self._allocate_running(seq, n, out, scheduled):
+                out.prefills.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
+                scheduled.add(seq.seq_id)
+                budget -= n
+
+        # 3. admissions (not while blocks are short enough to preempt)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
+            seq = self.waiting[0]
+            if not self._admit(seq, budget, out):
+                break
+            self.waiting.popleft()
+            scheduled.add(seq.seq_id)
+            budget -= out.prefills[-1].num_new_tokens
+        return out
+
+    def advance(self, out: SchedulerOutput) -> None:
+        """After the forward: the scheduled tokens are now in the KV cache."""
+        for s in out.decodes:
+            s.seq.num_computed_tokens += s.num_new_tokens
+        for s in out.prefills:
+            s.seq.num_computed_tokens += s.num_new_tokens
+
+    # -- helpers -----------------------------------------------------------------
+    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        req = seq.group
+        hit = 0
+        use_cache = self.enable_prefix_caching and req.params.prompt_logprobs is None
+        if use_cache:
+            hit = self.kv.get_computed_tokens(seq.seq_id, seq.token_ids)
+        n = min(seq.prefill_target - hit, budget)
+        copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, hit, n)
+        if copies is None:
+            self.kv.free(seq.seq_id)  # give back the prefix-hit references taken above
+            return False
+        out.copies.extend(copies)
+        seq.num_computed_tokens = hit
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        out.prefills.append(ScheduledSeq(seq, hit, n))
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = time.time()
+            req.metrics.num_cached_tokens = hit
+        return True
+
+    def _allocate_running(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[str]) -> bool:
+        """Room for n more tokens of a running sequence, preempting the newest
+        unscheduled running sequences while blocks are short. False when seq
+        itself had to be preempted."""
+        while True:
+            copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, n)
+            if copies is not None:
+                out.copies.extend(copies)
+                return True
+            victim = next(s for s in reversed(self.running) if s.seq_id not in scheduled)
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq.seq_id)
+        seq.reset_for_recompute()
+        self.waiting.appendleft(seq)
+        seq.group.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+    def stats(self) -> dict:
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting),
+            "num_preemptions": self.num_preemptions,
+        }
