@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from paged.core.async_engine import AsyncEngine, EngineShutdownError, QueueFullError
+from paged.core.async_engine import AsyncEngine, EngineShutdownError, EngineStepError, QueueFullError
 from paged.core.sampling_params import SamplingParams
 from paged.core.server import protocol as P
 from paged.core.server.metrics import ServerMetrics
@@ -442,6 +442,10 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
         return exc.response()
+
+    @app.exception_handler(EngineStepError)
+    async def _engine_error(request, exc: EngineStepError):  # already logged by the engine thread
+        return APIError(500, str(exc), "internal_error", None, "engine_error").response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request, exc: RequestValidationError):

@@ -1,0 +1,136 @@
+"""`paged --device X serve`: load the model, warm up, serve the OpenAI API.
+
+The CLI dispatcher (core/cli.py) calls add_arguments(parser) for the
+subcommand's options and run(args) -> exit code; args.device is the
+global --device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+DEFAULT_MAX_WAITING = 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from paged.core.engine_config import add_engine_args
+
+    add_engine_args(parser)
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    g.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize "
+                        "(default: $PAGED_API_KEY, else no key)")
+    g.add_argument("--served-model-name", default=None,
+                   help="model name clients must send (default: the model's file or folder name)")
+    g.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING,
+                   help="requests waiting for their first token beyond which new ones get 503 "
+                        f"(default: {DEFAULT_MAX_WAITING})")
+    g.add_argument("--max-body-size", type=int, default=8 * 2**20,
+                   help="largest request body in bytes, else 413 (default: 8 MiB)")
+    g.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them "
+                        "(default: 10)")
+    g.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
+
+
+def _fail(message: str) -> int:
+    print(f"paged serve: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_args(args) -> str | None:
+    if not 0 < args.port < 65536:
+        return f"--port must be in 1..65535, got {args.port}"
+    if args.max_waiting_requests < 1:
+        return f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}"
+    if args.max_body_size < 1024:
+        return f"--max-body-size must be >= 1024 bytes, got {args.max_body_size}"
+    if args.shutdown_timeout < 0:
+        return f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}"
+    return None
+
+
+def _served_name(args, engine) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    path = getattr(getattr(engine, "config", None), "model", None) or args.model
+    name = getattr(engine, "model_name", None)
+    if name:
+        return name
+    if path:
+        base = os.path.basename(os.path.normpath(path))
+        return base[:-5] if base.endswith(".gguf") else base
+    return "default"
+
+
+def run(args: argparse.Namespace) -> int:
+    error = _check_args(args)
+    if error:
+        return _fail(error)
+    import uvicorn
+
+    from paged.core.async_engine import AsyncEngine
+    from paged.core.engine import Engine
+    from paged.core.engine_config import engine_config_from_args
+    from paged.core.server.app import ServerConfig, create_app
+    from paged.core.server.metrics import ServerMetrics
+
+    try:
+        config = engine_config_from_args(args)
+        engine = Engine(config)  # loads the model, sizes the KV cache, warms up
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        return _fail(str(exc))
+
+    name = _served_name(args, engine)
+    server_config = ServerConfig(
+        model_name=name,
+        max_model_len=engine.max_model_len,
+        vocab_size=engine.model_config.vocab_size,
+        api_key=args.api_key or os.environ.get("PAGED_API_KEY") or None,
+        max_body_bytes=args.max_body_size,
+        model_root=str(getattr(config, "model", None) or name),
+    )
+    metrics = ServerMetrics(name)
+    aengine = AsyncEngine(engine, max_waiting=args.max_waiting_requests, observer=metrics)
+    app = create_app(aengine, engine.tokenizer, server_config, metrics)
+    uv_config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=args.shutdown_timeout, access_log=False,
+    )
+    server = uvicorn.Server(uv_config)
+    device = getattr(args, "device", None) or config.device
+
+    async def serve() -> None:
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            print(f"paged: serving {name} on http://{args.host}:{args.port} (device {device})", flush=True)
+        await task
+
+    try:
+        asyncio.run(serve())
+    except OSError as exc:  # port in use, bad host
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
+    if not server.started:
+        return _fail(f"could not start serving on {args.host}:{args.port} (see the log above)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m paged.core.server.cli --device cpu ...`)."""
+    parser = argparse.ArgumentParser(prog="paged serve")
+    parser.add_argument("--device", default="auto")
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
