@@ -63,6 +63,11 @@ def load_platform_class(name: str) -> type[Platform]:
             )
     except PlatformUnavailable:
         raise
+    except ModuleNotFoundError as e:
+        module_name = BUILTIN_PLATFORMS.get(name, "").partition(":")[0]
+        if module_name and e.name and module_name.startswith(e.name):
+            raise PlatformUnavailable(f"platform {name!r} is not part of this build ({module_name} is missing)") from e
+        raise PlatformUnavailable(f"platform {name!r} needs the Python package {e.name!r}: pip install {e.name}") from e
     except Exception as e:  # ImportError, AttributeError, or the plugin's own failure
         where = BUILTIN_PLATFORMS.get(name) or plugins[name].value
         raise PlatformUnavailable(
