@@ -1,0 +1,181 @@
+"""Runs conformance checks, one at a time, never letting one crash the run.
+
+A check is a function ``fn(ctx) -> float | None`` (the max error it saw, if
+it measures one). It passes by returning, skips by raising Skip(reason
+naming the missing hardware or feature), and fails by raising anything else:
+the exception text becomes the FAIL detail.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import platform as _host
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+
+
+class Skip(Exception):
+    """Raised by a check that cannot run here; the message says why."""
+
+
+@dataclass
+class Context:
+    platform: object  # paged.platforms.Platform
+    quick: bool = False
+    seed: int = 0
+    cache: dict = field(default_factory=dict)  # shared by checks (e.g. a loaded engine)
+
+
+@dataclass
+class Check:
+    name: str
+    fn: Callable[[Context], float | None]
+    required: bool = True
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str
+    max_error: float | None = None
+    seconds: float = 0.0
+    detail: str = ""
+    required: bool = True
+
+
+@dataclass
+class Report:
+    platform: str
+    quick: bool
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every required check passed or was skipped, and something ran."""
+        required = [r for r in self.results if r.required]
+        return all(r.status != FAIL for r in required) and any(r.status == PASS for r in required)
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.status == s for r in self.results) for s in (PASS, FAIL, SKIP)}
+
+    def to_json(self) -> dict:
+        return {"platform": self.platform, "quick": self.quick, "passed": self.passed,
+                "counts": self.counts(), "host": _host.node(),
+                "results": [asdict(r) for r in self.results]}
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+
+    def table(self) -> str:
+        rows = [("check", "status", "max error", "time", "detail")]
+        for r in self.results:
+            err = "" if r.max_error is None else f"{r.max_error:.3g}"
+            rows.append((r.name + ("" if r.required else " (optional)"), r.status, err,
+                         f"{r.seconds:.2f}s", r.detail))
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else "")
+                 for row in rows]
+        c = self.counts()
+        verdict = "CONFORMS" if self.passed else "DOES NOT CONFORM"
+        lines.append(f"{self.platform}: {verdict} ({c[PASS]} passed, {c[FAIL]} failed, {c[SKIP]} skipped)")
+        return "\n".join(lines)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_check(check: Check, ctx: Context) -> CheckResult:
+    t0 = time.perf_counter()
+    try:
+        err = check.fn(ctx)
+        status, detail = PASS, ""
+    except Skip as e:
+        err, status, detail = None, SKIP, _one_line(e)
+    except BaseException as e:  # noqa: BLE001  a failing check must never stop the run
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        err, status = None, FAIL
+        where = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        at = f" [{where.filename.rsplit('/', 1)[-1]}:{where.lineno}]" if where else ""
+        detail = _one_line(f"{type(e).__name__}: {e}{at}")
+    return CheckResult(check.name, status, None if err is None else float(err),
+                       time.perf_counter() - t0, detail, check.required)
+
+
+def collect_checks(ctx: Context) -> list[Check]:
+    from paged.core.conformance import e2e_checks, platform_checks, pool_checks
+
+    return [*platform_checks.checks(ctx), *pool_checks.checks(ctx), *kernel_checks(ctx), *e2e_checks.checks(ctx)]
+
+
+KERNEL_HEAD_SIZES = (64, 128)
+
+
+def kernel_checks(ctx: Context) -> list[Check]:
+    """One check per (function, dtype, head size) of core/conformance/kernel_checks.py,
+    whose public ``check_*`` functions take (backend_cls, device, dtype) and
+    optionally head_size / block_size / quick / seed."""
+    try:
+        from paged.core.conformance import kernel_checks as kc
+    except ImportError as e:
+        def missing(_ctx, e=e):
+            raise Skip(f"kernel checks not available in this build ({e})")
+        return [Check("kernels", missing)]
+    fns = [(n, f) for n, f in vars(kc).items() if n.startswith("check_") and callable(f)
+           and getattr(f, "__module__", "") == kc.__name__]
+    if not fns:
+        def empty(_ctx):
+            raise Skip("core/conformance/kernel_checks.py defines no check_* functions yet")
+        return [Check("kernels", empty)]
+    p = ctx.platform
+    try:
+        dtypes = list(p.supported_dtypes())
+    except Exception:  # reported by platform.dtypes; kernels then have nothing to run with
+        dtypes = []
+    out = []
+    for name, fn in sorted(fns):
+        params = inspect.signature(fn).parameters
+        sizes = KERNEL_HEAD_SIZES if "head_size" in params else (None,)
+        for dtype in dtypes:
+            for head_size in sizes:
+                label = f"kernels.{name[len('check_'):]}[{str(dtype).replace('torch.', '')}"
+                label += f",D={head_size}]" if head_size else "]"
+                out.append(Check(label, _kernel_runner(fn, params, dtype, head_size)))
+    return out
+
+
+def _kernel_runner(fn, params, dtype, head_size):
+    def run(ctx: Context):
+        p = ctx.platform
+        extra = {"head_size": head_size, "block_size": p.default_block_size, "quick": ctx.quick, "seed": ctx.seed}
+        kwargs = {k: v for k, v in extra.items() if k in params and v is not None}
+        result = fn(p.attention_backend_cls(), p.torch_device(0), dtype, **kwargs)
+        if isinstance(result, dict):
+            result = result.get("max_error")
+        return result
+    return run
+
+
+def run_suite(platform, quick: bool = False, seed: int = 0, only: str | None = None) -> Report:
+    """Run every check (or those whose name contains ``only``) for ``platform``."""
+    ctx = Context(platform=platform, quick=quick, seed=seed)
+    report = Report(platform=getattr(platform, "name", str(platform)), quick=quick)
+    available = platform.is_available()
+    checks = collect_checks(ctx)
+    if only:
+        checks = [c for c in checks if only in c.name]
+    for check in checks:
+        if not available.ok and check.name != "platform.detection":
+            report.results.append(CheckResult(check.name, SKIP, detail=f"platform unavailable: {available.reason}",
+                                              required=check.required))
+            continue
+        report.results.append(run_check(check, ctx))
+    return report
