@@ -1,0 +1,153 @@
+"""Sampler against straightforward torch reference computations."""
+
+import math
+
+import pytest
+import torch
+
+from paged.core.request import Request
+from paged.core.sampler import Sampler
+from paged.core.sampling_params import SamplingParams
+
+V = 12
+EOS = 3
+
+
+def seq(params, prompt=(1, 2), output=()):
+    s = Request("r", None, list(prompt), params).seqs[0]
+    s.token_ids.extend(output)
+    return s
+
+
+def ref_filtered_probs(logits, p: SamplingParams):
+    """Plain per-row reference: temperature, top_k, top_p, min_p -> probabilities."""
+    x = logits / p.temperature
+    probs = torch.softmax(x, -1)
+    order = torch.argsort(probs, descending=True).tolist()
+    keep = set(order[:p.top_k] if p.top_k else order)
+    mass = 0.0
+    kept_p = set()
+    renorm = torch.softmax(torch.tensor([x[i].item() if i in keep else -math.inf for i in range(len(x))]), -1)
+    for i in order:
+        if i not in keep:
+            continue
+        if mass >= p.top_p:
+            break
+        kept_p.add(i)
+        mass += renorm[i].item()
+    y = torch.tensor([x[i].item() if i in kept_p else -math.inf for i in range(len(x))])
+    q = torch.softmax(y, -1)
+    if p.min_p:
+        q = torch.where(q < p.min_p * q.max(), torch.zeros_like(q), q)
+        q = q / q.sum()
+    return q
+
+
+def test_greedy_is_argmax_and_batch_independent():
+    torch.manual_seed(0)
+    logits = torch.randn(5, V)
+    s = Sampler([EOS], seed=1)
+    seqs = [seq(SamplingParams(temperature=0.0)) for _ in range(5)]
+    out = s(logits, seqs)
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert s(logits[2:3], seqs[2:3]).token_ids == [out.token_ids[2]]
+
+
+def test_penalties_match_reference():
+    torch.manual_seed(1)
+    logits = torch.randn(3, V)
+    ps = [SamplingParams(temperature=0.0, repetition_penalty=1.7),
+          SamplingParams(temperature=0.0, presence_penalty=0.8, frequency_penalty=0.6),
+          SamplingParams(temperature=0.0)]
+    seqs = [seq(p, prompt=(1, 5), output=(5, 7, 7)) for p in ps]
+    s = Sampler([EOS])
+    ref = logits.clone()
+    for i, p in enumerate(ps):
+        for t in set([1, 5, 5, 7, 7]):
+            if p.repetition_penalty != 1.0:
+                ref[i, t] = ref[i, t] / 1.7 if ref[i, t] > 0 else ref[i, t] * 1.7
+        for t, c in ((5, 1), (7, 2)):
+            ref[i, t] -= p.frequency_penalty * c + p.presence_penalty
+    work = logits.clone()
+    Sampler._apply_penalties(work, seqs)
+    torch.testing.assert_close(work, ref)
+    assert s(logits, seqs).token_ids == ref.argmax(-1).tolist()
+
+
+def test_min_tokens_masks_eos_and_stop_ids_until_reached():
+    logits = torch.zeros(2, V)
+    logits[:, EOS] = 10.0
+    logits[:, 7] = 9.0
+    logits[:, 4] = 8.0
+    p = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[7])
+    s = Sampler([EOS])
+    out = s(logits, [seq(p, output=(1,)), seq(p, output=(1, 1))])
+    assert out.token_ids == [4, EOS]
+    ign = SamplingParams(temperature=0.0, min_tokens=2, ignore_eos=True)
+    assert s(logits[:1], [seq(ign)]).token_ids == [EOS]  # ignore_eos: EOS is an ordinary token
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.3, top_k=4),
+    SamplingParams(temperature=1.0, top_p=0.6),
+    SamplingParams(temperature=0.9, top_k=6, top_p=0.8, min_p=0.1),
+])
+def test_sampling_distribution_matches_reference(params):
+    torch.manual_seed(2)
+    row = torch.randn(V) * 1.5
+    ref = ref_filtered_probs(row, params)
+    n = 3000
+    s = Sampler([EOS], seed=3)
+    seqs = [seq(params) for _ in range(n)]
+    tokens = torch.tensor(s(row.expand(n, V).contiguous(), seqs).token_ids)
+    freq = torch.bincount(tokens, minlength=V).float() / n
+    assert set(tokens.tolist()) <= set(torch.nonzero(ref).flatten().tolist())
+    assert (freq - ref).abs().max() < 0.035, (freq, ref)
+
+
+def test_top_k_top_p_filter_against_reference():
+    torch.manual_seed(4)
+    logits = torch.randn(4, V)
+    ps = [SamplingParams(top_k=3), SamplingParams(top_p=0.5), SamplingParams(top_k=5, top_p=0.7),
+          SamplingParams(top_k=1)]
+    got = Sampler._top_k_top_p(logits.clone(), ps)
+    for i, p in enumerate(ps):
+        ref = ref_filtered_probs(logits[i], p)
+        assert torch.equal(torch.isfinite(got[i]), ref > 0)
+
+
+def test_seeded_sampling_same_alone_and_batched():
+    torch.manual_seed(5)
+    p = SamplingParams(temperature=1.0, seed=1234)
+    other = SamplingParams(temperature=1.0)
+    rows = torch.randn(6, V)
+
+    def run(batch):
+        s = Sampler([EOS], seed=99 if batch else 7)
+        mine = seq(p)
+        toks = []
+        for step in range(6):
+            if batch:
+                logits = torch.cat([torch.randn(2, V), rows[step:step + 1], torch.randn(3, V)])
+                out = s(logits, [seq(other), seq(other), mine, seq(other), seq(other), seq(other)])
+                toks.append(out.token_ids[2])
+            else:
+                toks.append(s(rows[step:step + 1], [mine]).token_ids[0])
+        return toks
+
+    assert run(False) == run(True)
+
+
+def test_logprobs_top_k_plus_chosen():
+    torch.manual_seed(6)
+    logits = torch.randn(2, V)
+    p = SamplingParams(temperature=0.0, logprobs=3)
+    out = Sampler([EOS])(logits, [seq(p), seq(SamplingParams(temperature=0.0))])
+    ref = torch.log_softmax(logits[0], -1)
+    vals, ids = ref.topk(3)
+    lp = out.logprobs[0]
+    for v, i in zip(vals.tolist(), ids.tolist()):
+        assert lp[i] == pytest.approx(v, abs=1e-6)
+    assert out.chosen_logprobs[0] == pytest.approx(ref[out.token_ids[0]].item(), abs=1e-6)
+    assert out.logprobs[1] is None
