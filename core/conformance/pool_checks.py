@@ -10,6 +10,9 @@ from paged.core.block_pool_model import BlockPoolModel
 from paged.core.conformance.runner import Check, Context
 
 
+_STATE_FIELDS = ("num_free", "free_queue", "cached_blocks", "stats", "ref_counts")
+
+
 def _state(pool) -> tuple:
     return (pool.num_free, list(pool.free_queue()), dict(pool.cached_blocks()), dict(pool.stats()),
             [pool.ref_count(b) for b in range(pool.num_blocks)])
@@ -69,8 +72,11 @@ def _random_sequence(ctx: Context):
             assert got == want, (f"num_blocks={num_blocks} step {step}: {op}{args} returned {got[0]!r} "
                                  f"(error {got[1]}) but the model gives {want[0]!r} (error {want[1]})")
             s_pool, s_model = _state(pool), _state(model)
-            assert s_pool == s_model, (f"num_blocks={num_blocks} step {step}: after {op}{args} the pool state "
-                                       f"{s_pool} differs from the model's {s_model}")
+            if s_pool != s_model:
+                field = next(f for f, a, b in zip(_STATE_FIELDS, s_pool, s_model) if a != b)
+                i = _STATE_FIELDS.index(field)
+                raise AssertionError(f"num_blocks={num_blocks} step {step}: after {op}{args} the pool's {field} "
+                                     f"differs from the model: {s_pool[i]} vs {s_model[i]}")
             _invariants(pool)
     return None
 

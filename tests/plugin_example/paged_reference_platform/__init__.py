@@ -1,0 +1,44 @@
+"""An example third-party platform for paged: the host CPU, with the
+pure-torch reference attention backend as its kernels.
+
+It needs no change anywhere in paged: it subclasses Platform, names an
+attention backend, keeps the shared block pool, and registers through the
+``paged.platforms`` entry point (see pyproject.toml). Certify it with
+``paged conformance --device reference-cpu``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from paged.platforms.base import Availability, MemoryInfo, Platform
+
+
+class ReferenceCpuPlatform(Platform):
+    name = "reference-cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    default_block_size = 16
+
+    def is_available(self) -> Availability:
+        return Availability(True)
+
+    def device_count(self) -> int:
+        return 1
+
+    def memory_info(self) -> MemoryInfo:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return MemoryInfo(total_bytes=os.sysconf("SC_PHYS_PAGES") * page,
+                          available_bytes=os.sysconf("SC_AVPHYS_PAGES") * page)
+
+    def supported_dtypes(self) -> list:
+        import torch
+
+        return [torch.float32, torch.bfloat16]
+
+    def attention_backend_cls(self):
+        from paged.backends.reference import ReferenceBackend
+
+        return ReferenceBackend
+
+    # block_pool_cls(): the base class's shared C++ pool (paged._C_cpu.BlockPool).
