@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(kThreads)
   const int seq_len = a.seq_lens[seq];
   const int q_begin = decode ? seq : a.query_start_loc[seq];
   const int q_len = decode ? 1 : a.query_start_loc[seq + 1] - q_begin;
+  if (q_begin < 0 || q_len < 1 || q_begin + q_len > a.num_query_rows) return;  // device-side guard
   const int num_rows = q_len * group;
   const int row0 = row_tile * kRowsPerCta;
   if (row0 >= num_rows) return;

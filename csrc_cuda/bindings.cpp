@@ -170,6 +170,7 @@ pc::AttentionArgs make_args(const Array& out, const Array& query, const Array& k
   a.num_seqs = c.num_seqs;
   a.num_heads = c.num_heads;
   a.max_blocks_per_seq = int(block_tables.shape(1));
+  a.num_query_rows = int(query.shape(0));
   a.scale = float(scale);
   a.sliding_window = window;
   a.max_splits = 1;

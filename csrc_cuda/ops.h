@@ -44,6 +44,7 @@ struct AttentionArgs {
   const int* seq_lens;         // [num_seqs]
   const int* query_start_loc;  // [num_seqs + 1] or nullptr (decode)
   int num_seqs, num_heads, max_blocks_per_seq, max_query_len;
+  int num_query_rows;  // rows of query/out: a guard against stray query_start_loc values
   float scale;
   int sliding_window;  // 0 = unlimited
   // Split-K workspace (decode only): partial outputs [num_seqs, num_heads,

@@ -1,0 +1,140 @@
+"""CUDA attention backend on paged._C_cuda (csrc_cuda/, docs/cuda.md).
+
+KV layout per layer: [num_blocks, num_kv_heads, block_size, head_size] for
+keys and values alike (the reference backend's layout, so ``read_kv`` and the
+argument checks are inherited from it). Head sizes 64 and 128; float32,
+float16, bfloat16; any block size (16..128 are the tested ones).
+
+Every op runs on the caller's current torch stream. Tensors cross into C++ as
+DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream handshake, the op
+itself is ordered on the current stream). The C++ boundary checks shapes,
+dtypes, devices and contiguity; block ids that live on the GPU (block tables,
+slot mappings, query_start_loc) are guarded inside the kernels (stray ids are
+skipped, never read or written out of bounds) and checked here, with a
+device->host copy, only in debug mode: ``CudaBackend(check_ids=True)`` or
+``PAGED_CUDA_CHECK_IDS=1``. Host-side block mappings are always checked.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from paged.backends.reference import ReferenceBackend, _check_distinct_destinations
+from paged.backends.reference import validation as v
+
+__all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
+
+SUPPORTED_HEAD_SIZES = (64, 128)
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _ops():
+    from paged import _C_cuda  # imported on first use: the backend module itself loads anywhere
+
+    return _C_cuda
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class CudaBackend(ReferenceBackend):
+    name = "cuda"
+
+    def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="cuda",
+                 scale=None, sliding_window=None, check_ids: bool | None = None):
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(f"head_size {head_size} is not supported by the cuda backend (use 64 or 128)")
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype {dtype} is not supported by the cuda backend (use bfloat16, float16, float32)")
+        if int(block_size) < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
+        if self.device.type != "cuda":
+            raise ValueError(f"the cuda backend needs a cuda device, got {self.device}")
+        if self.device.index is None:  # pin "cuda" to a concrete device so checks compare equal
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "0") == "1") if check_ids is None else bool(check_ids)
+        self._max_query_len_hint: int | None = None
+
+    # -- cache allocation --------------------------------------------------
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """All layers' K and V caches carved from one cudaMalloc (a DeviceArena);
+        the tensors keep the arena alive."""
+        shape = self.kv_cache_shape(num_blocks)
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        tensor_bytes = -(-(num_blocks * self.num_kv_heads * self.block_size * self.head_size * elem) // 256) * 256
+        arena = _ops().DeviceArena(max(1, 2 * num_layers * tensor_bytes), self.device.index)
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        views = [arena.view(i * tensor_bytes, list(shape), dtype_name).zero_() for i in range(2 * num_layers)]
+        return [(views[2 * i], views[2 * i + 1]) for i in range(num_layers)]
+
+    # -- the kernel contract -------------------------------------------------
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        if self.check_ids:
+            v.check_slots("slot_mapping", slot_mapping, key_cache.shape[0] * self.block_size)
+        _ops().reshape_and_cache(to_dlpack(key), to_dlpack(value), to_dlpack(key_cache), to_dlpack(value_cache),
+                                 to_dlpack(slot_mapping), _stream(key_cache.device))
+
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None:
+        window = int(sliding_window or 0)
+        if self.check_ids:
+            v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0])
+        ops = _ops()
+        splits = ops.decode_max_splits(block_tables.shape[1], self.block_size, window) if block_tables.dim() == 2 else 1
+        num_seqs, num_heads = seq_lens.shape[0], query.shape[1] if query.dim() == 3 else 0
+        ws = (num_seqs, num_heads, splits) if splits > 1 else (0, 0, 0)
+        split_out = torch.empty((*ws, self.head_size if splits > 1 else 0), dtype=torch.float32, device=key_cache.device)
+        split_max_sum = torch.empty((*ws, 2 if splits > 1 else 0), dtype=torch.float32, device=key_cache.device)
+        ops.paged_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
+                            to_dlpack(block_tables), to_dlpack(seq_lens), float(scale), window,
+                            to_dlpack(split_out), to_dlpack(split_max_sum), _stream(key_cache.device))
+
+    def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                          block_tables, scale: float, sliding_window: int = 0) -> None:
+        if self.check_ids:
+            v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0])
+            v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens)
+        # Row tiles to launch per sequence: the step's max query length when
+        # forward() knows it, else every row (extra CTAs exit at once); no sync.
+        rows = int(query.shape[0]) if query.dim() else 0
+        max_query_len = min(self._max_query_len_hint or rows, rows)
+        if rows == 0:
+            return
+        _ops().prefill_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
+                                 to_dlpack(query_start_loc), to_dlpack(seq_lens), to_dlpack(block_tables),
+                                 max_query_len, float(scale), int(sliding_window or 0), _stream(key_cache.device))
+
+    def forward(self, query, key, value, kv_cache, meta):
+        self._max_query_len_hint = int(meta.max_query_len)
+        try:
+            return super().forward(query, key, value, kv_cache, meta)
+        finally:
+            self._max_query_len_hint = None
+
+    def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
+        if not len(key_caches) and not len(value_caches):
+            return
+        if block_mapping.device.type == "cpu" or self.check_ids:
+            n = key_caches[0].shape[0] if len(key_caches) else 0
+            v.check_block_mapping(block_mapping, n, n)
+            _check_distinct_destinations(block_mapping)
+        if block_mapping.shape[0] == 0:
+            return
+        mapping = block_mapping.to(key_caches[0].device, non_blocking=True)
+        _ops().copy_blocks([to_dlpack(c) for c in key_caches], [to_dlpack(c) for c in value_caches],
+                           to_dlpack(mapping), _stream(key_caches[0].device))
+
+    def swap_blocks(self, src_cache, dst_cache, block_mapping) -> None:
+        v.check_tensor("block_mapping", block_mapping, ndim=2, dtype=torch.int64, shape=(None, 2))
+        mapping = block_mapping.cpu()
+        _check_distinct_destinations(mapping)
+        device = src_cache.device if src_cache.device.type == "cuda" else dst_cache.device
+        if device.type != "cuda":
+            raise ValueError(f"swap_blocks moves blocks to or from a CUDA cache; got {src_cache.device} -> "
+                             f"{dst_cache.device}")
+        _ops().swap_blocks(to_dlpack(src_cache), to_dlpack(dst_cache), to_dlpack(mapping), _stream(device))

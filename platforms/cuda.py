@@ -1,0 +1,178 @@
+"""The CUDA platform: NVIDIA GPUs through torch.cuda and paged._C_cuda.
+
+Nothing here touches CUDA at import time; detection goes through torch.cuda
+when asked. KV cache sizing follows --gpu-memory-utilization (docs/cuda.md):
+
+    budget = utilization * total - memory used after profiling a forward pass at the max batch
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from paged.platforms.base import Availability, MemoryInfo, Platform
+from paged.platforms.sizes import format_size
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+
+
+def kv_cache_budget(total_bytes: int, used_bytes: int, utilization: float = 0.9,
+                    requested: int | None = None) -> int:
+    """Bytes the KV cache may take on one GPU: ``utilization * total - used``,
+    where ``used`` is the device memory in use after profiling the model at
+    the max batch (weights, activations, CUDA context, other processes).
+    ``requested`` (``--kv-cache-memory``) is honoured when it fits that
+    budget. Raises ValueError with the numbers when nothing fits."""
+    if not isinstance(utilization, (int, float)) or not 0.0 < float(utilization) <= 1.0:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {utilization!r}")
+    if used_bytes < 0 or total_bytes <= 0:
+        raise ValueError(f"invalid memory figures: total {total_bytes} bytes, used {used_bytes} bytes")
+    allowed = int(float(utilization) * total_bytes)
+    budget = allowed - int(used_bytes)
+    if budget <= 0:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization:.2f} allows {format_size(allowed)} of the GPU's "
+            f"{format_size(total_bytes)}, but {format_size(used_bytes)} are already used after profiling "
+            f"the model: no room for the KV cache (raise --gpu-memory-utilization, lower the max batch / "
+            f"model length, or use a smaller model)")
+    if requested is None:
+        return budget
+    if requested < 0 or requested > budget:
+        raise ValueError(
+            f"--kv-cache-memory {format_size(requested)} exceeds the {format_size(budget)} left for the KV "
+            f"cache (--gpu-memory-utilization {utilization:.2f} of {format_size(total_bytes)}, "
+            f"{format_size(used_bytes)} used after profiling)")
+    return int(requested)
+
+
+def kv_cache_log_line(num_blocks: int, bytes_per_block: int) -> str:
+    """The line logged once the cache is sized, e.g. "KV cache: 1234 blocks, 9.64 GiB"."""
+    return f"KV cache: {num_blocks} blocks, {num_blocks * bytes_per_block / GiB:.2f} GiB"
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+    default_block_size = 16
+
+    def __init__(self) -> None:
+        self._device_index = 0
+
+    # -- detection ---------------------------------------------------------
+    def is_available(self) -> Availability:
+        try:
+            import torch
+        except ImportError as e:
+            return Availability(False, f"torch is not installed ({e}); install a CUDA build of torch")
+        if not torch.cuda.is_available():
+            if torch.version.cuda is None:
+                why = f"torch {torch.__version__} built for CPU; install a CUDA build of torch"
+            else:
+                why = (f"torch {torch.__version__} built for CUDA {torch.version.cuda}, but no driver or GPU "
+                       "is visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+            return Availability(False, f"no CUDA device visible (torch.cuda.is_available() is False: {why})")
+        try:
+            import paged._C_cuda  # noqa: F401
+        except ImportError as e:
+            return Availability(False, f"paged._C_cuda is not compiled ({e}); reinstall paged with nvcc on PATH")
+        return Availability(True)
+
+    def device_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    # -- lifecycle ---------------------------------------------------------
+    def init(self, device: int | None = None, **options: Any) -> None:
+        if device is not None:
+            self.set_device(int(device))
+
+    def set_device(self, index: int) -> None:
+        import torch
+
+        count = self.device_count()
+        if not 0 <= index < count:
+            raise ValueError(f"cuda device index {index} is out of range ({count} visible)")
+        torch.cuda.set_device(index)
+        self._device_index = index
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self._device_index)
+
+    # -- memory and dtypes -------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(self._device_index)
+        return MemoryInfo(total_bytes=int(total), available_bytes=int(free))
+
+    def used_after_profiling_bytes(self) -> int:
+        """Device memory the model needs at its peak: torch's peak allocation
+        since the last ``torch.cuda.reset_peak_memory_stats()`` plus what is
+        used outside torch's allocator (CUDA context, other processes). Call
+        after the profiling forward pass."""
+        import torch
+
+        free, total = torch.cuda.mem_get_info(self._device_index)
+        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self._device_index))
+        return int(torch.cuda.max_memory_allocated(self._device_index) + non_torch)
+
+    def kv_cache_budget_bytes(self, requested: int | None = None, utilization: float = 0.9,
+                              profiled_peak_bytes: int | None = None) -> int:
+        """See kv_cache_budget(); ``profiled_peak_bytes`` defaults to
+        used_after_profiling_bytes()."""
+        used = self.used_after_profiling_bytes() if profiled_peak_bytes is None else int(profiled_peak_bytes)
+        return kv_cache_budget(self.memory_info().total_bytes, used, utilization, requested)
+
+    def log_kv_cache(self, num_blocks: int, bytes_per_block: int) -> str:
+        line = kv_cache_log_line(num_blocks, bytes_per_block)
+        log.info(line)
+        return line
+
+    def supported_dtypes(self) -> list:
+        import torch
+
+        major, _ = torch.cuda.get_device_capability(self._device_index)
+        bf16 = [torch.bfloat16] if major >= 8 else []
+        return [*bf16, torch.float16, torch.float32]
+
+    # -- kernels -----------------------------------------------------------
+    def attention_backend_cls(self):
+        from paged.backends.cuda import CudaBackend
+
+        return CudaBackend
+
+    def ops_module(self):
+        try:
+            from paged import _C_cuda
+        except ImportError:
+            return None
+        return _C_cuda
+
+    # -- reporting ---------------------------------------------------------
+    def env_report(self) -> dict:
+        report = super().env_report()
+        ops = self.ops_module()
+        report["compiled"] = {"_C_cuda": ops is not None, "archs": getattr(ops, "built_archs", "")}
+        try:
+            import torch
+        except ImportError:
+            return report
+        report["torch"] = torch.__version__
+        report["torch_cuda"] = torch.version.cuda
+        devices = []
+        if report["available"]:
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                free, total = torch.cuda.mem_get_info(i)
+                devices.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                                "multiprocessors": p.multi_processor_count,
+                                "memory_total": format_size(total), "memory_free": format_size(free)})
+        report["devices"] = devices
+        return report
