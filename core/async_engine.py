@@ -61,6 +61,14 @@ class AsyncEngine:
             self._thread = threading.Thread(target=self._run, name="paged-engine", daemon=True)
             self._thread.start()
 
+    def stop_accepting(self) -> None:
+        """Refuse new requests (503); those in flight carry on."""
+        self._closed = True
+
+    def abort_in_flight(self, reason: str = "the server shut down before the request finished") -> None:
+        """Abort every request in flight; their clients get EngineShutdownError."""
+        self._send(("abort_all", reason))
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Take no new requests, abort those in flight, stop the thread."""
         self._closed = True
@@ -152,7 +160,9 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
+            if cmd[0] == "abort_all":
+                self._abort_all(EngineShutdownError(cmd[1]))
+            elif cmd[0] == "add":
                 _, request_id, prompt, params = cmd
                 with self._streams_lock:
                     alive = request_id in self._streams

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paged.core.async_engine import AsyncEngine, EngineShutdownError, EngineStepError, QueueFullError
 from paged.core.sampling_params import SamplingParams
+from paged.core.scheduler import WaitingQueueFull
 from paged.core.server import protocol as P
 from paged.core.server.metrics import ServerMetrics
 
@@ -75,6 +76,21 @@ def _short(v: Any, limit: int = 80) -> str:
 def _param_named_in(message: str, model: type[BaseModel]) -> Optional[str]:
     names = sorted(model.model_fields, key=len, reverse=True)
     return next((n for n in names if message.startswith(n) or f" {n} " in f" {message} "), None)
+
+
+def api_error_from(exc: BaseException) -> APIError:
+    """The HTTP error a failure maps to (also used inside SSE streams)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, (QueueFullError, WaitingQueueFull)):
+        return APIError(503, str(exc), "server_overloaded", None, "queue_full")
+    if isinstance(exc, EngineShutdownError):
+        return APIError(503, str(exc), "server_shutting_down", None, "shutting_down")
+    if isinstance(exc, EngineStepError):
+        return APIError(500, str(exc), "internal_error", None, "engine_error")
+    if isinstance(exc, ValueError):  # the engine rejected the request's values
+        return _bad_request(str(exc))
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
 
 
 class OpenAIServer:
@@ -181,12 +197,9 @@ class OpenAIServer:
     def submit(self, requests):
         try:
             return self.aengine.submit(requests)
-        except QueueFullError as exc:
+        except (QueueFullError, EngineShutdownError) as exc:
             self.metrics.on_rejected()
-            raise APIError(503, str(exc), "server_overloaded", None, "queue_full") from None
-        except EngineShutdownError as exc:
-            self.metrics.on_rejected()
-            raise APIError(503, str(exc), "server_shutting_down", None, "shutting_down") from None
+            raise api_error_from(exc) from None
 
     async def collect(self, request: Request, group) -> dict[str, Any]:
         """Run a group to the end (non-streaming), aborting it when the
@@ -385,12 +398,8 @@ class OpenAIServer:
             try:
                 async for chunk in chunks:
                     yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-            except APIError as exc:
-                yield f"data: {json.dumps(exc.body())}\n\n"
-            except (EngineShutdownError, ValueError, RuntimeError) as exc:
-                status = 400 if isinstance(exc, ValueError) else 500
-                err = APIError(status, str(exc), "invalid_request_error" if status == 400 else "internal_error")
-                yield f"data: {json.dumps(err.body())}\n\n"
+            except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, OpenAI style
+                yield f"data: {json.dumps(api_error_from(exc).body())}\n\n"
             finally:
                 # client gone (task cancelled) or done: abort what still runs
                 group.close()
@@ -439,13 +448,14 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
     app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
 
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return exc.response()
+    async def _error_response(request, exc: Exception):
+        return api_error_from(exc).response()
 
-    @app.exception_handler(EngineStepError)
-    async def _engine_error(request, exc: EngineStepError):  # already logged by the engine thread
-        return APIError(500, str(exc), "internal_error", None, "engine_error").response()
+    # expected failures get their own handlers (the catch-all Exception one
+    # is for real bugs: Starlette logs a traceback for those)
+    for cls in (APIError, QueueFullError, WaitingQueueFull, EngineShutdownError, EngineStepError, ValueError,
+                Exception):
+        app.add_exception_handler(cls, _error_response)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request, exc: RequestValidationError):
@@ -455,10 +465,6 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
     async def _http(request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
-
-    @app.exception_handler(Exception)
-    async def _internal(request, exc: Exception):
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error").response()
 
     def guarded(handler):
         async def endpoint(request: Request):

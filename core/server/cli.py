@@ -11,7 +11,9 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
+import threading
 
 DEFAULT_MAX_WAITING = 1024
 
@@ -59,14 +61,37 @@ def _check_args(args) -> str | None:
 def _served_name(args, engine) -> str:
     if args.served_model_name:
         return args.served_model_name
-    path = getattr(getattr(engine, "config", None), "model", None) or args.model
-    name = getattr(engine, "model_name", None)
-    if name:
-        return name
+    path = engine.model_path
     if path:
         base = os.path.basename(os.path.normpath(path))
-        return base[:-5] if base.endswith(".gguf") else base
+        base = base[:-5] if base.endswith(".gguf") else base
+        # SmolLM2-135M-Instruct.Q4_1 -> SmolLM2-135M-Instruct: clients name the model, not its quantisation
+        return re.sub(r"[.-](?:[QqIi]Q?\d\w*|[Ff]16|[Ff]32|[Bb][Ff]16)$", "", base) or base
     return "default"
+
+
+def _graceful_server_cls():
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """On SIGTERM/SIGINT: stop taking requests at once (503), let those in
+        flight run for `grace` seconds, then abort them so their clients get a
+        proper end (an error chunk and [DONE] for streams) before we exit."""
+
+        def __init__(self, config, aengine, grace: float):
+            super().__init__(config)
+            self.aengine, self.grace = aengine, grace
+            self._deadline: threading.Timer | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            if self._deadline is None:
+                self.aengine.stop_accepting()
+                self._deadline = threading.Timer(self.grace, self.aengine.abort_in_flight)
+                self._deadline.daemon = True
+                self._deadline.start()
+            super().handle_exit(sig, frame)
+
+    return GracefulServer
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     from paged.core.server.app import ServerConfig, create_app
     from paged.core.server.metrics import ServerMetrics
 
+    GracefulServer = _graceful_server_cls()
+
     try:
         config = engine_config_from_args(args)
         engine = Engine(config)  # loads the model, sizes the KV cache, warms up
@@ -94,16 +121,17 @@ def run(args: argparse.Namespace) -> int:
         vocab_size=engine.model_config.vocab_size,
         api_key=args.api_key or os.environ.get("PAGED_API_KEY") or None,
         max_body_bytes=args.max_body_size,
-        model_root=str(getattr(config, "model", None) or name),
+        model_root=engine.model_path,
     )
     metrics = ServerMetrics(name)
     aengine = AsyncEngine(engine, max_waiting=args.max_waiting_requests, observer=metrics)
     app = create_app(aengine, engine.tokenizer, server_config, metrics)
     uv_config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout, access_log=False,
+        # a backstop only: GracefulServer ends the streams itself at the deadline
+        timeout_graceful_shutdown=args.shutdown_timeout + 2.0, access_log=False,
     )
-    server = uvicorn.Server(uv_config)
+    server = GracefulServer(uv_config, aengine, args.shutdown_timeout)
     device = getattr(args, "device", None) or config.device
 
     async def serve() -> None:
