@@ -1,5 +1,32 @@
+// paged._C_cpu attention and KV-cache ops (contract: docs/kernels.md).
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "attention/ops.h"
 #include "module.h"
 
+namespace nb = nanobind;
+using namespace nb::literals;
+
 namespace paged::cpu {
-void register_attention(nanobind::module_& m) {}
+void register_attention(nb::module_& m) {
+  namespace a = attn;
+  m.def("paged_attention", &a::paged_attention, "out"_a, "query"_a, "key_cache"_a, "value_cache"_a,
+        "block_tables"_a, "seq_lens"_a, "scale"_a, "sliding_window"_a = 0,
+        "Decode attention: one query token per sequence over its paged K/V.");
+  m.def("prefill_attention", &a::prefill_attention, "out"_a, "query"_a, "key_cache"_a, "value_cache"_a,
+        "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "scale"_a, "sliding_window"_a = 0,
+        "Varlen causal attention of new tokens over cached prefix + themselves.");
+  m.def("reshape_and_cache", &a::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a, "value_cache"_a,
+        "slot_mapping"_a, "Write K/V [T, Hkv, D] into cache slots (negative slot = padding).");
+  m.def("read_kv", &a::read_kv, "key_cache"_a, "value_cache"_a, "slot_mapping"_a, "key_out"_a, "value_out"_a,
+        "Gather K/V of the given slots into key_out/value_out (padding slots read as zeros).");
+  m.def("copy_blocks", &a::copy_blocks, "key_caches"_a, "value_caches"_a, "block_mapping"_a,
+        "Copy-on-write: block dst <- src in every layer.");
+  m.def("swap_blocks", &a::swap_blocks, "src_cache"_a, "dst_cache"_a, "block_mapping"_a,
+        "dst_cache[dst] <- src_cache[src] between two CPU tensors.");
+  m.def("attention_isa", &a::current_isa, "SIMD build the attention kernels use now.");
+  m.def("set_attention_isa", &a::set_isa, "name"_a, "Choose 'auto', 'avx512', 'avx2' or 'scalar'.");
+  m.def("supported_attention_isas", &a::supported_isas, "Kernel builds this CPU can run, best first.");
+}
 }  // namespace paged::cpu

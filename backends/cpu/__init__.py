@@ -1,0 +1,80 @@
+"""CPU attention backend: the C++ kernels of paged._C_cpu (csrc_cpu/attention).
+
+The kernels check every argument themselves (once per call) and raise
+ValueError / IndexError naming the bad value; this wrapper only adapts the
+Python API of AttentionBackend and allocates what the kernels write into.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged.backends.base import AttentionBackend
+
+__all__ = ["CpuBackend", "ops"]
+
+
+def ops():
+    """The compiled module (imported lazily so that importing paged.backends
+    never requires the extension)."""
+    from paged import _C_cpu
+
+    return _C_cpu
+
+
+def _zeros(shape, dtype):
+    try:  # NUMA-aware allocation when the CPU platform provides it
+        from paged.backends.cpu_memory import numa_zeros
+    except ImportError:
+        return torch.zeros(shape, dtype=dtype)
+    return numa_zeros(shape, dtype)
+
+
+class CpuBackend(AttentionBackend):
+    name = "cpu"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.device.type != "cpu":
+            raise ValueError(f"CpuBackend runs on the CPU, got device {self.device}")
+        if self.head_size % 16 or not 16 <= self.head_size <= 256:
+            raise ValueError(f"head_size {self.head_size} is not supported by the CPU kernels "
+                             "(a multiple of 16 in [16, 256])")
+        self._ops = ops()
+
+    # [num_blocks, num_kv_heads, block_size, head_size]: one head's tokens of a
+    # block are contiguous, so a decode work item streams them linearly.
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.num_kv_heads, self.block_size, self.head_size)
+
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int):
+        shape = self.kv_cache_shape(num_blocks)
+        return [(_zeros(shape, self.dtype), _zeros(shape, self.dtype)) for _ in range(num_layers)]
+
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        self._ops.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None:
+        self._ops.paged_attention(out, query, key_cache, value_cache, block_tables, seq_lens,
+                                  float(scale), int(sliding_window or 0))
+
+    def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                          block_tables, scale: float, sliding_window: int = 0) -> None:
+        self._ops.prefill_attention(out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                                    block_tables, float(scale), int(sliding_window or 0))
+
+    def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
+        self._ops.copy_blocks(list(key_caches), list(value_caches), block_mapping)
+
+    def swap_blocks(self, src_cache, dst_cache, block_mapping) -> None:
+        self._ops.swap_blocks(src_cache, dst_cache, block_mapping)
+
+    def read_kv(self, key_cache, value_cache, slot_mapping):
+        if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1:
+            raise ValueError(f"slot_mapping must be a 1-D tensor, got {slot_mapping!r:.80}")
+        shape = (slot_mapping.shape[0], self.num_kv_heads, self.head_size)
+        key = torch.empty(shape, dtype=key_cache.dtype)
+        value = torch.empty(shape, dtype=key_cache.dtype)
+        self._ops.read_kv(key_cache, value_cache, slot_mapping, key, value)
+        return key, value

@@ -1,0 +1,173 @@
+// KV cache writes, reads and block copies. They only move bytes, so one
+// implementation serves every dtype; arguments are checked once up front.
+#include <cstring>
+#include <string>
+#include <unordered_set>
+
+#include <nanobind/nanobind.h>
+
+#include "attention/ops.h"
+
+namespace nb = nanobind;
+
+namespace paged::cpu::attn {
+namespace {
+
+struct CachePair {
+  TensorArg key, value;
+  DType dtype;
+  int64_t num_blocks, num_kv_heads, block_size, head_size;
+  int64_t num_slots() const { return num_blocks * block_size; }
+};
+
+CachePair check_caches(Array& key_cache, Array& value_cache) {
+  CachePair c;
+  DType vd;
+  c.key = float_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &c.dtype);
+  c.value = float_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
+  require_same_shape(c.key, c.value);
+  if (vd != c.dtype)
+    fail(std::string("value_cache has dtype ") + dtype_name(vd) + " but key_cache has " + dtype_name(c.dtype));
+  c.num_blocks = c.key.dim(0);
+  c.num_kv_heads = c.key.dim(1);
+  c.block_size = c.key.dim(2);
+  c.head_size = c.key.dim(3);
+  return c;
+}
+
+// slot_mapping: int64 [T]; every slot < num_slots (negative = padding).
+const int64_t* check_slots(Array& slot_mapping, int64_t num_tokens, int64_t num_slots) {
+  TensorArg s = int_tensor("slot_mapping", slot_mapping, 64, {num_tokens});
+  const auto* slots = static_cast<const int64_t*>(s.data);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    if (slots[t] >= num_slots)
+      fail_index("slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
+                 " is beyond the cache (" + std::to_string(num_slots) + " slots)");
+  return slots;
+}
+
+TensorArg check_tokens(const char* name, Array& a, const CachePair& c, int64_t num_tokens) {
+  DType dt;
+  TensorArg t = float_tensor(name, a, {num_tokens, c.num_kv_heads, c.head_size}, &dt);
+  if (dt != c.dtype)
+    fail(std::string(name) + " has dtype " + dtype_name(dt) + " but the cache has " + dtype_name(c.dtype));
+  return t;
+}
+
+// Copy one token's [Hkv, D] rows between a [T, Hkv, D] tensor and a cache slot.
+enum class Dir { ToCache, FromCache };
+void move_token(const CachePair& c, const TensorArg& tokens, void* cache, int64_t t, int64_t slot, Dir dir) {
+  const size_t row = size_t(c.head_size) * c.key.elem_size;
+  const int64_t block = slot / c.block_size, off = slot % c.block_size;
+  for (int64_t h = 0; h < c.num_kv_heads; ++h) {
+    char* cache_row = static_cast<char*>(cache) + ((block * c.num_kv_heads + h) * c.block_size + off) * row;
+    char* token_row = static_cast<char*>(tokens.data) + (t * c.num_kv_heads + h) * row;
+    if (dir == Dir::ToCache) std::memcpy(cache_row, token_row, row);
+    else std::memcpy(token_row, cache_row, row);
+  }
+}
+
+// block_mapping int64 [N, 2] of (src, dst) ids; destinations distinct.
+const int64_t* check_mapping(Array& block_mapping, int64_t num_src, int64_t num_dst, int64_t* count) {
+  TensorArg m = int_tensor("block_mapping", block_mapping, 64, {-1, 2});
+  const auto* pairs = static_cast<const int64_t*>(m.data);
+  *count = m.dim(0);
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < *count; ++i) {
+    for (int col = 0; col < 2; ++col) {
+      const int64_t id = pairs[2 * i + col], n = col ? num_dst : num_src;
+      if (id < 0 || id >= n)
+        fail_index("block_mapping[" + std::to_string(i) + ", " + std::to_string(col) + "] = " + std::to_string(id) +
+                   " is not a " + (col ? "destination" : "source") + " block id in [0, " + std::to_string(n) + ")");
+    }
+    if (!seen.insert(pairs[2 * i + 1]).second)
+      fail("block_mapping writes block " + std::to_string(pairs[2 * i + 1]) + " more than once");
+  }
+  return pairs;
+}
+
+}  // namespace
+
+void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping) {
+  CachePair c = check_caches(key_cache, value_cache);
+  TensorArg k = float_tensor("key", key, {-1, c.num_kv_heads, c.head_size}, &c.dtype);
+  const int64_t num_tokens = k.dim(0);
+  check_tokens("key", key, c, num_tokens);
+  TensorArg v = check_tokens("value", value, c, num_tokens);
+  const int64_t* slots = check_slots(slot_mapping, num_tokens, c.num_slots());
+  nb::gil_scoped_release release;
+#pragma omp parallel for if (num_tokens > 256)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0) continue;
+    move_token(c, k, c.key.data, t, slots[t], Dir::ToCache);
+    move_token(c, v, c.value.data, t, slots[t], Dir::ToCache);
+  }
+}
+
+void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out) {
+  CachePair c = check_caches(key_cache, value_cache);
+  TensorArg k = check_tokens("key_out", key_out, c, -1);
+  const int64_t num_tokens = k.dim(0);
+  TensorArg v = check_tokens("value_out", value_out, c, num_tokens);
+  const int64_t* slots = check_slots(slot_mapping, num_tokens, c.num_slots());
+  nb::gil_scoped_release release;
+  const size_t token_bytes = size_t(c.num_kv_heads * c.head_size) * c.key.elem_size;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (slots[t] < 0) {  // padding reads as zeros
+      std::memset(static_cast<char*>(k.data) + t * token_bytes, 0, token_bytes);
+      std::memset(static_cast<char*>(v.data) + t * token_bytes, 0, token_bytes);
+      continue;
+    }
+    move_token(c, k, c.key.data, t, slots[t], Dir::FromCache);
+    move_token(c, v, c.value.data, t, slots[t], Dir::FromCache);
+  }
+}
+
+void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping) {
+  if (key_caches.size() != value_caches.size())
+    fail("key_caches has " + std::to_string(key_caches.size()) + " layers but value_caches has " +
+         std::to_string(value_caches.size()));
+  std::vector<void*> caches;
+  TensorArg first;
+  for (size_t l = 0; l < key_caches.size(); ++l) {
+    CachePair c = check_caches(const_cast<Array&>(key_caches[l]), const_cast<Array&>(value_caches[l]));
+    if (l == 0) first = c.key;
+    else if (c.key.shape != first.shape || c.key.elem_size != first.elem_size)
+      fail("layer " + std::to_string(l) + " key_cache has shape " + c.key.shape_str() + " but layer 0 has " +
+           first.shape_str() + " (all layers must share one cache shape and dtype)");
+    caches.push_back(c.key.data);
+    caches.push_back(c.value.data);
+  }
+  if (caches.empty()) return;
+  int64_t count = 0;
+  const int64_t* pairs = check_mapping(block_mapping, first.dim(0), first.dim(0), &count);
+  const size_t block_bytes = size_t(first.numel() / first.dim(0)) * first.elem_size;
+  const int64_t jobs = int64_t(caches.size()) * count;
+  nb::gil_scoped_release release;
+#pragma omp parallel for if (jobs > 16)
+  for (int64_t j = 0; j < jobs; ++j) {
+    char* base = static_cast<char*>(caches[size_t(j / count)]);
+    const int64_t* p = pairs + 2 * (j % count);
+    std::memcpy(base + p[1] * block_bytes, base + p[0] * block_bytes, block_bytes);
+  }
+}
+
+void swap_blocks(Array src_cache, Array dst_cache, Array block_mapping) {
+  TensorArg src = any_tensor("src_cache", src_cache), dst = any_tensor("dst_cache", dst_cache);
+  if (src.shape.empty()) fail("src_cache must have a leading block dimension, got a scalar");
+  if (src_cache.dtype() != dst_cache.dtype())
+    fail("dst_cache dtype differs from src_cache dtype (block copies move raw bytes)");
+  if (dst.shape.size() != src.shape.size() || !std::equal(src.shape.begin() + 1, src.shape.end(), dst.shape.begin() + 1))
+    fail("dst_cache has shape " + dst.shape_str() + " but src_cache has " + src.shape_str() +
+         " (all dims but the first must match)");
+  int64_t count = 0;
+  const int64_t* pairs = check_mapping(block_mapping, src.dim(0), dst.dim(0), &count);
+  const size_t block_bytes = src.dim(0) ? size_t(src.numel() / src.dim(0)) * src.elem_size : 0;
+  nb::gil_scoped_release release;
+#pragma omp parallel for if (count > 16)
+  for (int64_t i = 0; i < count; ++i)
+    std::memcpy(static_cast<char*>(dst.data) + pairs[2 * i + 1] * block_bytes,
+                static_cast<const char*>(src.data) + pairs[2 * i] * block_bytes, block_bytes);
+}
+
+}  // namespace paged::cpu::attn

@@ -1,0 +1,114 @@
+// Plain-data arguments of the CPU attention kernels and the per-ISA entry
+// points. Everything here is validated once at the Python boundary
+// (bindings.cpp); the kernels trust it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+namespace paged::cpu::attn {
+
+enum class DType { F32, BF16, F16 };
+
+// One attention call: decode is the special case "one query row per sequence".
+struct AttnArgs {
+  void* out;            // [T, H, D], dtype
+  const void* query;    // [T, H, D], dtype
+  const void* key_cache;    // [NB, Hkv, BS, D], dtype
+  const void* value_cache;  // same
+  DType dtype;
+  int64_t num_heads, num_kv_heads, head_size, block_size;
+  const int32_t* block_tables;  // [S, table_stride]
+  int64_t table_stride;
+  const int32_t* seq_lens;        // [S]
+  const int32_t* query_start_loc; // [S + 1]
+  int64_t num_seqs;
+  float scale;
+  int64_t sliding_window;  // 0 = unlimited
+};
+
+// Fixed work-splitting constants. They depend on nothing but the sequence
+// itself, which is what makes results independent of batch and thread count.
+constexpr int64_t kKeysPerSplit = 256;   // keys handled by one work item
+constexpr int64_t kQueryVectorsPerTile = 32;  // query rows x heads per item (prefill)
+
+// --- scalar conversions (RNE, like torch) used for query/output and the scalar path
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float f16_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp) {
+    u = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (!man) {
+    u = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do { ++e; man <<= 1; } while (!(man & 0x400u));
+    u = sign | (uint32_t(112 - e) << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint16_t(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (a < 0x38800000u) {  // subnormal half (or zero): fixed-point round to 2^-24
+    float m = std::fabs(f) * 16777216.0f;  // exact scaling by 2^24
+    return uint16_t(sign | uint32_t(std::nearbyint(m)));
+  }
+  uint32_t r = a - 0x38000000u;  // rebias exponent 127 -> 15
+  r += 0xfffu + ((r >> 13) & 1u);
+  return uint16_t(sign | (r >> 13));
+}
+
+inline float load_scalar(const void* p, int64_t i, DType t) {
+  switch (t) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+inline void store_scalar(void* p, int64_t i, DType t, float v) {
+  switch (t) {
+    case DType::F32: static_cast<float*>(p)[i] = v; break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    default: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
+  }
+}
+
+// Per-ISA implementations (attention_<isa>.cpp include kernel_impl.inc).
+#define PAGED_DECLARE_ISA(ns) \
+  namespace ns {              \
+  void attention(const AttnArgs& a); \
+  }
+PAGED_DECLARE_ISA(isa_scalar)
+PAGED_DECLARE_ISA(isa_avx2)
+PAGED_DECLARE_ISA(isa_avx512)
+#undef PAGED_DECLARE_ISA
+
+// The build chosen at run time (dispatch.cpp).
+void run_attention(const AttnArgs& a);
+
+}  // namespace paged::cpu::attn

@@ -1,0 +1,27 @@
+// Python-facing operations of the CPU attention backend. Each validates its
+// arguments once (tensor_args.h) and then runs without further checks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "attention/tensor_args.h"
+
+namespace paged::cpu::attn {
+
+void paged_attention(Array out, Array query, Array key_cache, Array value_cache, Array block_tables,
+                     Array seq_lens, double scale, int64_t sliding_window);
+void prefill_attention(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                       Array seq_lens, Array block_tables, double scale, int64_t sliding_window);
+
+void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping);
+void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out);
+void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping);
+void swap_blocks(Array src_cache, Array dst_cache, Array block_mapping);
+
+// Kernel ISA: "avx512", "avx2" or "scalar". set_isa("auto") picks the best the CPU has.
+std::string current_isa();
+void set_isa(const std::string& name);
+std::vector<std::string> supported_isas();
+
+}  // namespace paged::cpu::attn

@@ -1,0 +1,116 @@
+#include "attention/tensor_args.h"
+
+#include <stdexcept>
+
+namespace nb = nanobind;
+
+namespace paged::cpu::attn {
+
+void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+void fail_index(const std::string& msg) { throw std::out_of_range(msg); }
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::BF16: return "bfloat16";
+    default: return "float16";
+  }
+}
+
+int64_t TensorArg::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::string TensorArg::shape_str() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace {
+
+std::string expected_str(std::initializer_list<int64_t> shape) {
+  std::string s = "[";
+  size_t i = 0;
+  for (int64_t d : shape) s += (i++ ? ", " : "") + (d < 0 ? std::string("*") : std::to_string(d));
+  return s + "]";
+}
+
+std::string dlpack_dtype_str(const nb::dlpack::dtype& t) {
+  const char* kind = "dtype code " ;
+  switch (nb::dlpack::dtype_code(t.code)) {
+    case nb::dlpack::dtype_code::Int: kind = "int"; break;
+    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
+    case nb::dlpack::dtype_code::Float: kind = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
+    case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+    default: break;
+  }
+  return kind + std::to_string(int(t.bits));
+}
+
+// Device, rank, shape and C-contiguity; fills everything but the dtype.
+TensorArg common(const char* name, const Array& a, std::initializer_list<int64_t> shape, bool check_shape) {
+  TensorArg t;
+  t.name = name;
+  if (a.device_type() != nb::device::cpu::value)
+    fail(std::string(name) + " must be a CPU tensor (got DLPack device type " + std::to_string(a.device_type()) + ")");
+  for (size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(int64_t(a.shape(i)));
+  if (check_shape) {
+    bool ok = a.ndim() == shape.size();
+    size_t i = 0;
+    for (int64_t d : shape) ok = ok && (d < 0 || (i < t.shape.size() && t.shape[i] == d)), ++i;
+    if (!ok) fail(std::string(name) + " has shape " + t.shape_str() + ", expected " + expected_str(shape));
+  }
+  int64_t expect = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (t.shape[i] != 1 && int64_t(a.stride(i)) != expect)
+      fail(std::string(name) + " must be contiguous (shape " + t.shape_str() + " has stride " +
+           std::to_string(a.stride(i)) + " in dim " + std::to_string(i) + ", expected " + std::to_string(expect) + ")");
+    expect *= t.shape[i];
+  }
+  t.data = const_cast<void*>(a.data());
+  return t;
+}
+
+}  // namespace
+
+TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype) {
+  TensorArg t = common(name, a, shape, true);
+  const auto dt = a.dtype();
+  if (dt == nb::dtype<float>()) *dtype = DType::F32;
+  else if (dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1) *dtype = DType::BF16;
+  else if (dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 16 && dt.lanes == 1) *dtype = DType::F16;
+  else fail(std::string(name) + " has dtype " + dlpack_dtype_str(dt) + "; expected float32, bfloat16 or float16");
+  t.elem_size = *dtype == DType::F32 ? 4 : 2;
+  return t;
+}
+
+TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape) {
+  TensorArg t = common(name, a, shape, true);
+  const auto dt = a.dtype();
+  if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != bits || dt.lanes != 1)
+    fail(std::string(name) + " has dtype " + dlpack_dtype_str(dt) + "; expected int" + std::to_string(bits));
+  t.elem_size = size_t(bits / 8);
+  return t;
+}
+
+TensorArg any_tensor(const char* name, const Array& a) {
+  TensorArg t = common(name, a, {}, false);
+  t.elem_size = (size_t(a.dtype().bits) * a.dtype().lanes + 7) / 8;
+  return t;
+}
+
+void require_same_shape(const TensorArg& a, const TensorArg& b) {
+  if (a.shape != b.shape) fail(b.name + " has shape " + b.shape_str() + " but " + a.name + " has " + a.shape_str());
+}
+
+void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why) {
+  if (t.shape[i] != want)
+    fail(t.name + " has shape " + t.shape_str() + ": dim " + std::to_string(i) + " must be " + std::to_string(want) +
+         " (" + why + ")");
+}
+
+}  // namespace paged::cpu::attn

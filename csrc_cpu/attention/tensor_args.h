@@ -1,0 +1,45 @@
+// Checks of tensors arriving from Python (nanobind ndarray / DLPack), done once
+// per call at the boundary. Failures throw std::invalid_argument (-> ValueError)
+// or std::out_of_range (-> IndexError) with a message naming the argument.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "attention/kernel_common.h"
+
+namespace paged::cpu::attn {
+
+using Array = nanobind::ndarray<>;
+
+// A CPU, C-contiguous tensor that passed its checks.
+struct TensorArg {
+  std::string name;
+  void* data = nullptr;
+  std::vector<int64_t> shape;
+  size_t elem_size = 0;
+  int64_t dim(size_t i) const { return shape[i]; }
+  int64_t numel() const;
+  std::string shape_str() const;
+};
+
+// Floating tensor (float32 / bfloat16 / float16) of the given rank; `shape`
+// entries < 0 are free. `dtype` receives its dtype.
+TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype);
+// Integer tensor of exactly `bits` width (int32 / int64).
+TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape);
+// Any dtype: used where only bytes are moved (block copies between caches).
+TensorArg any_tensor(const char* name, const Array& a);
+
+[[noreturn]] void fail(const std::string& msg);             // ValueError
+[[noreturn]] void fail_index(const std::string& msg);       // IndexError
+void require_same_shape(const TensorArg& a, const TensorArg& b);
+void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why);
+const char* dtype_name(DType t);
+
+}  // namespace paged::cpu::attn
