@@ -38,7 +38,7 @@ def _random_op(rng: random.Random, model: BlockPoolModel, hashes: list[int]) -> 
         return "incref", ([rng.choice(used)],)
     if r < 0.65 and used:
         b = rng.choice(used)
-        h = rng.choice(hashes) if rng.random() < 0.5 else rng.getrandbits(63)
+        h = rng.choice(hashes) if hashes and rng.random() < 0.5 else rng.getrandbits(63)
         hashes.append(h)
         return "register_hash", (b, h)
     if r < 0.75 and hashes:
