@@ -1,0 +1,285 @@
+"""CUDA backend: what runs here (module import without a GPU, platform
+detection, boundary validation, budget arithmetic) and, where a GPU is
+visible, the kernels against the pure-torch ReferenceBackend (the oracle)
+plus the shared kernel checks of core/conformance/kernel_checks.py."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from paged.backends.base import AttentionMetadata
+from paged.backends.reference import ReferenceBackend
+from paged.platforms import PlatformUnavailable, get_platform
+from paged.platforms.cuda import CudaPlatform, kv_cache_budget, kv_cache_log_line
+
+HAS_GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA device visible (torch.cuda.is_available() is False)")
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+
+
+def _ops():
+    try:
+        from paged import _C_cuda
+    except ImportError as e:
+        if shutil.which("nvcc"):
+            pytest.fail(f"nvcc is on PATH but paged._C_cuda did not build/import: {e}")
+        pytest.skip(f"paged._C_cuda not built (no nvcc here): {e}")
+    return _C_cuda
+
+
+# -- here, without a GPU ---------------------------------------------------------
+def test_module_imports_and_reports_archs():
+    ops = _ops()
+    want = os.environ.get("PAGED_CUDA_ARCHS", "80;90").replace(";", ",")
+    assert ops.built_archs == want
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU path")
+def test_no_gpu_is_reported_not_raised():
+    ops = _ops()
+    assert ops.device_count() == 0
+    assert ops.compute_capability(0) == -1
+    p = CudaPlatform()
+    a = p.is_available()
+    assert not a.ok and a.reason.startswith("no CUDA device visible (torch.cuda.is_available() is False")
+    assert p.device_count() == 0
+    with pytest.raises(PlatformUnavailable, match="no CUDA device visible"):
+        get_platform("cuda")
+    report = p.env_report()
+    assert report["available"] is False and report["compiled"]["_C_cuda"] is True
+    with pytest.raises(RuntimeError, match="DeviceArena"):
+        ops.DeviceArena(1 << 20, 0)
+
+
+def test_platform_attributes():
+    p = CudaPlatform()
+    assert (p.name, p.device_type, p.dist_backend) == ("cuda", "cuda", "nccl")
+    from paged.backends.cuda import CudaBackend
+
+    assert p.attention_backend_cls() is CudaBackend
+
+
+def test_boundary_rejects_host_tensors_and_bad_shapes():
+    ops = _ops()
+    kc = torch.zeros(4, 2, 16, 64, dtype=torch.float16)
+    key = torch.zeros(3, 2, 64, dtype=torch.float16)
+    slots = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="key_cache must be a CUDA tensor"):
+        ops.reshape_and_cache(key, key, kc, kc, slots, 0)
+    with pytest.raises(ValueError, match="key_caches has 1 layers but value_caches has 0"):
+        ops.copy_blocks([kc], [], torch.zeros(0, 2, dtype=torch.int64), 0)
+
+
+def test_swap_blocks_host_side_checks():
+    ops = _ops()
+    src, dst = torch.zeros(4, 2, 16, 64), torch.zeros(3, 2, 16, 64)
+    with pytest.raises(IndexError, match=r"block_mapping\[1, 1\] = 3 is not a destination block id in \[0, 3\)"):
+        ops.swap_blocks(src, dst, torch.tensor([[0, 0], [1, 3]]), 0)
+    with pytest.raises(ValueError, match="dst_cache has shape"):
+        ops.swap_blocks(src, torch.zeros(3, 2, 16, 32), torch.tensor([[0, 0]]), 0)
+    with pytest.raises(ValueError, match="int64"):
+        ops.swap_blocks(src, dst, torch.tensor([[0, 0]], dtype=torch.int32), 0)
+    if not HAS_GPU:  # valid arguments reach the CUDA runtime, whose error surfaces as RuntimeError
+        with pytest.raises(RuntimeError, match="swap_blocks: CUDA error"):
+            ops.swap_blocks(src, dst, torch.tensor([[0, 0]]), 0)
+
+
+def test_decode_split_count_depends_on_length_only():
+    ops = _ops()
+    p = ops.split_partition
+    for blocks, bs, window in [(1, 16, 0), (32, 16, 0), (33, 16, 0), (100, 128, 0), (100, 128, 700), (4, 16, 4096)]:
+        keys = blocks * bs if not window else min(blocks * bs, window)
+        assert ops.decode_max_splits(blocks, bs, window) == math.ceil(keys / p)
+
+
+def test_kv_cache_budget_arithmetic():
+    total, used = 80 * 2**30, 20 * 2**30
+    assert kv_cache_budget(total, used, 0.9) == int(0.9 * total) - used
+    assert kv_cache_budget(total, used, 0.5, requested=2**30) == 2**30
+    with pytest.raises(ValueError, match="--kv-cache-memory 60.00 GiB exceeds the 52.00 GiB"):
+        kv_cache_budget(total, used, 0.9, requested=60 * 2**30)
+    with pytest.raises(ValueError, match="no room for the KV cache"):
+        kv_cache_budget(total, used, 0.25)
+    for bad in (0, 1.5, -0.1, "0.9"):
+        with pytest.raises(ValueError, match="--gpu-memory-utilization must be in"):
+            kv_cache_budget(total, used, bad)
+    assert kv_cache_log_line(1000, 3 * 2**20) == "KV cache: 1000 blocks, 2.93 GiB"
+
+
+def test_backend_rejects_unsupported_shapes():
+    from paged.backends.cuda import CudaBackend
+
+    with pytest.raises(ValueError, match="head_size 96"):
+        CudaBackend(8, 2, 96, 16, torch.float16, "cuda")
+    with pytest.raises(ValueError, match="needs a cuda device"):
+        CudaBackend(8, 2, 64, 16, torch.float16, "cpu")
+
+
+# -- on a GPU: against the reference backend -------------------------------------
+def _pair(dtype, head_size=128, block_size=16, heads=(8, 2), window=0, check_ids=True):
+    from paged.backends.cuda import CudaBackend
+
+    args = (heads[0], heads[1], head_size, block_size, dtype, "cuda:0")
+    return CudaBackend(*args, sliding_window=window, check_ids=check_ids), ReferenceBackend(*args, sliding_window=window)
+
+
+def _filled_cache(be, num_blocks, gen):
+    shape = be.kv_cache_shape(num_blocks)
+    return [torch.randn(shape, generator=gen).to(be.dtype).cuda() for _ in range(2)]
+
+
+def _tables(lens, block_size, num_blocks, gen):
+    width = max(math.ceil(n / block_size) for n in lens)
+    perm = torch.randperm(num_blocks, generator=gen)[: width * len(lens)]
+    return perm.view(len(lens), width).to(torch.int32).cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size", [64, 128])
+@pytest.mark.parametrize("block_size,heads,window", [(16, (8, 2), 0), (32, (8, 8), 0), (128, (32, 2), 0), (16, (12, 4), 300)])
+def test_decode_matches_reference(dtype, head_size, block_size, heads, window):
+    gen = torch.Generator().manual_seed(0)
+    cuda, ref = _pair(dtype, head_size, block_size, heads, window)
+    lens = [1, 17, 511, 512, 513, 1500, 3000]  # across the split-K partition boundary
+    num_blocks = sum(math.ceil(n / block_size) for n in lens) + 8
+    kc, vc = _filled_cache(cuda, num_blocks, gen)
+    tables, seq_lens = _tables(lens, block_size, num_blocks, gen)
+    q = torch.randn(len(lens), heads[0], head_size, generator=gen).to(dtype).cuda()
+    out, want = torch.empty_like(q), torch.empty_like(q)
+    cuda.paged_attention(out, q, kc, vc, tables, seq_lens, cuda.scale, window)
+    ref.paged_attention(want, q, kc, vc, tables, seq_lens, ref.scale, window)
+    torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size,window", [(64, 0), (128, 0), (128, 40)])
+def test_prefill_with_cached_prefix_matches_reference(dtype, head_size, window):
+    gen = torch.Generator().manual_seed(1)
+    cuda, ref = _pair(dtype, head_size, 16, (8, 2), window)
+    lens, qlens = [5, 70, 300, 64], [5, 33, 1, 64]  # fresh prompt, prefix hit, one-token chunk, full
+    num_blocks = 64
+    kc, vc = _filled_cache(cuda, num_blocks, gen)
+    tables, seq_lens = _tables(lens, 16, num_blocks, gen)
+    qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32).cuda()
+    q = torch.randn(sum(qlens), 8, head_size, generator=gen).to(dtype).cuda()
+    out, want = torch.empty_like(q), torch.empty_like(q)
+    cuda.prefill_attention(out, q, kc, vc, qsl, seq_lens, tables, cuda.scale, window)
+    ref.prefill_attention(want, q, kc, vc, qsl, seq_lens, tables, ref.scale, window)
+    torch.testing.assert_close(out.float(), want.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@needs_gpu
+def test_decode_is_batch_invariant():
+    gen = torch.Generator().manual_seed(2)
+    cuda, _ = _pair(torch.bfloat16)
+    lens = [2000, 30, 1100]
+    kc, vc = _filled_cache(cuda, 256, gen)
+    tables, seq_lens = _tables(lens, 16, 256, gen)
+    q = torch.randn(3, 8, 128, generator=gen).to(torch.bfloat16).cuda()
+    out = torch.empty_like(q)
+    cuda.paged_attention(out, q, kc, vc, tables, seq_lens, cuda.scale, 0)
+    for i in range(3):
+        alone = torch.empty_like(q[i:i + 1])
+        width = math.ceil(lens[i] / 16)
+        cuda.paged_attention(alone, q[i:i + 1], kc, vc, tables[i:i + 1, :width].contiguous(), seq_lens[i:i + 1],
+                             cuda.scale, 0)
+        assert torch.equal(alone[0], out[i])
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cache_ops_match_reference(dtype):
+    gen = torch.Generator().manual_seed(3)
+    cuda, ref = _pair(dtype, 64, 16, (4, 2))
+    caches = cuda.allocate_kv_cache(num_layers=2, num_blocks=12)
+    assert all(t.is_cuda and t.shape == (12, 2, 16, 64) and not t.any() for kv in caches for t in kv)
+    ref_caches = [(k.clone(), v.clone()) for k, v in caches]
+    key = torch.randn(20, 2, 64, generator=gen).to(dtype).cuda()
+    value = torch.randn(20, 2, 64, generator=gen).to(dtype).cuda()
+    slots = torch.randperm(12 * 16, generator=gen)[:20]
+    slots[3] = -1  # padding
+    slots = slots.cuda()
+    for (kc, vc), (rk, rv) in zip(caches, ref_caches):
+        cuda.reshape_and_cache(key, value, kc, vc, slots)
+        ref.reshape_and_cache(key, value, rk, rv, slots)
+    assert all(torch.equal(a, b) for kv, rkv in zip(caches, ref_caches) for a, b in zip(kv, rkv))
+    assert all(torch.equal(a, b) for a, b in zip(cuda.read_kv(*caches[0], slots), ref.read_kv(*ref_caches[0], slots)))
+    mapping = torch.tensor([[1, 5], [0, 7], [7, 2]])
+    cuda.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
+    ref.copy_blocks([k for k, _ in ref_caches], [v for _, v in ref_caches], mapping)
+    assert all(torch.equal(a, b) for kv, rkv in zip(caches, ref_caches) for a, b in zip(kv, rkv))
+    host = torch.zeros((6, 2, 16, 64), dtype=dtype).pin_memory()
+    cuda.swap_blocks(caches[0][0], host, torch.tensor([[5, 0], [7, 4]]))
+    back = caches[1][1]
+    cuda.swap_blocks(host, back, torch.tensor([[4, 9], [0, 11]]))
+    torch.cuda.synchronize()
+    assert torch.equal(host[0], caches[0][0][5].cpu()) and torch.equal(host[4], caches[0][0][7].cpu())
+    assert torch.equal(back[9], caches[0][0][7]) and torch.equal(back[11], caches[0][0][5])
+
+
+@needs_gpu
+def test_forward_mixed_batch_matches_reference():
+    gen = torch.Generator().manual_seed(4)
+    cuda, ref = _pair(torch.float16, 128, 16, (8, 2))
+    kc, vc = _filled_cache(cuda, 64, gen)
+    rk, rv = kc.clone(), vc.clone()
+    lens, qlens = [40, 700, 20], [1, 1, 20]
+    tables, seq_lens = _tables(lens, 16, 64, gen)
+    qsl = torch.tensor([0, 1, 2, 22], dtype=torch.int32).cuda()
+    slots = torch.cat([tables[i, torch.arange(n - q, n) // 16].long().cpu() * 16 + torch.arange(n - q, n) % 16
+                       for i, (n, q) in enumerate(zip(lens, qlens))]).cuda()
+    meta = AttentionMetadata(slots, qsl, seq_lens, tables, num_decodes=2, max_query_len=20, max_seq_len=700)
+    q = torch.randn(22, 8, 128, generator=gen).half().cuda()
+    k, v = (torch.randn(22, 2, 128, generator=gen).half().cuda() for _ in range(2))
+    out = cuda.forward(q, k, v, (kc, vc), meta)
+    want = ref.forward(q, k, v, (rk, rv), meta)
+    assert torch.equal(kc, rk) and torch.equal(vc, rv)
+    torch.testing.assert_close(out.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+@needs_gpu
+def test_bad_block_ids():
+    cuda, _ = _pair(torch.float16, 64, 16, (4, 2), check_ids=True)
+    kc = torch.zeros(cuda.kv_cache_shape(4), dtype=torch.float16, device="cuda")
+    q = torch.zeros(1, 4, 64, dtype=torch.float16, device="cuda")
+    tables = torch.tensor([[9]], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([5], dtype=torch.int32, device="cuda")
+    with pytest.raises(IndexError, match=r"block_tables\[0, 0\] = 9"):
+        cuda.paged_attention(torch.empty_like(q), q, kc, kc, tables, lens, 1.0, 0)
+    cuda.check_ids = False  # the device-side guard: no fault, finite output
+    out = torch.empty_like(q)
+    cuda.paged_attention(out, q, kc, kc, tables, lens, 1.0, 0)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+# -- the shared kernel checks (core/conformance/kernel_checks.py) -------------------
+def _kernel_checks():
+    try:
+        from paged.core.conformance import kernel_checks as kc
+    except ImportError:
+        return []
+    return sorted((n, f) for n, f in vars(kc).items()
+                  if n.startswith("check_") and callable(f) and getattr(f, "__module__", "") == kc.__name__)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name,fn", _kernel_checks() or [pytest.param("none", None, marks=pytest.mark.skip(
+    reason="core/conformance/kernel_checks.py is not there yet"))])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shared_kernel_checks(name, fn, dtype):
+    from paged.backends.cuda import CudaBackend
+
+    params = inspect.signature(fn).parameters
+    for head_size in (64, 128) if "head_size" in params else (None,):
+        kwargs = {"head_size": head_size, "quick": True}
+        fn(CudaBackend, torch.device("cuda", 0), dtype, **{k: v for k, v in kwargs.items() if k in params and v is not None})
