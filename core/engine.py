@@ -19,7 +19,7 @@ import torch
 from .engine_config import EngineConfig
 from .model_runner import ModelRunner, size_kv_cache
 from .outputs import RequestOutput
-from .request import Detokenizer, Request, Sequence
+from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -56,7 +56,7 @@ class Engine:
 
             path = default_model_path()
         t0 = time.perf_counter()
-        loaded = load_model_files(str(path))
+        loaded = load_model_files(str(path), self.dtype)
         self.model_path = str(path)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -184,7 +184,9 @@ class Engine:
         return seqs, rows
 
     def _init_output_state(self, seq: Sequence) -> None:
-        seq.detok = Detokenizer(self.tokenizer, seq.group.prompt_token_ids, seq.params.skip_special_tokens)
+        from paged.core.tokenizer import IncrementalDetokenizer
+
+        seq.detok = IncrementalDetokenizer(self.tokenizer, seq.group.prompt_token_ids, seq.params.skip_special_tokens)
 
     def _append_token(self, seq: Sequence, token: int, lp, chosen_lp, now: float) -> None:
         req, p = seq.group, seq.params

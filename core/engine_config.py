@@ -12,9 +12,10 @@ _SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2*
 
 
 def parse_memory_size(text) -> int:
-    """'4GiB', '512MiB', '2.5G', '1e9b' -> bytes; a bare number means GiB."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    """'4GiB', '512MiB', '2.5G', '1e9b' -> bytes; a bare number in a string
+    means GiB (the CLI), an int is already bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value, unit = float(text), "b"
     else:
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _SIZE_UNITS:
@@ -35,7 +36,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     block_size: Optional[int] = None  # None: the platform's default
-    kv_cache_memory: Optional[int] = None  # bytes; None: the platform's share of free memory
+    kv_cache_memory: Optional[int | str] = None  # int bytes or '4GiB'; None: the platform's share of free memory
     num_kv_blocks: Optional[int] = None  # exact block count (tests); overrides kv_cache_memory
     cpu_threads_bind: str = "auto"
     enable_prefix_caching: bool = True

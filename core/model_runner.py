@@ -31,9 +31,9 @@ def size_kv_cache(budget_bytes: int, bytes_per_block: int, block_size: int,
                   max_model_len: int, max_num_seqs: int) -> int:
     """Number of KV blocks: what the byte budget holds, but no more than
     every running sequence at full context length could ever use."""
-    if bytes_per_block <= 0:
-        raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
-    fit = budget_bytes // bytes_per_block
+    from paged.core.kv_cache_manager import num_blocks_for_budget
+
+    fit = num_blocks_for_budget(budget_bytes, bytes_per_block)
     per_seq = -(-max_model_len // block_size)
     useful = per_seq * max_num_seqs
     num_blocks = int(min(fit, useful))

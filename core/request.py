@@ -24,42 +24,6 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class Detokenizer:
-    """Incremental detokenization of one sequence's output.
-
-    Decodes a small window of ids around the new tokens, so multi-byte
-    characters split across tokens and tokenizer-dependent spacing come out
-    right without re-decoding the whole output every step.
-    """
-
-    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool):
-        self.tokenizer = tokenizer
-        self.skip = skip_special_tokens
-        self.ids = list(prompt_ids[-6:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.ids)
-        self.text = ""
-
-    def add(self, token_id: int) -> str:
-        """Feeds one token; returns the text it completes (may be '')."""
-        self.ids.append(token_id)
-        dec = self.tokenizer.decode
-        prefix = dec(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip)
-        full = dec(self.ids[self.prefix_offset:], skip_special_tokens=self.skip)
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
-            return ""  # an incomplete UTF-8 sequence (or nothing visible yet): wait for more
-        delta = full[len(prefix):]
-        self.prefix_offset = self.read_offset
-        self.read_offset = len(self.ids)
-        if self.prefix_offset > 64:  # keep the window short
-            cut = self.prefix_offset
-            self.ids = self.ids[cut:]
-            self.prefix_offset -= cut
-            self.read_offset -= cut
-        self.text += delta
-        return delta
-
-
 class Sequence:
     """One sample of a request: the unit the scheduler batches."""
 
@@ -76,7 +40,7 @@ class Sequence:
         self.stop_reason = None
         self.logprobs: Optional[list[TokenLogprobs]] = [] if group.params.logprobs is not None else None
         self.cumulative_logprob = 0.0
-        self.detok: Optional[Detokenizer] = None
+        self.detok = None  # tokenizer.IncrementalDetokenizer, set by the engine
         self.text = ""  # output text, stop string already cut
         self.generator: Optional[torch.Generator] = None
 
