@@ -73,10 +73,11 @@ def test_unavailable_device_exits_2_with_one_line(args):
     assert_one_line_error(paged(*args), "platform '")
 
 
-@pytest.mark.parametrize("bind, fragment", [("5-2", "is reversed"), ("abc", "'abc'"),
-                                            ("4096", "not allowed for this process")])
+@pytest.mark.parametrize("bind, fragment", [("5-2", "is reversed"), ("4096", "not allowed for this process")])
 def test_bad_cpu_threads_bind_exits_2(bind, fragment):
-    assert_one_line_error(paged("env", "--cpu-threads-bind", bind), "--cpu-threads-bind", fragment)
+    # malformed lists in general are covered in process by test_topology.py
+    result = paged("--device", "cpu", "env", "--cpu-threads-bind", bind)
+    assert_one_line_error(result, "--cpu-threads-bind", fragment)
 
 
 # ---- dispatcher behaviour, in process, with tiny command modules ----------
