@@ -24,7 +24,7 @@ import pytest
 
 STARTUP_TIMEOUT_S = 300
 # small KV cache: 2048-token context, enough blocks for the concurrency tests
-BASE_ARGS = ("--max-model-len", "2048", "--kv-cache-memory", "48MiB", "--max-num-seqs", "32")
+BASE_ARGS = ("--max-model-len", "2048", "--kv-cache-memory", "256MiB", "--max-num-seqs", "32")
 
 
 def free_port() -> int:

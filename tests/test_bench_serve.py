@@ -1,0 +1,61 @@
+"""`paged bench serve` against a real server: every request completes, the
+token counts it reports agree with the server's own counters (/metrics),
+and text prompts tokenize to exactly --input-len tokens (/tokenize)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from test_server import metrics, shared_server
+
+from paged.core import bench_serve
+
+
+@pytest.fixture(scope="module")
+def server():
+    return shared_server()
+
+
+def test_bench_serve_counts_match_server(server, tmp_path):
+    before = metrics(server.url)
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-c", "import sys; from paged.core.cli import main; sys.exit(main())", "bench", "serve",
+           "--base-url", server.url, "--num-prompts", "4", "--input-len", "24", "--output-len", "6",
+           "--max-concurrency", "1,4", "--ignore-eos", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    report = json.loads(out.read_text())
+    assert [L["max_concurrency"] for L in report["levels"]] == [1, 4]
+    for level in report["levels"]:
+        assert level["completed"] == 4 and level["failed"] == 0
+        assert level["total_output_tokens"] == 4 * 6  # EOS ignored: exactly --output-len each
+        assert level["ttft_ms"]["p50"] <= level["e2e_ms"]["p50"]
+    after = metrics(server.url)
+    # 8 measured requests + 1 warm-up of 4 tokens
+    assert after["paged:generation_tokens_total"] - before["paged:generation_tokens_total"] == 8 * 6 + 4
+    assert after["paged:prompt_tokens_total"] - before["paged:prompt_tokens_total"] == 9 * 24
+    assert "output tok/s" in proc.stdout
+
+
+def test_text_prompts_have_exact_length(server):
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url) as c:
+            rng = random.Random(1)
+            texts = [await bench_serve.text_prompt(c, "paged", server.model, n, rng) for n in (7, 64)]
+            counts = [(await c.post("/tokenize", json={"prompt": t})).json()["count"] for t in texts]
+        return counts
+
+    assert asyncio.run(main()) == [7, 64]
+
+
+def test_bad_arguments_are_one_line_errors():
+    proc = subprocess.run([sys.executable, "-m", "paged.core.bench_serve", "--max-concurrency", "0,x"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--max-concurrency" in proc.stderr and "Traceback" not in proc.stderr
