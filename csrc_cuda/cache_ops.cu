@@ -95,9 +95,13 @@ void swap_blocks(const void* src, void* dst, const std::int64_t* mapping, int nu
 }
 
 DeviceArena::DeviceArena(std::size_t bytes, int device) : bytes_(bytes), device_(device) {
+  // Allocate on `device` without changing the caller's current device (torch tracks it).
+  int previous = 0;
+  check_cuda(cudaGetDevice(&previous), "DeviceArena");
   check_cuda(cudaSetDevice(device), "DeviceArena");
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
+  cudaSetDevice(previous);
   if (err != cudaSuccess) {
     cudaGetLastError();
     throw std::runtime_error("DeviceArena: cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" +

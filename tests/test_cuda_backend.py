@@ -91,6 +91,41 @@ def test_swap_blocks_host_side_checks():
             ops.swap_blocks(src, dst, torch.tensor([[0, 0]]), 0)
 
 
+def test_block_pool_is_the_shared_accounting():
+    ops = _ops()
+    from paged import _C_cpu
+
+    assert CudaPlatform().block_pool_cls() is ops.BlockPool
+    pool, host = ops.BlockPool(8), _C_cpu.BlockPool(8)  # both modules load side by side
+    for p in (pool, host):
+        got = p.allocate(3)
+        p.free(got[:1])
+    assert pool.stats() == host.stats() and pool.free_queue() == host.free_queue()
+    assert ops.hash_block(0, [1, 2, 3]) == _C_cpu.hash_block(0, [1, 2, 3])
+
+
+def test_id_checks_run_once_per_distinct_input():
+    from paged.backends.cuda.id_checks import CheckedOnce
+
+    calls = []
+    once = CheckedOnce()
+    tables = torch.arange(12, dtype=torch.int32).view(3, 4)
+    for view in (tables, tables, tables[:3], tables[:2], tables[:2]):  # every layer of a step
+        once.run("t", (view,), (16,), lambda: calls.append(1))
+    assert len(calls) == 2  # the full table, then the [:2] slice
+    tables[0, 0] = 5  # modified in place: checked again
+    once.run("t", (tables[:2],), (16,), lambda: calls.append(1))
+    once.run("t", (tables[:2],), (17,), lambda: calls.append(1))  # other cache size
+    once.run("t", (tables.clone()[:2],), (17,), lambda: calls.append(1))  # new tensor, same values
+    assert len(calls) == 5
+
+    def fails():
+        raise IndexError("bad")
+    for _ in range(2):  # a failing check is never remembered
+        with pytest.raises(IndexError):
+            once.run("t", (tables,), (1,), fails)
+
+
 def test_decode_split_count_depends_on_length_only():
     ops = _ops()
     p = ops.split_partition
@@ -213,10 +248,11 @@ def test_cache_ops_match_reference(dtype):
         ref.reshape_and_cache(key, value, rk, rv, slots)
     assert all(torch.equal(a, b) for kv, rkv in zip(caches, ref_caches) for a, b in zip(kv, rkv))
     assert all(torch.equal(a, b) for a, b in zip(cuda.read_kv(*caches[0], slots), ref.read_kv(*ref_caches[0], slots)))
-    mapping = torch.tensor([[1, 5], [0, 7], [7, 2]])
-    cuda.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
-    ref.copy_blocks([k for k, _ in ref_caches], [v for _, v in ref_caches], mapping)
-    assert all(torch.equal(a, b) for kv, rkv in zip(caches, ref_caches) for a, b in zip(kv, rkv))
+    # the kernel (disjoint sources and destinations, mapping on the device), then the overlap fallback
+    for mapping in (torch.tensor([[1, 5], [0, 7], [3, 10]]).cuda(), torch.tensor([[1, 4], [0, 1], [4, 2]])):
+        cuda.copy_blocks([k for k, _ in caches], [v for _, v in caches], mapping)
+        ref.copy_blocks([k for k, _ in ref_caches], [v for _, v in ref_caches], mapping)
+        assert all(torch.equal(a, b) for kv, rkv in zip(caches, ref_caches) for a, b in zip(kv, rkv))
     host = torch.zeros((6, 2, 16, 64), dtype=dtype).pin_memory()
     cuda.swap_blocks(caches[0][0], host, torch.tensor([[5, 0], [7, 4]]))
     back = caches[1][1]
@@ -255,6 +291,9 @@ def test_bad_block_ids():
     lens = torch.tensor([5], dtype=torch.int32, device="cuda")
     with pytest.raises(IndexError, match=r"block_tables\[0, 0\] = 9"):
         cuda.paged_attention(torch.empty_like(q), q, kc, kc, tables, lens, 1.0, 0)
+    tables[0, 0] = 2  # modified in place: checked again, now valid
+    cuda.paged_attention(torch.empty_like(q), q, kc, kc, tables, lens, 1.0, 0)
+    tables[0, 0] = 9
     cuda.check_ids = False  # the device-side guard: no fault, finite output
     out = torch.empty_like(q)
     cuda.paged_attention(out, q, kc, kc, tables, lens, 1.0, 0)

@@ -8,11 +8,14 @@ float16, bfloat16; any block size (16..128 are the tested ones).
 Every op runs on the caller's current torch stream. Tensors cross into C++ as
 DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream handshake, the op
 itself is ordered on the current stream). The C++ boundary checks shapes,
-dtypes, devices and contiguity; block ids that live on the GPU (block tables,
+dtypes, devices and contiguity. Block ids that live on the GPU (block tables,
 slot mappings, query_start_loc) are guarded inside the kernels (stray ids are
-skipped, never read or written out of bounds) and checked here, with a
-device->host copy, only in debug mode: ``CudaBackend(check_ids=True)`` or
-``PAGED_CUDA_CHECK_IDS=1``. Host-side block mappings are always checked.
+skipped, never read or written out of bounds) and, by default, also checked
+here with a device->host copy once per distinct input (id_checks.py: once per
+step, not once per layer), raising IndexError / ValueError naming the value.
+``CudaBackend(check_ids=False)`` or ``PAGED_CUDA_CHECK_IDS=0`` turns those
+copies off (the kernels' guards remain). Host-side block mappings are always
+checked.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch.utils.dlpack import to_dlpack
 
 from paged.backends.reference import ReferenceBackend, _check_distinct_destinations
 from paged.backends.reference import validation as v
+from paged.backends.cuda.id_checks import CheckedOnce
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -57,7 +61,8 @@ class CudaBackend(ReferenceBackend):
             raise ValueError(f"the cuda backend needs a cuda device, got {self.device}")
         if self.device.index is None:  # pin "cuda" to a concrete device so checks compare equal
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "0") == "1") if check_ids is None else bool(check_ids)
+        self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "1") != "0") if check_ids is None else bool(check_ids)
+        self._checked = CheckedOnce()
         self._max_query_len_hint: int | None = None
 
     # -- cache allocation --------------------------------------------------
@@ -73,17 +78,25 @@ class CudaBackend(ReferenceBackend):
         return [(views[2 * i], views[2 * i + 1]) for i in range(num_layers)]
 
     # -- the kernel contract -------------------------------------------------
-    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    def _check_tables(self, block_tables, seq_lens, key_cache) -> None:
         if self.check_ids:
-            v.check_slots("slot_mapping", slot_mapping, key_cache.shape[0] * self.block_size)
+            self._checked.run("block_tables", (block_tables, seq_lens), (key_cache.shape[0],),
+                              lambda: v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0]))
+
+    def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+        v.check_caches(self, key_cache, value_cache)
+        if self.check_ids:
+            num_slots = key_cache.shape[0] * self.block_size
+            self._checked.run("slot_mapping", (slot_mapping,), (num_slots,),
+                              lambda: v.check_slots("slot_mapping", slot_mapping, num_slots))
         _ops().reshape_and_cache(to_dlpack(key), to_dlpack(value), to_dlpack(key_cache), to_dlpack(value_cache),
                                  to_dlpack(slot_mapping), _stream(key_cache.device))
 
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
         window = int(sliding_window or 0)
-        if self.check_ids:
-            v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0])
+        v.check_caches(self, key_cache, value_cache)
+        self._check_tables(block_tables, seq_lens, key_cache)
         ops = _ops()
         splits = ops.decode_max_splits(block_tables.shape[1], self.block_size, window) if block_tables.dim() == 2 else 1
         num_seqs, num_heads = seq_lens.shape[0], query.shape[1] if query.dim() == 3 else 0
@@ -96,9 +109,11 @@ class CudaBackend(ReferenceBackend):
 
     def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
                           block_tables, scale: float, sliding_window: int = 0) -> None:
+        v.check_caches(self, key_cache, value_cache)
+        self._check_tables(block_tables, seq_lens, key_cache)
         if self.check_ids:
-            v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0])
-            v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens)
+            self._checked.run("query_start_loc", (query_start_loc, seq_lens), (query.shape[0],),
+                              lambda: v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens))
         # Row tiles to launch per sequence: the step's max query length when
         # forward() knows it, else every row (extra CTAs exit at once); no sync.
         rows = int(query.shape[0]) if query.dim() else 0
@@ -117,12 +132,21 @@ class CudaBackend(ReferenceBackend):
             self._max_query_len_hint = None
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
+        """All copies read the state before the call. The kernel copies pairs
+        in parallel, so a mapping whose destinations include a source (never
+        the case for copy-on-write, where destinations are fresh blocks) is
+        done with torch indexing instead when the mapping is on the host."""
         if not len(key_caches) and not len(value_caches):
             return
-        if block_mapping.device.type == "cpu" or self.check_ids:
+        host = block_mapping if block_mapping.device.type == "cpu" else (
+            block_mapping.cpu() if self.check_ids else None)
+        if host is not None:
             n = key_caches[0].shape[0] if len(key_caches) else 0
-            v.check_block_mapping(block_mapping, n, n)
-            _check_distinct_destinations(block_mapping)
+            v.check_block_mapping(host, n, n)
+            _check_distinct_destinations(host)
+            if bool(torch.isin(host[:, 1], host[:, 0]).any()):
+                super().copy_blocks(key_caches, value_caches, block_mapping)
+                return
         if block_mapping.shape[0] == 0:
             return
         mapping = block_mapping.to(key_caches[0].device, non_blocking=True)
