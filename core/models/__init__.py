@@ -1,0 +1,29 @@
+"""Model construction: ``build_model(config, weights, dtype, device, attn_backend)``."""
+
+from __future__ import annotations
+
+import torch
+
+from paged.core.config import ModelConfig
+from paged.core.models.llama import LlamaForCausalLM, expected_weight_shapes
+
+#: architecture name -> model class (all share the Llama decoder; qkv bias and
+#: sliding window come from the config)
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "mistral": LlamaForCausalLM}
+
+
+def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                device: torch.device | str, attn_backend) -> LlamaForCausalLM:
+    """Instantiate the model for ``config.architecture`` from HF-named weights,
+    cast to ``dtype`` on ``device``; attention runs through ``attn_backend``."""
+    cls = MODEL_CLASSES.get(config.architecture)
+    if cls is None:
+        raise ValueError(f"no model implementation for architecture {config.architecture!r} "
+                         f"(supported: {', '.join(MODEL_CLASSES)})")
+    missing = [n for n in expected_weight_shapes(config) if n not in weights]
+    if missing:
+        raise ValueError(f"weights are missing {len(missing)} tensors, e.g. {missing[0]!r}")
+    return cls(config, weights, dtype, device, attn_backend)
+
+
+__all__ = ["build_model", "MODEL_CLASSES", "LlamaForCausalLM"]

@@ -1,0 +1,133 @@
+"""Llama-family decoder (Llama 2/3, SmolLM/SmolLM2, Qwen2/2.5, Mistral) as plain torch.
+
+Decode speed on CPU is bound by per-op dispatch, so each layer runs few ops:
+Q/K/V are one matmul, gate/up one matmul, RMSNorm is torch's fused op, RoPE
+rows are looked up once per step and shared by all layers, and attention is
+the platform backend's ``forward`` over the paged KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paged.core.config import ModelConfig
+from paged.core.models.layers import RotaryTable
+
+
+def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every tensor the model needs."""
+    c = config
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+              "model.norm.weight": (c.hidden_size,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+            p + "self_attn.q_proj.weight": (q_out, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv_out, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv_out, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q_out),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+        })
+        if c.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q_out,),
+                           p + "self_attn.k_proj.bias": (kv_out,),
+                           p + "self_attn.v_proj.bias": (kv_out,)})
+    return shapes
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int,
+                 cast, attn_backend):
+        super().__init__()
+        p = f"model.layers.{index}."
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size = c.num_heads * c.head_dim
+        self.qk_size = (c.num_heads + c.num_kv_heads) * c.head_dim
+        self.inter = c.intermediate_size
+        self.eps = c.rms_norm_eps
+        self.norm_shape = (c.hidden_size,)
+        self.index = index
+        self.attn_backend = attn_backend
+        a = p + "self_attn."
+        self.input_norm = _param(cast(weights[p + "input_layernorm.weight"]))
+        self.post_norm = _param(cast(weights[p + "post_attention_layernorm.weight"]))
+        self.qkv = _param(cast(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"])))
+        self.qkv_bias = (_param(cast(torch.cat([weights[a + n + "_proj.bias"] for n in "qkv"])))
+                         if c.qkv_bias else None)
+        self.o_proj = _param(cast(weights[a + "o_proj.weight"]))
+        m = p + "mlp."
+        self.gate_up = _param(cast(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])))
+        self.down = _param(cast(weights[m + "down_proj.weight"]))
+
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTable,
+                cos: torch.Tensor, sin: torch.Tensor, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        # pre-norm with the residual add folded in: returns (normed, residual)
+        residual = hidden if residual is None else hidden + residual
+        x = F.rms_norm(residual, self.norm_shape, self.input_norm, self.eps)
+
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qk = rope.apply(qkv[:, :self.qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim),
+                        cos, sin)
+        q = qk[:, :self.num_heads].contiguous()
+        k = qk[:, self.num_heads:].contiguous()
+        v = qkv[:, self.qk_size:].view(t, self.num_kv_heads, self.head_dim).contiguous()
+        attn = self.attn_backend.forward(q, k, v, kv_cache, meta)
+        hidden = F.linear(attn.view(t, self.q_size), self.o_proj)
+
+        residual = hidden + residual
+        x = F.rms_norm(residual, self.norm_shape, self.post_norm, self.eps)
+        gu = F.linear(x, self.gate_up)
+        hidden = F.linear(F.silu(gu[:, :self.inter]) * gu[:, self.inter:], self.down)
+        return hidden, residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device | str, attn_backend):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+        def cast(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=self.device, dtype=dtype).contiguous()
+
+        self.embed = _param(cast(weights["model.embed_tokens.weight"]))
+        self.final_norm = _param(cast(weights["model.norm.weight"]))
+        self.lm_head = (self.embed if config.tie_word_embeddings or "lm_head.weight" not in weights
+                        else _param(cast(weights["lm_head.weight"])))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, weights, i, cast, attn_backend)
+                                    for i in range(config.num_layers))
+        self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
+                                config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
+        self.norm_shape = (config.hidden_size,)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        hidden = F.embedding(input_ids, self.embed)
+        cos, sin = self.rope.lookup(positions)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, self.rope, cos, sin, kv_cache, meta)
+        return F.rms_norm(hidden + residual, self.norm_shape, self.final_norm, self.config.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (only the rows that need a next token) -> float32 [N, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
