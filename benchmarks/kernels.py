@@ -1,0 +1,150 @@
+"""Benchmark of the CPU attention kernels against the pure-torch reference.
+
+Decode: batch x context x dtype, reporting time per call, GB/s of K/V read,
+that as a % of this machine's memory bandwidth (measured in the same run by
+copying a 1 GiB tensor), and the speedup over ReferenceBackend. The caches
+are rotated over several layers whose total is far larger than the L3, so the
+figures are DRAM-bound like a real model's. Prefill: tokens/s at 512 tokens.
+
+    python benchmarks/kernels.py [--quick] [--json PATH] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from paged.backends.cpu import CpuBackend, ops
+from paged.backends.reference import ReferenceBackend
+
+ROTATE_BYTES = 768 << 20  # total cache memory cycled through (>> L3)
+
+
+def timed(fn, min_time: float, max_reps: int = 200) -> float:
+    """Median seconds per call after one warm-up call."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_bandwidth(gib: int = 1) -> float:
+    """GB/s of a large tensor copy (bytes read + bytes written), best of 3."""
+    src = torch.ones(gib << 28, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = min(_once(lambda: dst.copy_(src)) for _ in range(4))
+    nbytes = 2 * src.numel() * 4
+    del src, dst
+    return nbytes / best / 1e9
+
+
+def _once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_time, with_reference):
+    cfg = (heads, kv_heads, head, block_size, dtype)
+    cpu, ref = CpuBackend(*cfg), ReferenceBackend(*cfg)
+    blocks_per_seq = (context + block_size - 1) // block_size
+    elem = torch.empty((), dtype=dtype).element_size()
+    layer_bytes = 2 * batch * blocks_per_seq * block_size * kv_heads * head * elem
+    num_layers = max(2, min(64, ROTATE_BYTES // layer_bytes))
+    num_blocks = batch * blocks_per_seq
+    caches = [(torch.randn(num_blocks, kv_heads, block_size, head).to(dtype),
+               torch.randn(num_blocks, kv_heads, block_size, head).to(dtype)) for _ in range(num_layers)]
+    tables = torch.randperm(num_blocks).to(torch.int32).reshape(batch, blocks_per_seq).contiguous()
+    lens = torch.full((batch,), context, dtype=torch.int32)
+    query = torch.randn(batch, heads, head).to(dtype)
+    out = torch.empty_like(query)
+    layer = [0]
+
+    def run(be):
+        def call():
+            kc, vc = caches[layer[0] % num_layers]
+            layer[0] += 1
+            be.paged_attention(out, query, kc, vc, tables, lens, be.scale, 0)
+        return call
+
+    t_cpu = timed(run(cpu), min_time)
+    t_ref = timed(run(ref), min_time / 2, max_reps=10) if with_reference else float("nan")
+    kv_bytes = 2 * batch * context * kv_heads * head * elem
+    return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
+            "head_size": head, "batch": batch, "context": context, "block_size": block_size,
+            "cpu_ms": t_cpu * 1e3, "ref_ms": t_ref * 1e3, "gbps": kv_bytes / t_cpu / 1e9,
+            "speedup": t_ref / t_cpu, "layers_rotated": num_layers}
+
+
+def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
+    cfg = (heads, kv_heads, head, block_size, dtype)
+    nb = (tokens + block_size - 1) // block_size
+    table = torch.arange(nb, dtype=torch.int32)[None].contiguous()
+    lens = torch.tensor([tokens], dtype=torch.int32)
+    qsl = torch.tensor([0, tokens], dtype=torch.int32)
+    query = torch.randn(tokens, heads, head).to(dtype)
+    out = torch.empty_like(query)
+    kc = torch.randn(nb, kv_heads, block_size, head).to(dtype)
+    vc = torch.randn_like(kc)
+    res = {}
+    for be in (CpuBackend(*cfg), ReferenceBackend(*cfg)):
+        res[be.name] = timed(lambda: be.prefill_attention(out, query, kc, vc, qsl, lens, table, be.scale, 0),
+                             min_time, max_reps=20)
+    return {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
+            "head_size": head, "tokens": tokens, "block_size": block_size,
+            "cpu_ms": res["cpu"] * 1e3, "ref_ms": res["reference"] * 1e3,
+            "cpu_tok_s": tokens / res["cpu"], "ref_tok_s": tokens / res["reference"],
+            "speedup": res["reference"] / res["cpu"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (default: torch's)")
+    ap.add_argument("--block-size", type=int, default=16)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    min_time = 0.15 if args.quick else 0.5
+    bw = memory_bandwidth()
+    print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"kernel ISA {ops().attention_isa()}, memory copy bandwidth {bw:.1f} GB/s "
+          "(shared machine: expect noise)")
+    batches, contexts = ((1, 32), (128, 4096)) if args.quick else ((1, 8, 32), (128, 1024, 4096))
+    shapes = [(9, 3, 64)]
+    results = []
+    hdr = f"{'dtype':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'ref ms':>8} {'GB/s':>6} {'%bw':>5} {'x ref':>6}"
+    print(hdr)
+    for dtype in (torch.bfloat16, torch.float32):
+        cases = [(s, b, c) for s in shapes for b in batches for c in contexts]
+        cases.append(((16, 2, 128), 32, 4096))  # head-128 case
+        for (h, hkv, d), b, c in cases:
+            r = decode_case(h, hkv, d, b, c, dtype, args.block_size, min_time, with_reference=True)
+            r["pct_bw"] = 100 * r["gbps"] / bw
+            results.append(r)
+            print(f"{r['dtype']:9} {f'{h}/{hkv}/{d}':10} {b:>5} {c:>5} {r['cpu_ms']:8.3f} {r['ref_ms']:8.2f} "
+                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f}")
+    print(f"\n{'prefill':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6}")
+    for dtype in (torch.bfloat16, torch.float32):
+        r = prefill_case(9, 3, 64, 512, dtype, args.block_size, min_time)
+        results.append(r)
+        print(f"{r['dtype']:9} {'9/3/64':10} {512:>6} {r['cpu_tok_s']:10.0f} {r['ref_tok_s']:10.0f} {r['speedup']:6.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"memory_bandwidth_gbps": bw, "threads": torch.get_num_threads(),
+                       "isa": ops().attention_isa(), "results": results}, f, indent=1)
+    return results
+
+
+if __name__ == "__main__":
+    main()
