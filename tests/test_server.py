@@ -59,7 +59,9 @@ class ServerProcess:
         else:
             self.stop()
             pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
-        self.model = httpx.get(self.url + "/v1/models").json()["data"][0]["id"]
+        key = extra[extra.index("--api-key") + 1] if "--api-key" in extra else None
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.model = httpx.get(self.url + "/v1/models", headers=self.headers).json()["data"][0]["id"]
 
     def log_tail(self, n: int = 4000) -> str:
         self.log.flush()

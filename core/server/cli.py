@@ -90,6 +90,9 @@ def _graceful_server_cls():
                 self._deadline.daemon = True
                 self._deadline.start()
             super().handle_exit(sig, frame)
+            # uvicorn re-raises captured signals after shutting down, which would
+            # end the process with -SIGTERM; a graceful shutdown exits 0 instead
+            self._captured_signals.clear()
 
     return GracefulServer
 
