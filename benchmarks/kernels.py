@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 
 import torch
@@ -26,7 +25,8 @@ ROTATE_BYTES = 768 << 20  # total cache memory cycled through (>> L3)
 
 
 def timed(fn, min_time: float, max_reps: int = 200) -> float:
-    """Median seconds per call after one warm-up call."""
+    """Best seconds per call after one warm-up call. On a shared machine the
+    best of many runs is the figure least distorted by other processes."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
@@ -34,7 +34,7 @@ def timed(fn, min_time: float, max_reps: int = 200) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def memory_bandwidth(gib: int = 1) -> float:
@@ -77,7 +77,7 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
         return call
 
     t_cpu = timed(run(cpu), min_time)
-    t_ref = timed(run(ref), min_time / 2, max_reps=10) if with_reference else float("nan")
+    t_ref = timed(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
     kv_bytes = 2 * batch * context * kv_heads * head * elem
     return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "batch": batch, "context": context, "block_size": block_size,
