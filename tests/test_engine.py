@@ -5,6 +5,8 @@ the same engine running each prompt alone: the CPU kernels are batch
 invariant, so every schedule must give identical tokens.
 """
 
+import os
+
 import pytest
 
 from paged.core.engine import Engine
@@ -18,10 +20,17 @@ NEW = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW, ignore_eos=True)
 
 
+def one_cpu() -> str:
+    """Tests pin one thread: on a shared 2-core machine a 2-thread OpenMP
+    region waits for a descheduled sibling and runs several times slower."""
+    return str(min(os.sched_getaffinity(0)))
+
+
 @pytest.fixture(scope="module")
 def engine(default_model_path):
     return Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32", max_model_len=512,
-                               max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory="128MiB"))
+                               max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory="128MiB",
+                               cpu_threads_bind=one_cpu()))
 
 
 @pytest.fixture(scope="module")
