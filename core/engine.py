@@ -50,11 +50,9 @@ class Engine:
         self.device = self.platform.torch_device()
         self.dtype = resolve_dtype(config.dtype, self.platform)
 
-        path = config.model
-        if path is None:
-            from paged.core.model_files import default_model_path
+        from paged.core.model_files import resolve_model
 
-            path = default_model_path()
+        path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
         loaded = load_model_files(str(path), self.dtype)
         self.model_path = str(path)
