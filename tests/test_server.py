@@ -46,6 +46,13 @@ class ServerProcess:
         if model:
             cmd += ["--model", model]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(extra)
+        except BaseException:  # never leak a server process
+            self.stop()
+            raise
+
+    def _wait_ready(self, extra) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
