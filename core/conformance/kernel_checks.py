@@ -270,9 +270,11 @@ def check_copy_and_swap(backend_cls, device, dtype, seed: int = 0) -> float:
 def check_batch_invariance(backend_cls, device, dtype, thread_counts=(1, 2), seed: int = 0) -> float:
     """A sequence's output is bitwise the same alone or in a batch, and under
     any torch/OpenMP thread count."""
-    cases = [AttnCase(9, 3, 64, 16, (1500, 3, 700, 260), seed=seed),
+    # large enough that a CPU backend really runs the batch multi-threaded,
+    # while the sequences alone may run on one thread
+    cases = [AttnCase(9, 3, 64, 16, (3000, 3, 700, 260, 1200), seed=seed),
              AttnCase(9, 3, 64, 16, (900, 40, 300), query_lens=(70, 40, 1), seed=seed),
-             AttnCase(8, 2, 128, 32, (1100, 513), sliding_window=300, seed=seed)]
+             AttnCase(8, 2, 128, 32, (3000, 513, 1500), sliding_window=300, seed=seed)]
     saved = torch.get_num_threads()
     try:
         for case in cases:

@@ -90,9 +90,8 @@ const int64_t* check_mapping(Array& block_mapping, int64_t num_src, int64_t num_
 
 void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping) {
   CachePair c = check_caches(key_cache, value_cache);
-  TensorArg k = float_tensor("key", key, {-1, c.num_kv_heads, c.head_size}, &c.dtype);
+  TensorArg k = check_tokens("key", key, c, -1);
   const int64_t num_tokens = k.dim(0);
-  check_tokens("key", key, c, num_tokens);
   TensorArg v = check_tokens("value", value, c, num_tokens);
   const int64_t* slots = check_slots(slot_mapping, num_tokens, c.num_slots());
   nb::gil_scoped_release release;
