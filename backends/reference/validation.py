@@ -18,6 +18,11 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """"cuda" matches "cuda:0": an unindexed device stands for the current one."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
 def check_tensor(name: str, t, ndim: int | None = None, dtype=None, device=None, shape=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -25,7 +30,7 @@ def check_tensor(name: str, t, ndim: int | None = None, dtype=None, device=None,
         _fail(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if dtype is not None and t.dtype != dtype:
         _fail(f"{name} must have dtype {dtype}, got {t.dtype}")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not same_device(t.device, torch.device(device)):
         _fail(f"{name} must be on {device}, got {t.device}")
     if shape is not None:
         for i, want in enumerate(shape):
