@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 from typing import Optional
 
-_SIZE_UNITS = {"": 2**30, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
-               "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
-
+from paged.platforms.sizes import parse_size
 
 def parse_memory_size(text) -> int:
-    """'4GiB', '512MiB', '2.5G', '1e9b' -> bytes; a bare number in a string
-    means GiB (the CLI), an int is already bytes."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text), "b"
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _SIZE_UNITS:
-            raise ValueError(f"--kv-cache-memory: cannot read {text!r} as a size (e.g. 4GiB, 512MiB, 2)")
-        value, unit = float(m.group(1)), m.group(2).lower()
-    size = int(value * _SIZE_UNITS[unit])
+    """--kv-cache-memory: '4GiB', '512MiB', '2.5G' -> bytes; a bare number
+    in a string means GiB, an int is already bytes."""
+    try:
+        size = parse_size(text, bare_unit="GiB")
+    except ValueError as e:
+        raise ValueError(f"--kv-cache-memory: {e}") from None
     if size <= 0:
         raise ValueError(f"--kv-cache-memory must be > 0, got {text!r}")
     return size

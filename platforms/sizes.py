@@ -19,8 +19,10 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes in "2GiB", "512MiB", "1.5G", "1000000" (fractions round down)."""
+def parse_size(text: str | int, bare_unit: str = "B") -> int:
+    """Bytes in "2GiB", "512MiB", "1.5G", "1000000" (fractions round down).
+    An int is bytes; a unit-less string is in ``bare_unit`` (bytes by
+    default; the engine's --kv-cache-memory reads "4" as 4 GiB)."""
     if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise ValueError(f"memory size {text} is negative")
@@ -29,7 +31,7 @@ def parse_size(text: str | int) -> int:
     if match is None:
         raise ValueError(f"invalid memory size {text!r} (expected e.g. 2GiB, 512MiB, 1.5G or a byte count)")
     number, unit = match.groups()
-    factor = _UNITS.get(unit.lower())
+    factor = _UNITS.get((unit or bare_unit).lower())
     if factor is None:
         raise ValueError(f"invalid memory size {text!r}: unknown unit {unit!r} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")
     return int(float(number) * factor) if "." in number else int(number) * factor

@@ -40,10 +40,11 @@ class LoadedModel:
 
 
 def load_model_files(path: str | Path, dtype: torch.dtype = torch.float32, *,
-                     quiet: bool = False) -> LoadedModel:
+                     quiet: bool = False, keep_packed: bool = False) -> LoadedModel:
     """Load a ``.gguf`` file or a Hugging Face folder (config.json +
     *.safetensors + tokenizer.json). Raises ModelLoadError (a ValueError) or
-    FileNotFoundError with the path and the problem."""
+    FileNotFoundError with the path and the problem. ``keep_packed`` leaves
+    GGUF Q4_0/Q4_1/Q8_0 matrices as ``PackedBlocks`` (see loaders/packed.py)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such model file or folder")
@@ -53,7 +54,7 @@ def load_model_files(path: str | Path, dtype: torch.dtype = torch.float32, *,
         return load_hf_folder(path, dtype, quiet=quiet)
     from paged.core.loaders.gguf_loader import load_gguf
 
-    return load_gguf(path, dtype, quiet=quiet)
+    return load_gguf(path, dtype, quiet=quiet, keep_packed=keep_packed)
 
 
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:

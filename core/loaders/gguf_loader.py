@@ -24,6 +24,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from paged.core.config import ModelConfig
 from paged.core.loaders import LoadedModel, ModelLoadError, check_weights
 from paged.core.loaders.dequant import SUPPORTED_TYPES, dequantize
+from paged.core.loaders.packed import PACKABLE, PackedBlocks
 from paged.core.progress import ProgressBar
 
 logger = logging.getLogger("paged")
@@ -233,7 +234,10 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[GGUFTensor]]:
     return meta, tensors
 
 
-def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = False) -> LoadedModel:
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = False,
+              keep_packed: bool = False) -> LoadedModel:
+    """``keep_packed``: leave Q4_0/Q4_1/Q8_0 matrices as PackedBlocks (for the
+    CPU quantized-linear kernels) instead of dequantizing them to ``dtype``."""
     from paged.core.tokenizer import Tokenizer
 
     start = time.perf_counter()
@@ -248,7 +252,7 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
         for t in tensors:
             name = hf_tensor_name(t.name)
             if name is not None:
-                weights[name] = _load_tensor(path, t, name, config, dtype)
+                weights[name] = _load_tensor(path, t, name, config, dtype, keep_packed)
             else:
                 logger.debug("gguf: ignoring tensor %s", t.name)
             bar.update(t.data.nbytes)
@@ -269,17 +273,34 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
 
 
 
-def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype,
+                 keep_packed: bool = False) -> torch.Tensor | PackedBlocks:
     if t.qtype not in SUPPORTED_TYPES:
         raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
                                    f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
     try:
-        w = dequantize(t.data, t.qtype, t.shape, dtype)
+        if keep_packed and t.qtype in PACKABLE and len(t.shape) == 2 and t.shape[1] % 32 == 0:
+            w = _packed(t)
+        else:
+            w = dequantize(t.data, t.qtype, t.shape, dtype)
     except ValueError as e:
         raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
     if config.architecture in _PERMUTED_QK:
-        if ".q_proj." in name:
-            w = unpermute_qk(w, config.num_heads)
-        elif ".k_proj." in name:
-            w = unpermute_qk(w, config.num_kv_heads)
+        # a row permutation: applies to packed block rows just the same
+        heads = {".q_proj.": config.num_heads, ".k_proj.": config.num_kv_heads}
+        for part, n in heads.items():
+            if part in name:
+                w = (w.with_rows(unpermute_qk(w.blocks, n)) if isinstance(w, PackedBlocks)
+                     else unpermute_qk(w, n))
     return w
+
+
+def _packed(t: GGUFTensor) -> PackedBlocks:
+    rows, cols = t.shape
+    _, type_size = GGML_QUANT_SIZES[t.qtype]
+    expected = rows * cols // 32 * type_size
+    if t.data.nbytes != expected:
+        raise ValueError(f"{t.qtype.name} data has {t.data.nbytes} bytes, expected {expected} "
+                         f"for shape {tuple(t.shape)}")
+    blocks = torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(rows, -1))  # copy off the mmap
+    return PackedBlocks(t.qtype, blocks, (rows, cols))

@@ -1,0 +1,47 @@
+"""Linear layers over packed GGUF blocks on the CPU (paged._C_cpu.quant_linear).
+
+Holds one matrix in the kernel's layout and exposes ``linear(x, bias)``, the
+method the model's ``linear`` helper dispatches to for non-tensor weights.
+Activations are float32; the kernel accumulates in float32 from the exact
+dequantized values, so results match the dense float32 path up to summation
+order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from paged.core.loaders.packed import PackedBlocks
+
+
+def available() -> bool:
+    try:
+        from paged import _C_cpu
+    except ImportError:
+        return False
+    return hasattr(_C_cpu, "quant_linear")
+
+
+class CpuPackedLinear:
+    def __init__(self, packed: PackedBlocks):
+        self.qtype = packed.kernel_type
+        self.qs, self.d, self.m = packed.fields()
+        self.out_features, self.in_features = packed.shape
+        self.nbytes = packed.nbytes
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.out_features, self.in_features)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from paged import _C_cpu
+
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
+        _C_cpu.quant_linear(x2, self.qtype, self.qs, self.d, self.m, out)
+        if bias is not None:
+            out += bias
+        return out.view(*lead, self.out_features)
