@@ -5,4 +5,6 @@ NB_MODULE(_C_cpu, m) {
   paged::cpu::register_runtime(m);
   paged::cpu::register_block_pool(m);
   paged::cpu::register_attention(m);
+  paged::cpu::register_linear(m);
+  paged::cpu::register_ops(m);
 }

@@ -7,4 +7,6 @@ namespace paged::cpu {
 void register_runtime(nanobind::module_& m);     // runtime/: topology, pinning, NUMA memory
 void register_block_pool(nanobind::module_& m);  // block_pool/: shared accounting + host arena
 void register_attention(nanobind::module_& m);   // attention/: paged attention + cache ops
+void register_linear(nanobind::module_& m);      // linear/: linear layers on quantized weights
+void register_ops(nanobind::module_& m);         // ops/: fused elementwise ops of the Llama layer
 }  // namespace paged::cpu

@@ -1,0 +1,23 @@
+// paged._C_cpu quantized linear ops (contract: docs/kernels.md, "Quantized linear (CPU)").
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "linear/ops.h"
+#include "module.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace paged::cpu {
+void register_linear(nb::module_& m) {
+  namespace l = linear;
+  m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
+        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks.");
+  m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
+        "out[N, K] = the dense float32 weight of the packed blocks.");
+  m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");
+  m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar'.");
+  m.def("supported_linear_isas", &l::supported_isas, "Quantized linear builds this CPU can run, best first.");
+}
+}  // namespace paged::cpu

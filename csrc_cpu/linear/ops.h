@@ -1,0 +1,23 @@
+// Python-facing entry points of the quantized linear (bound in bindings.cpp).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <optional>
+#include <string>
+
+#include "linear/quant_linear.h"
+
+namespace paged::cpu::linear {
+
+using Array = nanobind::ndarray<>;
+
+// out[M, N] = x[M, K] @ W^T with W [N, K] given as GGUF blocks (qs, d, m).
+void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
+                  const std::optional<Array>& m, const Array& out);
+// out[N, K] = W, exactly as gguf dequantizes it.
+void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
+                      const Array& out);
+
+}  // namespace paged::cpu::linear

@@ -1,0 +1,196 @@
+// Boundary checks, block sums of x, the OpenMP split over weight rows and the
+// ISA choice for the quantized linear; the per-ISA kernels do the arithmetic.
+#include "linear/ops.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "attention/tensor_args.h"
+
+namespace nb = nanobind;
+
+namespace paged::cpu::linear {
+namespace {
+
+using attn::fail;
+
+constexpr int64_t kRowsPerChunk = 16;        // weight rows per OpenMP work item
+constexpr int64_t kSerialMacs = int64_t(1) << 16;  // below this, stay on the calling thread
+
+QType parse_qtype(const std::string& s) {
+  if (s == "q4_0") return QType::Q4_0;
+  if (s == "q4_1") return QType::Q4_1;
+  if (s == "q8_0") return QType::Q8_0;
+  fail("qtype '" + s + "' is not supported (expected 'q4_0', 'q4_1' or 'q8_0')");
+}
+
+std::string dtype_str(const nb::dlpack::dtype& t) {
+  switch (nb::dlpack::dtype_code(t.code)) {
+    case nb::dlpack::dtype_code::Int: return "int" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::UInt: return "uint" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::Float: return "float" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(t.bits);
+    default: return "dtype code " + std::to_string(int(t.code)) + "/" + std::to_string(t.bits);
+  }
+}
+
+// A contiguous CPU tensor of the given dtype and rank 2.
+attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) {
+  attn::TensorArg t = attn::any_tensor(name, a);
+  if (a.dtype() != want)
+    fail(std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; expected " + dtype_str(want));
+  if (t.shape.size() != 2) fail(std::string(name) + " has shape " + t.shape_str() + "; expected a 2-D tensor");
+  return t;
+}
+
+void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const std::string& why) {
+  if (t.dim(0) != rows || t.dim(1) != cols)
+    fail(t.name + " has shape " + t.shape_str() + "; expected [" + std::to_string(rows) + ", " +
+         std::to_string(cols) + "] (" + why + ")");
+}
+
+bool absent(const std::optional<Array>& a) { return !a.has_value() || a->size() == 0; }
+
+// The packed weight: qs, d, m checked against each other; fills N, K and pointers.
+void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
+                  const std::optional<Array>& m) {
+  a.qtype = parse_qtype(qtype);
+  const bool q8 = a.qtype == QType::Q8_0;
+  const attn::TensorArg tq = matrix("qs", qs, q8 ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+  a.N = tq.dim(0);
+  a.K = q8 ? tq.dim(1) : 2 * tq.dim(1);
+  if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0)
+    fail("qs has shape " + tq.shape_str() + ": needs N >= 1 rows and K = " + std::to_string(a.K) +
+         " a positive multiple of 32" + (q8 ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"));
+  const std::string per_block = "one scale per 32 weights of each row";
+  const attn::TensorArg td = matrix("d", d, nb::dtype<float>());
+  require_shape(td, a.N, a.blocks(), per_block);
+  a.qs = static_cast<const uint8_t*>(tq.data);
+  a.d = static_cast<const float*>(td.data);
+  a.m = nullptr;
+  if (a.qtype == QType::Q4_1) {
+    if (absent(m)) fail("m is required for qtype 'q4_1' (w = d * q + m)");
+    const attn::TensorArg tm = matrix("m", *m, nb::dtype<float>());
+    require_shape(tm, a.N, a.blocks(), per_block);
+    a.m = static_cast<const float*>(tm.data);
+  } else if (!absent(m)) {
+    fail("m must be None or empty for qtype '" + qtype + "' (it has no per-block offset)");
+  }
+}
+
+// xs[r, b] = sum of x over block b in the lane order of quant_linear.h.
+// Additions only, so no fma contraction can change it.
+std::vector<float> block_sums(const LinearArgs& a) {
+  const int64_t nb = a.blocks();
+  std::vector<float> xs(size_t(a.M * nb));
+  for (int64_t r = 0; r < a.M; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = a.x + r * a.K + b * kBlock;
+      float lanes[8];
+      for (int l = 0; l < 8; ++l) lanes[l] = ((x[l] + x[8 + l]) + x[16 + l]) + x[24 + l];
+      xs[size_t(r * nb + b)] = hsum8(lanes);
+    }
+  return xs;
+}
+
+struct Isa {
+  const char* name;
+  RowsKernel kernel;
+  bool (*supported)();
+};
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+bool always() { return true; }
+
+const Isa kIsas[] = {  // best first
+    {"avx2", isa_avx2::linear_rows, cpu_has_avx2},
+    {"scalar", isa_scalar::linear_rows, always},
+};
+
+const Isa* pick(const std::string& name) {
+  for (const Isa& isa : kIsas)
+    if ((name == "auto" || name == isa.name) && isa.supported()) return &isa;
+  std::string known;
+  for (const std::string& s : supported_isas()) known += " " + s;
+  fail("linear ISA '" + name + "' is not available on this CPU (available: auto" + known + ")");
+}
+
+const Isa*& active() {
+  static const Isa* isa = pick("auto");
+  return isa;
+}
+
+}  // namespace
+
+RowsKernel active_kernel() { return active()->kernel; }
+const char* current_isa() { return active()->name; }
+void set_isa(const std::string& name) { active() = pick(name); }
+std::vector<std::string> supported_isas() {
+  std::vector<std::string> out;
+  for (const Isa& isa : kIsas)
+    if (isa.supported()) out.push_back(isa.name);
+  return out;
+}
+
+void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
+                  const std::optional<Array>& m, const Array& out) {
+  LinearArgs a;
+  check_weight(a, qtype, qs, d, m);
+  const attn::TensorArg tx = matrix("x", x, nb::dtype<float>());
+  a.M = tx.dim(0);
+  if (a.M < 1) fail("x has shape " + tx.shape_str() + "; needs at least one row");
+  require_shape(tx, a.M, a.K, "x is [M, K] with K the weight's input size");
+  const attn::TensorArg to = matrix("out", out, nb::dtype<float>());
+  require_shape(to, a.M, a.N, "out is [M, N] with N the weight's output size");
+  a.x = static_cast<const float*>(tx.data);
+  a.out = static_cast<float*>(to.data);
+  const std::vector<float> xs = a.qtype == QType::Q4_1 ? block_sums(a) : std::vector<float>();
+  a.xs = xs.data();
+
+  const RowsKernel kernel = active_kernel();
+  const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
+  const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
+  nb::gil_scoped_release no_gil;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);
+  }
+}
+
+// Separate multiply and add, as gguf does (this file is built without FMA, so
+// the compiler cannot fuse them).
+void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
+                      const Array& out) {
+  LinearArgs a;
+  check_weight(a, qtype, qs, d, m);
+  const attn::TensorArg to = matrix("out", out, nb::dtype<float>());
+  require_shape(to, a.N, a.K, "out is the dense [N, K] weight");
+  float* w = static_cast<float*>(to.data);
+  const int64_t nb = a.blocks();
+  nb::gil_scoped_release no_gil;
+  for (int64_t n = 0; n < a.N; ++n) {
+    const uint8_t* row = a.qs + n * a.row_bytes();
+    for (int64_t b = 0; b < nb; ++b) {
+      const float scale = a.d[n * nb + b];
+      const float offset = a.m ? a.m[n * nb + b] : 0.f;
+      for (int k = 0; k < kBlock; ++k) {
+        const float scaled = scale * float(block_code(a.qtype, row, b, k));
+        w[n * a.K + b * kBlock + k] = a.m ? scaled + offset : scaled;
+      }
+    }
+  }
+}
+
+}  // namespace paged::cpu::linear
