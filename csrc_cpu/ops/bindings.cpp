@@ -1,0 +1,28 @@
+// paged._C_cpu fused elementwise ops of the Llama layer (ops/ops.h).
+#include <nanobind/stl/string.h>
+
+#include "module.h"
+#include "ops/ops.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace paged::cpu {
+void register_ops(nb::module_& m) {
+  namespace o = ops;
+  m.def("rms_norm", &o::rms_norm, "out"_a, "x"_a, "weight"_a, "eps"_a,
+        "out[T, N] = x / sqrt(mean(x^2) + eps) * weight (out may be x).");
+  m.def("fused_add_rms_norm", &o::fused_add_rms_norm, "x"_a, "residual"_a, "weight"_a, "eps"_a,
+        "In place: residual += x, then x = rms_norm(residual) * weight.");
+  m.def("silu_and_mul", &o::silu_and_mul, "out"_a, "gate_up"_a,
+        "out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].");
+  m.def("rotary_embedding", &o::rotary_embedding, "positions"_a, "qkv"_a, "cos_sin_cache"_a, "num_heads"_a,
+        "num_kv_heads"_a, "head_dim"_a,
+        "Half (neox) RoPE in place on the q and k heads of fused qkv rows [T, (H + 2 Hkv) * D]; "
+        "cos_sin_cache float32 [max_pos, D] holds cos then sin of pos * inv_freq.");
+  m.def("split_qkv", &o::split_qkv, "qkv"_a, "q"_a, "k"_a, "v"_a,
+        "Copy fused qkv rows into contiguous q [T, H, D], k and v [T, Hkv, D].");
+  m.def("fused_ops_isa", &o::fused_ops_isa, "SIMD build the fused ops use now.");
+  m.def("set_fused_ops_isa", &o::set_fused_ops_isa, "name"_a, "Choose 'auto', 'avx2' or 'generic'.");
+}
+}  // namespace paged::cpu

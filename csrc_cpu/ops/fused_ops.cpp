@@ -1,0 +1,189 @@
+// Boundary of the fused ops: argument checks (once per call, ValueError /
+// IndexError naming the value), the ISA choice and the split of rows over
+// OpenMP threads.
+#include <omp.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "attention/tensor_args.h"
+#include "ops/ops.h"
+
+namespace paged::cpu::ops {
+namespace {
+
+using attn::fail;
+using attn::TensorArg;
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+const RowKernels*& active() {
+  static const RowKernels* kernels = cpu_has_avx2() ? &isa_avx2::kKernels : &isa_generic::kKernels;
+  return kernels;
+}
+
+// Below this many elements an OpenMP region costs more than it saves; such
+// calls (batch-1 decode) run on the calling thread.
+constexpr int64_t kSerialElements = int64_t(1) << 16;
+
+// Runs fn(begin, end) over contiguous row ranges, one per thread. Each row is
+// computed the same way whichever thread gets it (batch invariance).
+template <class Fn>
+void for_rows(int64_t rows, int64_t elements_per_row, const Fn& fn) {
+  if (rows < 2 || rows * elements_per_row < kSerialElements || omp_in_parallel()) {
+    fn(int64_t(0), rows);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t n = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t begin = rows * id / n, end = rows * (id + 1) / n;
+    if (begin < end) fn(begin, end);
+  }
+}
+
+// float32 / bfloat16, C-contiguous, of the given rank pattern.
+TensorArg elem_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, Elem* elem) {
+  attn::DType dt;
+  TensorArg t = attn::float_tensor(name, a, shape, &dt);
+  if (dt == attn::DType::F16) fail(std::string(name) + " has dtype float16; the fused ops take float32 or bfloat16");
+  *elem = dt == attn::DType::F32 ? Elem::F32 : Elem::BF16;
+  return t;
+}
+
+void require_same_elem(const TensorArg& a, Elem ea, const TensorArg& b, Elem eb) {
+  if (ea != eb)
+    fail(b.name + " has dtype " + (eb == Elem::F32 ? "float32" : "bfloat16") + " but " + a.name + " has " +
+         (ea == Elem::F32 ? "float32" : "bfloat16"));
+}
+
+float check_eps(double eps) {
+  if (!(eps >= 0.0) || eps > 1.0) fail("eps must be in [0, 1], got " + std::to_string(eps));
+  return float(eps);
+}
+
+// weight [width] of the rows' dtype.
+TensorArg norm_weight(const Array& weight, const TensorArg& rows, Elem elem) {
+  Elem we;
+  TensorArg w = elem_tensor("weight", weight, {-1}, &we);
+  require_same_elem(rows, elem, w, we);
+  if (w.dim(0) != rows.dim(1))
+    fail("weight has shape " + w.shape_str() + " but " + rows.name + " rows have " + std::to_string(rows.dim(1)) +
+         " elements");
+  return w;
+}
+
+int64_t positive(const char* name, int64_t v) {
+  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  return v;
+}
+
+}  // namespace
+
+void rms_norm(Array out, Array x, Array weight, double eps) {
+  Elem e, eo;
+  TensorArg xt = elem_tensor("x", x, {-1, -1}, &e);
+  TensorArg ot = elem_tensor("out", out, {-1, -1}, &eo);
+  require_same_elem(xt, e, ot, eo);
+  attn::require_same_shape(xt, ot);
+  TensorArg wt = norm_weight(weight, xt, e);
+  const NormArgs a{ot.data, xt.data, nullptr, wt.data, e, xt.dim(1), check_eps(eps)};
+  const RowKernels* k = active();
+  for_rows(xt.dim(0), a.width, [&](int64_t b, int64_t en) { k->rms_norm(a, b, en); });
+}
+
+void fused_add_rms_norm(Array x, Array residual, Array weight, double eps) {
+  Elem e, er;
+  TensorArg xt = elem_tensor("x", x, {-1, -1}, &e);
+  TensorArg rt = elem_tensor("residual", residual, {-1, -1}, &er);
+  require_same_elem(xt, e, rt, er);
+  attn::require_same_shape(xt, rt);
+  if (xt.data == rt.data && xt.numel()) fail("x and residual must be different tensors (both are updated)");
+  TensorArg wt = norm_weight(weight, xt, e);
+  const NormArgs a{xt.data, nullptr, rt.data, wt.data, e, xt.dim(1), check_eps(eps)};
+  const RowKernels* k = active();
+  for_rows(xt.dim(0), a.width, [&](int64_t b, int64_t en) { k->add_rms_norm(a, b, en); });
+}
+
+void silu_and_mul(Array out, Array gate_up) {
+  Elem e, eo;
+  TensorArg gt = elem_tensor("gate_up", gate_up, {-1, -1}, &e);
+  TensorArg ot = elem_tensor("out", out, {-1, -1}, &eo);
+  require_same_elem(gt, e, ot, eo);
+  if (gt.dim(1) % 2) fail("gate_up has shape " + gt.shape_str() + ": its last dim must be even (gate then up)");
+  if (ot.dim(0) != gt.dim(0) || ot.dim(1) * 2 != gt.dim(1))
+    fail("out has shape " + ot.shape_str() + ", expected [" + std::to_string(gt.dim(0)) + ", " +
+         std::to_string(gt.dim(1) / 2) + "] for gate_up " + gt.shape_str());
+  const SiluMulArgs a{ot.data, gt.data, e, ot.dim(1)};
+  const RowKernels* k = active();
+  for_rows(gt.dim(0), gt.dim(1), [&](int64_t b, int64_t en) { k->silu_and_mul(a, b, en); });
+}
+
+void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim) {
+  positive("num_heads", num_heads);
+  positive("num_kv_heads", num_kv_heads);
+  if (positive("head_dim", head_dim) % 2) fail("head_dim must be even, got " + std::to_string(head_dim));
+  Elem e;
+  TensorArg qt = elem_tensor("qkv", qkv, {-1, -1}, &e);
+  const int64_t width = (num_heads + 2 * num_kv_heads) * head_dim;
+  attn::require_dim(qt, 1, width, "(num_heads + 2 * num_kv_heads) * head_dim");
+  TensorArg pt = attn::int_tensor("positions", positions, 64, {qt.dim(0)});
+  attn::DType cdt;
+  TensorArg ct = attn::float_tensor("cos_sin_cache", cos_sin_cache, {-1, head_dim}, &cdt);
+  if (cdt != attn::DType::F32)
+    fail(std::string("cos_sin_cache has dtype ") + attn::dtype_name(cdt) + "; expected float32");
+  const auto* pos = static_cast<const int64_t*>(pt.data);
+  for (int64_t i = 0; i < pt.dim(0); ++i)
+    if (pos[i] < 0 || pos[i] >= ct.dim(0))
+      attn::fail_index("positions[" + std::to_string(i) + "] = " + std::to_string(pos[i]) +
+                       " is outside the rotary table of " + std::to_string(ct.dim(0)) + " positions");
+  const RopeArgs a{qt.data, pos, static_cast<const float*>(ct.data), e, num_heads + num_kv_heads, width, head_dim};
+  const RowKernels* k = active();
+  for_rows(qt.dim(0), (num_heads + num_kv_heads) * head_dim, [&](int64_t b, int64_t en) { k->rotary(a, b, en); });
+}
+
+void split_qkv(Array qkv, Array q, Array k, Array v) {
+  attn::DType e, eq, ek, ev;
+  TensorArg src = attn::float_tensor("qkv", qkv, {-1, -1}, &e);
+  TensorArg qt = attn::float_tensor("q", q, {src.dim(0), -1, -1}, &eq);
+  TensorArg kt = attn::float_tensor("k", k, {src.dim(0), -1, qt.dim(2)}, &ek);
+  TensorArg vt = attn::float_tensor("v", v, {src.dim(0), -1, qt.dim(2)}, &ev);
+  if (eq != e || ek != e || ev != e) fail("q, k and v must have the dtype of qkv (" + std::string(attn::dtype_name(e)) + ")");
+  attn::require_same_shape(kt, vt);
+  const int64_t qw = qt.dim(1) * qt.dim(2), kw = kt.dim(1) * kt.dim(2);
+  attn::require_dim(src, 1, qw + 2 * kw, "q, k and v widths together");
+  const size_t es = src.elem_size;
+  const auto* s = static_cast<const char*>(src.data);
+  auto* qd = static_cast<char*>(qt.data);
+  auto* kd = static_cast<char*>(kt.data);
+  auto* vd = static_cast<char*>(vt.data);
+  for_rows(src.dim(0), src.dim(1), [&](int64_t b, int64_t en) {
+    for (int64_t r = b; r < en; ++r) {
+      const char* row = s + size_t(r * src.dim(1)) * es;
+      std::memcpy(qd + size_t(r * qw) * es, row, size_t(qw) * es);
+      std::memcpy(kd + size_t(r * kw) * es, row + size_t(qw) * es, size_t(kw) * es);
+      std::memcpy(vd + size_t(r * kw) * es, row + size_t(qw + kw) * es, size_t(kw) * es);
+    }
+  });
+}
+
+std::string fused_ops_isa() { return active()->isa; }
+
+void set_fused_ops_isa(const std::string& name) {
+  if (name == "auto") active() = cpu_has_avx2() ? &isa_avx2::kKernels : &isa_generic::kKernels;
+  else if (name == "generic") active() = &isa_generic::kKernels;
+  else if (name == "avx2" && cpu_has_avx2()) active() = &isa_avx2::kKernels;
+  else
+    throw std::invalid_argument("fused ops ISA '" + name + "' is not available on this CPU (available: auto" +
+                                (cpu_has_avx2() ? ", avx2" : "") + ", generic)");
+}
+
+}  // namespace paged::cpu::ops

@@ -1,0 +1,68 @@
+// Fused elementwise ops of the Llama layer on CPU (RMSNorm, residual add,
+// SiLU-and-mul, RoPE, Q/K/V split): one pass over each row instead of a chain
+// of small torch ops. Arguments are checked once in fused_ops.cpp; the row
+// kernels (kernels.inc, built per ISA) trust them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nanobind/ndarray.h>
+
+namespace paged::cpu::ops {
+
+enum class Elem { F32, BF16 };
+
+// rms_norm / fused_add_rms_norm over rows of `width` elements.
+struct NormArgs {
+  void* out;             // [T, width]: normalised rows (x itself for the fused op)
+  const void* in;        // [T, width]: rows to normalise (plain rms_norm)
+  void* residual;        // [T, width]: fused op only, residual += x
+  const void* weight;    // [width]
+  Elem elem;
+  int64_t width;
+  float eps;
+};
+
+struct SiluMulArgs {
+  void* out;            // [T, inter]
+  const void* gate_up;  // [T, 2 * inter]: gate then up
+  Elem elem;
+  int64_t inter;
+};
+
+struct RopeArgs {
+  void* qkv;                // [T, (H + 2 Hkv) * D], q and k parts rotated in place
+  const int64_t* positions; // [T], checked against the table
+  const float* cos_sin;     // [max_pos, D]: cos(pos * f_i) for i < D/2, then sin
+  Elem elem;
+  int64_t rotated_heads;    // H + Hkv
+  int64_t row_stride;       // (H + 2 Hkv) * D
+  int64_t head_dim;
+};
+
+// Per-ISA builds of the row kernels: each handles rows [begin, end).
+struct RowKernels {
+  const char* isa;
+  void (*rms_norm)(const NormArgs&, int64_t begin, int64_t end);
+  void (*add_rms_norm)(const NormArgs&, int64_t begin, int64_t end);
+  void (*silu_and_mul)(const SiluMulArgs&, int64_t begin, int64_t end);
+  void (*rotary)(const RopeArgs&, int64_t begin, int64_t end);
+};
+namespace isa_avx2 { extern const RowKernels kKernels; }
+namespace isa_generic { extern const RowKernels kKernels; }
+
+using Array = nanobind::ndarray<>;
+
+// Python-facing entry points (bindings.cpp).
+void rms_norm(Array out, Array x, Array weight, double eps);
+void fused_add_rms_norm(Array x, Array residual, Array weight, double eps);
+void silu_and_mul(Array out, Array gate_up);
+void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t num_heads,
+                      int64_t num_kv_heads, int64_t head_dim);
+void split_qkv(Array qkv, Array q, Array k, Array v);
+std::string fused_ops_isa();
+void set_fused_ops_isa(const std::string& name);
+
+}  // namespace paged::cpu::ops

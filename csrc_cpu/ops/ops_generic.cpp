@@ -1,0 +1,11 @@
+// Baseline build of the fused-op row kernels (the compiler's default ISA).
+#include <cmath>
+#include <cstring>
+
+#include "ops/ops.h"
+
+namespace paged::cpu::ops::isa_generic {
+#define PAGED_OPS_ISA "generic"
+#include "ops/kernels.inc"
+#undef PAGED_OPS_ISA
+}  // namespace paged::cpu::ops::isa_generic
