@@ -1,0 +1,182 @@
+"""CPU quantized linear (paged._C_cpu.quant_linear / quant_dequantize).
+
+Oracles: the dense weight rebuilt in pure torch from the packed arrays by the
+GGUF layout (w = d*q + m / d*(q-8) / d*q), the gguf package's own quantize /
+dequantize for real blocks, and x @ W^T in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from paged import _C_cpu as C
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf import GGMLQuantizationType as GGMLType  # noqa: E402
+
+QTYPES = ["q4_0", "q4_1", "q8_0"]
+ISAS = C.supported_linear_isas()
+GGML = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    C.set_linear_isa(request.param)
+    yield request.param
+    C.set_linear_isa("auto")
+
+
+def random_weight(qtype: str, n: int, k: int, gen: torch.Generator):
+    """Random packed arrays; scales are fp16 values, as GGUF stores them."""
+    blocks = k // 32
+    scale = lambda: (torch.rand(n, blocks, generator=gen) * 0.2 - 0.1).half().float()  # noqa: E731
+    if qtype == "q8_0":
+        qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
+    else:
+        qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    return qs, scale(), scale() if qtype == "q4_1" else None
+
+
+def dense_oracle(qtype: str, qs, d, m) -> torch.Tensor:
+    """Dense [N, K] float64 weight from the layout spec, independent of the C++."""
+    n = qs.shape[0]
+    if qtype == "q8_0":
+        q = qs.to(torch.float64).view(n, -1, 32)
+    else:
+        b = qs.to(torch.int64).view(n, -1, 16)
+        q = torch.cat([b & 0x0F, b >> 4], dim=2).to(torch.float64)  # low nibbles: 0..15, high: 16..31
+        if qtype == "q4_0":
+            q = q - 8
+    w = d.double().unsqueeze(2) * q
+    if qtype == "q4_1":
+        w = w + m.double().unsqueeze(2)
+    return w.reshape(n, -1)
+
+
+def run(x, qtype, qs, d, m) -> torch.Tensor:
+    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
+    C.quant_linear(x, qtype, qs, d, m, out)
+    return out
+
+
+def check_close(out, x, w):
+    ref = x.double() @ w.T
+    bound = x.double().abs() @ w.abs().T
+    err = (out.double() - ref).abs()
+    assert torch.all(err <= 1e-5 * bound + 1e-30), f"max excess {(err - 1e-5 * bound).max().item()}"
+
+
+def gguf_packed(qtype: str, data: np.ndarray):
+    """Quantize with gguf and split its blocks into (qs, d, m) tensors."""
+    raw = gguf_quants.quantize(data, GGML[qtype])
+    n = data.shape[0]
+    header = 4 if qtype == "q4_1" else 2
+    blocks = raw.reshape(n, data.shape[1] // 32, -1)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "q4_1" else None
+    qs = blocks[:, :, header:].reshape(n, -1).copy()
+    if qtype == "q8_0":
+        qs = qs.view(np.int8)
+    tensor = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    return raw, tensor(qs), tensor(d), tensor(m)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_dequantize_matches_gguf_exactly(qtype):
+    rng = np.random.default_rng(0)
+    data = (rng.standard_normal((9, 576)) * rng.uniform(0.01, 3, (9, 1))).astype(np.float32)
+    raw, qs, d, m = gguf_packed(qtype, data)
+    out = torch.empty(9, 576)
+    C.quant_dequantize(qtype, qs, d, m, out)
+    expected = torch.from_numpy(gguf_quants.dequantize(raw, GGML[qtype]).astype(np.float32))
+    assert torch.equal(out, expected)
+    assert torch.equal(out.double(), dense_oracle(qtype, qs, d, m))
+
+
+# Every N, K and M of the brief at least once, without the full cross product.
+SHAPES = [(1, 32, 1), (7, 576, 3), (960, 576, 16), (3072, 576, 1), (7, 1536, 70), (960, 1536, 1),
+          (1, 1536, 16), (3072, 32, 70)]
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("n,k,m_rows", SHAPES)
+def test_matches_float64_oracle(isa, qtype, n, k, m_rows):
+    if isa != ISAS[0] and n * k * m_rows > 1 << 22:
+        pytest.skip("large shapes run on the best ISA only; other ISAs are checked bitwise against it")
+    gen = torch.Generator().manual_seed(n * 7 + k + m_rows)
+    qs, d, m = random_weight(qtype, n, k, gen)
+    x = torch.randn(m_rows, k, generator=gen)
+    check_close(run(x, qtype, qs, d, m), x, dense_oracle(qtype, qs, d, m))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_real_gguf_blocks(qtype):
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((96, 1536)).astype(np.float32)
+    raw, qs, d, m = gguf_packed(qtype, data)
+    w = torch.from_numpy(gguf_quants.dequantize(raw, GGML[qtype]).astype(np.float64))
+    x = torch.randn(5, 1536, generator=torch.Generator().manual_seed(1))
+    check_close(run(x, qtype, qs, d, m), x, w)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_batch_thread_and_isa_invariance(qtype):
+    """Row r of out is bitwise the same alone, inside M=16 or 70, on 1 or 2
+    threads and on every ISA."""
+    gen = torch.Generator().manual_seed(3)
+    qs, d, m = random_weight(qtype, 960, 576, gen)
+    x = torch.randn(70, 576, generator=gen)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for name in ISAS:
+            C.set_linear_isa(name)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                results.append(run(x, qtype, qs, d, m))
+                results.append(torch.cat([run(x[i : i + 16], qtype, qs, d, m) for i in range(0, 64, 16)]
+                                         + [run(x[64:], qtype, qs, d, m)]))
+            results.append(torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(0, 70, 7)]))
+    finally:
+        C.set_linear_isa("auto")
+        torch.set_num_threads(threads)
+    full = results[0]
+    for r in results[1:]:
+        if r.shape[0] == 10:
+            assert torch.equal(r, full[0:70:7])
+        else:
+            assert torch.equal(r, full)
+
+
+def test_argument_errors():
+    gen = torch.Generator().manual_seed(4)
+    qs, d, m = random_weight("q4_1", 8, 64, gen)
+    x, out = torch.randn(2, 64), torch.empty(2, 8)
+    cases = [
+        ((x, "q5_k", qs, d, m, out), "q5_k"),
+        ((x.double(), "q4_1", qs, d, m, out), "x has dtype float64"),
+        ((torch.randn(2, 32), "q4_1", qs, d, m, out), r"x has shape \[2, 32\]"),
+        ((x.t().contiguous().t(), "q4_1", qs, d, m, out), "x must be contiguous"),
+        ((x, "q4_1", qs.to(torch.int8), d, m, out), "qs has dtype int8"),
+        ((x, "q4_1", qs[:, :8].contiguous(), d, m, torch.empty(2, 8)), "multiple of 32"),
+        ((x, "q4_1", qs, d[:, :1].contiguous(), m, out), r"d has shape \[8, 1\]"),
+        ((x, "q4_1", qs, d.half(), m, out), "d has dtype float16"),
+        ((x, "q4_1", qs, d, None, out), "m is required"),
+        ((x, "q4_0", qs, d, m, out), "m must be None"),
+        ((x, "q8_0", qs, d, None, out), "qs has dtype uint8"),
+        ((x, "q4_1", qs, d, m, torch.empty(2, 9)), r"out has shape \[2, 9\]"),
+        ((torch.empty(0, 64), "q4_1", qs, d, m, torch.empty(0, 8)), "at least one row"),
+        ((x.view(2, 1, 64), "q4_1", qs, d, m, out), "2-D"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            C.quant_linear(*args)
+    with pytest.raises(ValueError, match=r"out has shape \[8, 32\]"):
+        C.quant_dequantize("q4_1", qs, d, m, torch.empty(8, 32))
+    with pytest.raises(ValueError, match="not-an-isa"):
+        C.set_linear_isa("not-an-isa")
+    assert C.linear_isa() in ISAS
+    # q4_0 accepts an empty m as "no offset".
+    C.quant_linear(x, "q4_0", qs, d, torch.empty(0), out)
