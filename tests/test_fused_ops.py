@@ -1,0 +1,188 @@
+"""Fused elementwise ops of paged._C_cpu (csrc_cpu/ops) against float64 torch
+references: values (float32 and bfloat16, odd shapes, both ISA builds),
+in-place semantics, bitwise row invariance across batch sizes, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged.core.models.layers import rope_inv_freq
+
+C = pytest.importorskip("paged._C_cpu", reason="the CPU extension is not built")
+
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+
+
+def _available_isas() -> list[str]:
+    isas = ["generic"]
+    try:
+        C.set_fused_ops_isa("avx2")
+        isas.append("avx2")
+    except ValueError:
+        pass
+    finally:
+        C.set_fused_ops_isa("auto")
+    return isas
+
+
+@pytest.fixture(params=_available_isas())
+def isa(request):
+    C.set_fused_ops_isa(request.param)
+    yield request.param
+    C.set_fused_ops_isa("auto")
+
+
+def rand(*shape, dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    return x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def close(actual, expected, dtype):
+    torch.testing.assert_close(actual.double(), expected.double(), **TOL[dtype])
+
+
+# --- values ----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,n", [(1, 576), (3, 17), (5, 1), (33, 1000)])
+def test_rms_norm(isa, dtype, t, n):
+    x, w = rand(t, n, dtype=dtype, scale=3.0), rand(n, dtype=dtype, seed=1)
+    out = torch.empty_like(x)
+    C.rms_norm(out, x, w, 1e-6)
+    close(out, ref_rms_norm(x, w, 1e-6), dtype)
+    C.rms_norm(x, x, w, 1e-6)  # in place (out is x)
+    assert torch.equal(x, out)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,n", [(1, 576), (4, 23), (40, 130)])
+def test_fused_add_rms_norm_in_place(isa, dtype, t, n):
+    x, res, w = rand(t, n, dtype=dtype), rand(t, n, dtype=dtype, seed=1), rand(n, dtype=dtype, seed=2)
+    expected_res = x + res  # torch's add rounds once from float, like the kernel
+    expected_x = ref_rms_norm(expected_res, w, 1e-5)
+    C.fused_add_rms_norm(x, res, w, 1e-5)
+    assert torch.equal(res, expected_res)
+    close(x, expected_x, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,inter", [(1, 1536), (3, 7), (9, 100)])
+def test_silu_and_mul(isa, dtype, t, inter):
+    gu = rand(t, 2 * inter, dtype=dtype, scale=4.0)
+    if inter >= 4:  # exp's clamped range and zero
+        gu[0, :4] = torch.tensor([0.0, -100.0, 100.0, -30.0]).to(dtype)
+    out = torch.empty(t, inter, dtype=dtype)
+    C.silu_and_mul(out, gu)
+    g, u = gu.double().chunk(2, dim=-1)
+    close(out, F.silu(g) * u, dtype)
+
+
+def ref_rope(qkv, positions, inv_freq, h, hkv, d):
+    """float64 half rotation of the q and k heads; v untouched."""
+    t = qkv.shape[0]
+    out = qkv.double().clone()
+    ang = positions.double()[:, None] * inv_freq.double()[None, :]  # [T, D/2]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    heads = out[:, :(h + hkv) * d].view(t, h + hkv, d)
+    x1, x2 = heads[..., :d // 2].clone(), heads[..., d // 2:].clone()
+    heads[..., :d // 2] = x1 * cos - x2 * sin
+    heads[..., d // 2:] = x2 * cos + x1 * sin
+    return out
+
+
+def cos_sin_cache(inv_freq, max_pos):
+    ang = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq.double())
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).float()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h,hkv,d", [(1, 9, 3, 64), (5, 4, 4, 6), (17, 2, 1, 128)])
+def test_rotary_embedding(isa, dtype, t, h, hkv, d):
+    inv_freq = rope_inv_freq(d, 10000.0, None)
+    cache = cos_sin_cache(inv_freq, 4096)
+    positions = torch.randint(0, 4096, (t,), generator=torch.Generator().manual_seed(3))
+    qkv = rand(t, (h + 2 * hkv) * d, dtype=dtype)
+    v_before = qkv[:, (h + hkv) * d:].clone()
+    expected = ref_rope(qkv, positions, inv_freq, h, hkv, d)
+    C.rotary_embedding(positions, qkv, cache, h, hkv, d)
+    close(qkv, expected, dtype)
+    assert torch.equal(qkv[:, (h + hkv) * d:], v_before)
+
+
+def test_split_qkv():
+    t, h, hkv, d = 6, 9, 3, 64
+    qkv = rand(t, (h + 2 * hkv) * d)
+    q, k, v = torch.empty(t, h, d), torch.empty(t, hkv, d), torch.empty(t, hkv, d)
+    C.split_qkv(qkv, q, k, v)
+    assert torch.equal(q.view(t, -1), qkv[:, :h * d])
+    assert torch.equal(k.view(t, -1), qkv[:, h * d:(h + hkv) * d])
+    assert torch.equal(v.view(t, -1), qkv[:, (h + hkv) * d:])
+
+
+# --- batch invariance --------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_do_not_depend_on_batch(isa, dtype):
+    """Large T runs multi-threaded, T=1 on the calling thread: each row must
+    come out bitwise the same either way."""
+    t, n, inter, h, hkv, d = 200, 576, 1536, 9, 3, 64
+    x, res, w = rand(t, n, dtype=dtype), rand(t, n, dtype=dtype, seed=1), rand(n, dtype=dtype, seed=2)
+    gu = rand(t, 2 * inter, dtype=dtype, seed=3)
+    qkv = rand(t, (h + 2 * hkv) * d, dtype=dtype, seed=4)
+    cache = cos_sin_cache(rope_inv_freq(d, 10000.0, None), 1024)
+    pos = torch.randint(0, 1024, (t,), generator=torch.Generator().manual_seed(5))
+
+    def run(rows):
+        xs, rs, g, q = x[rows].clone(), res[rows].clone(), gu[rows], qkv[rows].clone()
+        normed = torch.empty_like(xs)
+        C.rms_norm(normed, xs, w, 1e-6)
+        C.fused_add_rms_norm(xs, rs, w, 1e-6)
+        act = torch.empty(len(g), inter, dtype=dtype)
+        C.silu_and_mul(act, g.contiguous())
+        C.rotary_embedding(pos[rows].contiguous(), q, cache, h, hkv, d)
+        return normed, xs, rs, act, q
+
+    batched = run(slice(0, t))
+    for i in (0, 77, t - 1):
+        for whole, alone in zip(batched, run(slice(i, i + 1))):
+            assert torch.equal(whole[i:i + 1], alone)
+
+
+# --- bad input -----------------------------------------------------------------
+
+def test_bad_arguments_raise_naming_the_value():
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with pytest.raises(ValueError, match="weight has shape"):
+        C.rms_norm(torch.empty_like(x), x, torch.randn(7), 1e-6)
+    with pytest.raises(ValueError, match="float16"):
+        C.rms_norm(x.half(), x.half(), w.half(), 1e-6)
+    with pytest.raises(ValueError, match="weight has dtype bfloat16"):
+        C.fused_add_rms_norm(x, torch.randn(2, 8), w.bfloat16(), 1e-6)
+    with pytest.raises(ValueError, match="eps"):
+        C.rms_norm(torch.empty_like(x), x, w, -1.0)
+    with pytest.raises(ValueError, match="contiguous"):
+        C.rms_norm(torch.empty(8, 2).t(), x, w, 1e-6)
+    with pytest.raises(ValueError, match="different tensors"):
+        C.fused_add_rms_norm(x, x, w, 1e-6)
+    with pytest.raises(ValueError, match="out has shape"):
+        C.silu_and_mul(torch.empty(2, 3), x)
+    cache = torch.randn(16, 8)
+    qkv = torch.randn(2, 3 * 8)
+    with pytest.raises(ValueError, match="head_dim must be even"):
+        C.rotary_embedding(torch.zeros(2, dtype=torch.int64), torch.randn(2, 3 * 7), cache, 1, 1, 7)
+    with pytest.raises(ValueError, match="qkv has shape"):
+        C.rotary_embedding(torch.zeros(2, dtype=torch.int64), qkv, cache, 2, 1, 8)
+    with pytest.raises(ValueError, match="positions has dtype int32"):
+        C.rotary_embedding(torch.zeros(2, dtype=torch.int32), qkv, cache, 1, 1, 8)
+    with pytest.raises(IndexError, match=r"positions\[1\] = 16"):
+        C.rotary_embedding(torch.tensor([0, 16]), qkv, cache, 1, 1, 8)
+    with pytest.raises(ValueError, match="not available"):
+        C.set_fused_ops_isa("avx9000")
