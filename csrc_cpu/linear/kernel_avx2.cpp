@@ -64,26 +64,36 @@ PAGED_AVX2 inline float hsum(__m256 v) {
 // out[r0 .. r0+R, n] for weight row n whose codes come from `src`.
 template <int R, class Src>
 PAGED_AVX2 void tile(const LinearArgs& a, const Src& src, int64_t n, int64_t r0) {
+  // Locals, so the loop does not re-read a's fields after every store-free step.
   const int64_t nb = a.blocks();
-  const float* d = a.d + n * nb;
-  const float* m = a.m ? a.m + n * nb : nullptr;
+  const float* __restrict d = a.d + n * nb;
+  const float* __restrict m = a.m ? a.m + n * nb : nullptr;
+  const float* x[R];
+  const float* xs[R];
   __m256 acc[R];
   float sm[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), sm[r] = 0.f;
+  for (int r = 0; r < R; ++r) {
+    x[r] = a.x + (r0 + r) * a.K;
+    xs[r] = a.xs + (r0 + r) * nb;
+    acc[r] = _mm256_setzero_ps();
+    sm[r] = 0.f;
+  }
   for (int64_t b = 0; b < nb; ++b) {
     __m256 q[4];
     src.load(b, q);
     const __m256 db = _mm256_broadcast_ss(d + b);
     for (int r = 0; r < R; ++r) {
-      const float* x = a.x + (r0 + r) * a.K + b * kBlock;
-      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
-      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), t);
-      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), t);
-      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), t);
+      const float* xb = x[r] + b * kBlock;
+      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
+      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
+      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
+      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xb + 24), t);
       acc[r] = _mm256_fmadd_ps(db, t, acc[r]);
-      if (m) sm[r] = __builtin_fmaf(m[b], a.xs[(r0 + r) * nb + b], sm[r]);
     }
   }
+  if (m)  // Q4_1's offsets: sum_b m_b * xs_b, same order as in the block loop of the scalar build
+    for (int64_t b = 0; b < nb; ++b)
+      for (int r = 0; r < R; ++r) sm[r] = __builtin_fmaf(m[b], xs[r][b], sm[r]);
   for (int r = 0; r < R; ++r) a.out[(r0 + r) * a.N + n] = hsum(acc[r]) + sm[r];
 }
 
@@ -98,12 +108,14 @@ template <class Src>
 PAGED_AVX2 void weight_row(const LinearArgs& a, const Src& src, int64_t n, std::vector<float>& scratch) {
   if (a.M <= kDirectMaxRows) return all_rows(a, src, n);
   scratch.resize(size_t(a.K));
-  for (int64_t b = 0; b < a.blocks(); ++b) {
+  float* codes = scratch.data();
+  const int64_t nb = a.blocks();
+  for (int64_t b = 0; b < nb; ++b) {
     __m256 q[4];
     src.load(b, q);
-    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(scratch.data() + b * kBlock + 8 * i, q[i]);
+    for (int i = 0; i < 4; ++i) _mm256_storeu_ps(codes + b * kBlock + 8 * i, q[i]);
   }
-  all_rows(a, Converted{scratch.data()}, n);
+  all_rows(a, Converted{codes}, n);
 }
 
 }  // namespace
