@@ -1,9 +1,11 @@
 """Llama-family decoder (Llama 2/3, SmolLM/SmolLM2, Qwen2/2.5, Mistral) as plain torch.
 
 Decode speed on CPU is bound by per-op dispatch, so each layer runs few ops:
-Q/K/V are one matmul, gate/up one matmul, RMSNorm is torch's fused op, RoPE
-rows are looked up once per step and shared by all layers, and attention is
-the platform backend's ``forward`` over the paged KV cache.
+Q/K/V are one matmul, gate/up one matmul (every matmul goes through
+``layers.linear``, which also takes packed quantized weights), attention is the
+platform backend's ``forward`` over the paged KV cache, and the elementwise
+rest (residual add + RMSNorm, RoPE + Q/K/V split, SiLU-and-mul) is a
+``LayerOps``: single fused C++ passes on the CPU, torch ops elsewhere.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paged.core.config import ModelConfig
-from paged.core.models.layers import RotaryTable
+from paged.core.models.layers import RotaryTable, TorchLayerOps, layer_ops, linear
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -59,7 +61,6 @@ class LlamaDecoderLayer(nn.Module):
         self.qk_size = (c.num_heads + c.num_kv_heads) * c.head_dim
         self.inter = c.intermediate_size
         self.eps = c.rms_norm_eps
-        self.norm_shape = (c.hidden_size,)
         self.index = index
         self.attn_backend = attn_backend
         a = p + "self_attn."
@@ -73,26 +74,23 @@ class LlamaDecoderLayer(nn.Module):
         self.gate_up = _param(cast(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])))
         self.down = _param(cast(weights[m + "down_proj.weight"]))
 
-    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, rope: RotaryTable,
-                cos: torch.Tensor, sin: torch.Tensor, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
-        # pre-norm with the residual add folded in: returns (normed, residual)
-        residual = hidden if residual is None else hidden + residual
-        x = F.rms_norm(residual, self.norm_shape, self.input_norm, self.eps)
+    def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, ops: TorchLayerOps,
+                rope: RotaryTable, rope_in, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm layer with the residual add folded into the norms: takes the
+        previous layer's (output, residual) and returns its own. The fused ops
+        update ``hidden`` and ``residual`` in place."""
+        if residual is None:
+            x, residual = ops.rms_norm(hidden, self.input_norm, self.eps), hidden
+        else:
+            x, residual = ops.add_rms_norm(hidden, residual, self.input_norm, self.eps)
 
-        t = x.shape[0]
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
-        qk = rope.apply(qkv[:, :self.qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim),
-                        cos, sin)
-        q = qk[:, :self.num_heads].contiguous()
-        k = qk[:, self.num_heads:].contiguous()
-        v = qkv[:, self.qk_size:].view(t, self.num_kv_heads, self.head_dim).contiguous()
+        qkv = linear(x, self.qkv, self.qkv_bias)
+        q, k, v = ops.rope_split_qkv(qkv, rope, rope_in, self.num_heads, self.num_kv_heads, self.head_dim)
         attn = self.attn_backend.forward(q, k, v, kv_cache, meta)
-        hidden = F.linear(attn.view(t, self.q_size), self.o_proj)
+        hidden = linear(attn.view(q.shape[0], self.q_size), self.o_proj)
 
-        residual = hidden + residual
-        x = F.rms_norm(residual, self.norm_shape, self.post_norm, self.eps)
-        gu = F.linear(x, self.gate_up)
-        hidden = F.linear(F.silu(gu[:, :self.inter]) * gu[:, self.inter:], self.down)
+        x, residual = ops.add_rms_norm(hidden, residual, self.post_norm, self.eps)
+        hidden = linear(ops.silu_and_mul(linear(x, self.gate_up)), self.down)
         return hidden, residual
 
 
@@ -115,19 +113,20 @@ class LlamaForCausalLM(nn.Module):
                                     for i in range(config.num_layers))
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                 config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
-        self.norm_shape = (config.hidden_size,)
+        # elementwise ops of every layer; replaceable (benchmarks compare the two)
+        self.ops = layer_ops(self.device, dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         hidden = F.embedding(input_ids, self.embed)
-        cos, sin = self.rope.lookup(positions)
+        rope_in = self.ops.rope_inputs(self.rope, positions)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, self.rope, cos, sin, kv_cache, meta)
-        return F.rms_norm(hidden + residual, self.norm_shape, self.final_norm, self.config.rms_norm_eps)
+            hidden, residual = layer(hidden, residual, self.ops, self.rope, rope_in, kv_cache, meta)
+        return self.ops.add_rms_norm(hidden, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need a next token) -> float32 [N, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head).float()
