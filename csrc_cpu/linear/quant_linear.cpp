@@ -124,8 +124,16 @@ const Isa* pick(const std::string& name) {
   fail("linear ISA '" + name + "' is not available on this CPU (available: auto" + known + ")");
 }
 
+// PAGED_CPU_ISA (shared with the attention kernels) if this build offers it.
+const Isa* initial() {
+  const char* env = std::getenv("PAGED_CPU_ISA");
+  for (const Isa& isa : kIsas)
+    if (env && std::string(env) == isa.name && isa.supported()) return &isa;
+  return pick("auto");
+}
+
 const Isa*& active() {
-  static const Isa* isa = pick("auto");
+  static const Isa* isa = initial();
   return isa;
 }
 
