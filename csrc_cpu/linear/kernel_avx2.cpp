@@ -17,24 +17,18 @@ constexpr int kTile = 4;  // activation rows sharing one widened block
 template <bool kMinus8>
 struct Nibbles {  // Q4_0 (codes q - 8) / Q4_1 (codes q)
   const uint8_t* row;
+  // Bytes 0-7 / 8-15 zero-extended to 32-bit lanes: their low nibbles are
+  // elements 0-7 / 8-15, their high nibbles (a plain shift) 16-23 / 24-31.
   PAGED_AVX2 void load(int64_t b, __m256 q[4]) const {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * (kBlock / 2)));
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    __m128i lo = _mm_and_si128(bytes, mask);                      // elements 0..15
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);   // elements 16..31
-    if constexpr (kMinus8) {
-      const __m128i eight = _mm_set1_epi8(8);
-      lo = _mm_sub_epi8(lo, eight);
-      hi = _mm_sub_epi8(hi, eight);
-      q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-      q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-      q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-      q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    } else {
-      q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-      q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-      q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-      q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    const uint8_t* p = row + b * (kBlock / 2);
+    const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    __m256i codes[4] = {_mm256_and_si256(first, mask), _mm256_and_si256(second, mask), _mm256_srli_epi32(first, 4),
+                        _mm256_srli_epi32(second, 4)};
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (kMinus8) codes[i] = _mm256_sub_epi32(codes[i], _mm256_set1_epi32(8));
+      q[i] = _mm256_cvtepi32_ps(codes[i]);
     }
   }
 };
