@@ -25,7 +25,7 @@ import os
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from paged.backends.reference import ReferenceBackend, _check_distinct_destinations
+from paged.backends.reference import ReferenceBackend, check_distinct_destinations
 from paged.backends.reference import validation as v
 from paged.backends.cuda.id_checks import CheckedOnce
 
@@ -143,7 +143,7 @@ class CudaBackend(ReferenceBackend):
         if host is not None:
             n = key_caches[0].shape[0] if len(key_caches) else 0
             v.check_block_mapping(host, n, n)
-            _check_distinct_destinations(host)
+            check_distinct_destinations(host)
             if bool(torch.isin(host[:, 1], host[:, 0]).any()):
                 super().copy_blocks(key_caches, value_caches, block_mapping)
                 return
@@ -156,7 +156,7 @@ class CudaBackend(ReferenceBackend):
     def swap_blocks(self, src_cache, dst_cache, block_mapping) -> None:
         v.check_tensor("block_mapping", block_mapping, ndim=2, dtype=torch.int64, shape=(None, 2))
         mapping = block_mapping.cpu()
-        _check_distinct_destinations(mapping)
+        check_distinct_destinations(mapping)
         device = src_cache.device if src_cache.device.type == "cuda" else dst_cache.device
         if device.type != "cuda":
             raise ValueError(f"swap_blocks moves blocks to or from a CUDA cache; got {src_cache.device} -> "

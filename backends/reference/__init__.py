@@ -123,7 +123,7 @@ class ReferenceBackend(AttentionBackend):
                                  f"{tuple(key_caches[0].shape)}")
         n = key_caches[0].shape[0]
         v.check_block_mapping(block_mapping, n, n)
-        _check_distinct_destinations(block_mapping)
+        check_distinct_destinations(block_mapping)
         src, dst = block_mapping[:, 0].to(self.device), block_mapping[:, 1].to(self.device)
         for cache in (*key_caches, *value_caches):
             cache[dst] = cache[src]
@@ -134,14 +134,14 @@ class ReferenceBackend(AttentionBackend):
         v.check_tensor("dst_cache", dst_cache, ndim=src_cache.dim(), dtype=src_cache.dtype,
                        shape=(None, *src_cache.shape[1:]))
         v.check_block_mapping(block_mapping, src_cache.shape[0], dst_cache.shape[0])
-        _check_distinct_destinations(block_mapping)
+        check_distinct_destinations(block_mapping)
         m = block_mapping.cpu()
         src = m[:, 0].to(src_cache.device)
         dst = m[:, 1].to(dst_cache.device)
         dst_cache[dst] = src_cache[src].to(dst_cache.device)
 
 
-def _check_distinct_destinations(block_mapping):
+def check_distinct_destinations(block_mapping):
     dst = block_mapping[:, 1].cpu()
     uniq, counts = torch.unique(dst, return_counts=True)
     if bool((counts > 1).any()):
