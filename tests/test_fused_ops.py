@@ -186,3 +186,33 @@ def test_bad_arguments_raise_naming_the_value():
         C.rotary_embedding(torch.tensor([0, 16]), qkv, cache, 1, 1, 8)
     with pytest.raises(ValueError, match="not available"):
         C.set_fused_ops_isa("avx9000")
+
+
+# --- the model's layer ops: fused CPU path vs the torch path -------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_ops_match_torch_ops(dtype):
+    """CpuFusedLayerOps (capsule plumbing, float32 cos/sin table) against
+    TorchLayerOps (torch ops over RotaryTable's cos/sin) on one layer's worth."""
+    from paged.core.models.layers import RotaryTable, TorchLayerOps, layer_ops
+
+    fused, plain = layer_ops("cpu", dtype), TorchLayerOps()
+    assert fused.name == "cpu-fused"
+    t, n, inter, h, hkv, d = 5, 96, 40, 4, 2, 16
+    rope = RotaryTable(d, 512, 10000.0, {"rope_type": "llama3", "factor": 8.0,
+                                         "original_max_position_embeddings": 64}, dtype, torch.device("cpu"))
+    positions = torch.tensor([0, 3, 100, 511, 7])
+    x, res, w = rand(t, n, dtype=dtype), rand(t, n, dtype=dtype, seed=1), rand(n, dtype=dtype, seed=2)
+    qkv, gu = rand(t, (h + 2 * hkv) * d, dtype=dtype, seed=3), rand(t, 2 * inter, dtype=dtype, seed=4)
+
+    close(fused.rms_norm(x, w, 1e-6), plain.rms_norm(x, w, 1e-6), dtype)
+    want_x, want_res = plain.add_rms_norm(x, res, w, 1e-6)
+    got_x, got_res = fused.add_rms_norm(x.clone(), res.clone(), w, 1e-6)
+    assert torch.equal(got_res, want_res)
+    close(got_x, want_x, dtype)
+    close(fused.silu_and_mul(gu), plain.silu_and_mul(gu), dtype)
+    want = plain.rope_split_qkv(qkv, rope, plain.rope_inputs(rope, positions), h, hkv, d)
+    got = fused.rope_split_qkv(qkv.clone(), rope, fused.rope_inputs(rope, positions), h, hkv, d)
+    for g, e in zip(got, want):
+        assert g.shape == e.shape and g.is_contiguous()
+        close(g, e, dtype)
