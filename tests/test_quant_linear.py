@@ -180,3 +180,25 @@ def test_argument_errors():
     assert C.linear_isa() in ISAS
     # q4_0 accepts an empty m as "no offset".
     C.quant_linear(x, "q4_0", qs, d, torch.empty(0), out)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("n", [1, 2, 4, 7, 961])
+def test_tile_edges_bitwise(qtype, n):
+    """Every M (direct path 1..4, register tiles beyond) and N that leaves
+    partial tiles and panels gives, row for row, the bits of the scalar build
+    run on all 70 rows at once; the scalar result meets the float64 oracle."""
+    gen = torch.Generator().manual_seed(n)
+    k = 96  # three blocks: enough for the block loop, small enough to stay quick
+    qs, d, m = random_weight(qtype, n, k, gen)
+    x = torch.randn(70, k, generator=gen)
+    try:
+        C.set_linear_isa("scalar")
+        ref = run(x, qtype, qs, d, m)
+        check_close(ref, x, dense_oracle(qtype, qs, d, m))
+        for name in ISAS:
+            C.set_linear_isa(name)
+            for rows in (1, 2, 3, 4, 5, 6, 7, 9, 17, 70):
+                assert torch.equal(run(x[:rows], qtype, qs, d, m), ref[:rows]), f"isa={name} M={rows}"
+    finally:
+        C.set_linear_isa("auto")

@@ -19,7 +19,6 @@ void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>
     const float* m = a.m ? a.m + n * nb : nullptr;
     for (int64_t r = 0; r < a.M; ++r) {
       const float* x = a.x + r * a.K;
-      const float* xs = a.xs + r * nb;
       float acc[8] = {};
       float sm = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
@@ -30,7 +29,7 @@ void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>
           for (int j = 8; j < kBlock; j += 8) t = std::fma(q[j + l], xb[j + l], t);
           acc[l] = std::fma(d[b], t, acc[l]);
         }
-        if (m) sm = std::fma(m[b], xs[b], sm);
+        if (m) sm = std::fma(m[b], a.xs[b * a.M + r], sm);
       }
       a.out[r * a.N + n] = hsum8(acc) + sm;
     }

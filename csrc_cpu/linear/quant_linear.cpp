@@ -81,7 +81,7 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   }
 }
 
-// xs[r, b] = sum of x over block b in the lane order of quant_linear.h.
+// xs[b * M + r] = sum of x[r] over block b in the lane order of quant_linear.h.
 // Additions only, so no fma contraction can change it.
 std::vector<float> block_sums(const LinearArgs& a) {
   const int64_t nb = a.blocks();
@@ -91,7 +91,7 @@ std::vector<float> block_sums(const LinearArgs& a) {
       const float* x = a.x + r * a.K + b * kBlock;
       float lanes[8];
       for (int l = 0; l < 8; ++l) lanes[l] = ((x[l] + x[8 + l]) + x[16 + l]) + x[24 + l];
-      xs[size_t(r * nb + b)] = hsum8(lanes);
+      xs[size_t(b * a.M + r)] = hsum8(lanes);
     }
   return xs;
 }

@@ -30,7 +30,8 @@ struct LinearArgs {
   const uint8_t* qs = nullptr;  // [N, K/2] nibbles or [N, K] int8
   const float* d = nullptr;     // [N, K/32]
   const float* m = nullptr;     // [N, K/32] for Q4_1, else null
-  const float* xs = nullptr;    // [M, K/32] block sums of x
+  const float* xs = nullptr;    // [K/32, M] block sums of x, xs[b * M + r] (block-major:
+                                // a block's sums of consecutive rows are adjacent)
   float* out = nullptr;         // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }
