@@ -28,6 +28,12 @@ constexpr int kPanelCols = 3;   // weight rows per panel tile
 constexpr int64_t kPanel = 12;  // weight rows widened per panel (multiple of kPanelCols)
 constexpr int kDirectCols = 2;  // weight rows per direct pass (x rows: all M <= kDirectMaxRows)
 
+constexpr int64_t kAlignFloats = 16;  // 64 bytes, one cache line
+float* aligned(float* p) {
+  const auto misalign = reinterpret_cast<uintptr_t>(p) % (kAlignFloats * sizeof(float));
+  return misalign ? p + (kAlignFloats * sizeof(float) - misalign) / sizeof(float) : p;
+}
+
 // Sources of a block's codes: 4 vectors holding elements 0-7, 8-15, 16-23, 24-31.
 template <bool kMinus8>
 struct Nibbles {  // Q4_0 (codes q - 8) / Q4_1 (codes q)
@@ -202,8 +208,8 @@ template <class Src>
 PAGED_AVX2 void panel_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   static constexpr auto tiles = panel_table(std::make_integer_sequence<int, kPanelRows>());
   const int64_t nb = a.blocks(), K = a.K;
-  scratch.resize(size_t(kPanel * K));
-  float* codes = scratch.data();
+  scratch.resize(size_t(kPanel * K + kAlignFloats));
+  float* codes = aligned(scratch.data());  // no loads split across cache lines
   for (int64_t p0 = n0; p0 < n1; p0 += kPanel) {
     const int64_t p1 = std::min(n1, p0 + kPanel);
     for (int64_t n = p0; n < p1; ++n) {
