@@ -54,7 +54,8 @@ class Engine:
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
-        loaded = load_model_files(str(path), self.dtype)
+        packed_linear = self.platform.packed_linear_cls() if config.quantized_weights else None
+        loaded = load_model_files(str(path), self.dtype, keep_packed=packed_linear is not None)
         self.model_path = str(path)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -67,7 +68,7 @@ class Engine:
             backend_cls = self.platform.attention_backend_cls()
         self.attn_backend = backend_cls(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.block_size,
                                         self.dtype, self.device, sliding_window=mc.sliding_window)
-        model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend)
+        model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend, packed_linear)
         del loaded
 
         self.max_model_len = config.max_model_len or mc.max_position_embeddings

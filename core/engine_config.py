@@ -36,6 +36,9 @@ class EngineConfig:
     seed: Optional[int] = 0
     max_waiting: Optional[int] = None  # bounded waiting queue (server 503); None: unbounded
     attention_backend: Optional[str] = None  # "reference" forces the pure-torch oracle
+    # keep GGUF Q4_0/Q4_1/Q8_0 matrices packed where the platform has kernels
+    # for them (CPU): same values as dequantizing, a fraction of the bytes
+    quantized_weights: bool = True
     warm_up: bool = True
 
     def __post_init__(self) -> None:
@@ -74,6 +77,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching, help="automatic prefix caching (default: on)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling (default: 0)")
+    g.add_argument("--quantized-weights", action=argparse.BooleanOptionalAction, default=d.quantized_weights,
+                   help="run GGUF Q4_0/Q4_1/Q8_0 weights packed on platforms with kernels for them "
+                        "(CPU); --no-quantized-weights dequantizes them to --dtype (default: on)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -90,6 +96,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         cpu_threads_bind=args.cpu_threads_bind,
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
+        quantized_weights=args.quantized_weights,
     )
     values.update(overrides)
     return EngineConfig(**values)

@@ -110,6 +110,12 @@ class Platform(abc.ABC):
         """The compiled ops module (e.g. paged._C_cpu), or None."""
         return None
 
+    def packed_linear_cls(self):
+        """A class wrapping a loader's PackedBlocks (GGUF Q4_0/Q4_1/Q8_0) as a
+        weight with ``linear(x, bias)``, or None when this platform has no
+        kernels for packed weights (they are then dequantized at load)."""
+        return None
+
     def block_pool_cls(self):
         """The block pool class for this device (accounting is shared C++;
         the class decides where block memory lives)."""

@@ -140,6 +140,11 @@ class CpuPlatform(Platform):
         return dtypes
 
     # -- kernels -----------------------------------------------------------
+    def packed_linear_cls(self):
+        from paged.backends.cpu import quant_linear
+
+        return quant_linear.CpuPackedLinear if quant_linear.available() else None
+
     def attention_backend_cls(self):
         from paged.backends.cpu import CpuBackend
 

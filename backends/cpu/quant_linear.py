@@ -2,7 +2,8 @@
 
 Holds one matrix in the kernel's layout and exposes ``linear(x, bias)``, the
 method the model's ``linear`` helper dispatches to for non-tensor weights.
-Activations are float32; the kernel accumulates in float32 from the exact
+The kernel takes float32 activations (others are converted; the result
+comes back in the input's dtype) and accumulates in float32 from the exact
 dequantized values, so results match the dense float32 path up to summation
 order.
 """
@@ -44,4 +45,4 @@ class CpuPackedLinear:
         _C_cpu.quant_linear(x2, self.qtype, self.qs, self.d, self.m, out)
         if bias is not None:
             out += bias
-        return out.view(*lead, self.out_features)
+        return out.view(*lead, self.out_features).to(x.dtype)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from paged.core.config import ModelConfig
+from paged.core.loaders.packed import PackedBlocks, cat_rows
 from paged.core.models.layers import RotaryTable, TorchLayerOps, layer_ops, linear
 
 
@@ -46,8 +47,10 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t, requires_grad=False)
+def _param(t):
+    """Dense weights become frozen Parameters; packed weight objects (which
+    bring their own ``linear``) are kept as they are."""
+    return nn.Parameter(t, requires_grad=False) if isinstance(t, torch.Tensor) else t
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -66,12 +69,12 @@ class LlamaDecoderLayer(nn.Module):
         a = p + "self_attn."
         self.input_norm = _param(cast(weights[p + "input_layernorm.weight"]))
         self.post_norm = _param(cast(weights[p + "post_attention_layernorm.weight"]))
-        self.qkv = _param(cast(torch.cat([weights[a + n + "_proj.weight"] for n in "qkv"])))
-        self.qkv_bias = (_param(cast(torch.cat([weights[a + n + "_proj.bias"] for n in "qkv"])))
+        self.qkv = _param(cast([weights[a + n + "_proj.weight"] for n in "qkv"]))
+        self.qkv_bias = (_param(cast([weights[a + n + "_proj.bias"] for n in "qkv"]))
                          if c.qkv_bias else None)
         self.o_proj = _param(cast(weights[a + "o_proj.weight"]))
         m = p + "mlp."
-        self.gate_up = _param(cast(torch.cat([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]])))
+        self.gate_up = _param(cast([weights[m + "gate_proj.weight"], weights[m + "up_proj.weight"]]))
         self.down = _param(cast(weights[m + "down_proj.weight"]))
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, ops: TorchLayerOps,
@@ -96,19 +99,38 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str, attn_backend):
+                 device: torch.device | str, attn_backend, packed_linear=None):
+        """``weights`` may hold PackedBlocks (GGUF Q4_0/Q4_1/Q8_0 kept packed):
+        ``packed_linear`` turns one into the platform's packed weight object
+        (e.g. backends.cpu.quant_linear.CpuPackedLinear); without it they are
+        dequantized to ``dtype``."""
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
 
-        def cast(t: torch.Tensor) -> torch.Tensor:
+        def dense(t) -> torch.Tensor:
+            if isinstance(t, PackedBlocks):
+                t = t.dequantize(dtype)
             return t.to(device=self.device, dtype=dtype).contiguous()
 
-        self.embed = _param(cast(weights["model.embed_tokens.weight"]))
+        def cast(t):
+            """One weight, or a list fused along rows (QKV, gate/up): packed
+            parts of one type stay packed, anything else is fused dense."""
+            if isinstance(t, list):
+                packed = {p.qtype for p in t if isinstance(p, PackedBlocks)}
+                t = cat_rows(t) if len(packed) == 1 and all(isinstance(p, PackedBlocks) for p in t) \
+                    else torch.cat([dense(p) for p in t])
+            return packed_linear(t) if packed_linear is not None and isinstance(t, PackedBlocks) else dense(t)
+
+        embed = weights["model.embed_tokens.weight"]
+        self.embed = _param(dense(embed))  # looked up by row: dense
         self.final_norm = _param(cast(weights["model.norm.weight"]))
-        self.lm_head = (self.embed if config.tie_word_embeddings or "lm_head.weight" not in weights
-                        else _param(cast(weights["lm_head.weight"])))
+        tied = config.tie_word_embeddings or "lm_head.weight" not in weights
+        if tied:  # the same values; packed for the matmul when the embedding is packed
+            self.lm_head = self.embed if not isinstance(embed, PackedBlocks) else _param(cast(embed))
+        else:
+            self.lm_head = _param(cast(weights["lm_head.weight"]))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, weights, i, cast, attn_backend)
                                     for i in range(config.num_layers))
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
