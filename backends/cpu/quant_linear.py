@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from paged.backends.cpu import dl
 from paged.core.loaders.packed import PackedBlocks
 
 
@@ -42,7 +43,7 @@ class CpuPackedLinear:
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
-        _C_cpu.quant_linear(x2, self.qtype, self.qs, self.d, self.m, out)
+        _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out))
         if bias is not None:
             out += bias
         return out.view(*lead, self.out_features).to(x.dtype)
