@@ -38,7 +38,7 @@ struct LinearArgs {
 };
 
 // Computes out[:, n0:n1]. `scratch` is the calling thread's buffer (grown as
-// needed) for the fp32 codes of one weight row when M is large.
+// needed) for fp32 codes widened once and reused by many rows of x.
 using RowsKernel = void (*)(const LinearArgs&, int64_t n0, int64_t n1, std::vector<float>& scratch);
 
 namespace isa_scalar {
@@ -49,7 +49,7 @@ void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>
 }
 
 // Rows of x up to this many read the packed codes directly; more rows first
-// convert each weight row's codes to fp32 once (same arithmetic either way).
+// convert a panel of weight rows' codes to fp32 once (same arithmetic either way).
 constexpr int64_t kDirectMaxRows = 4;
 
 // Horizontal sum of 8 lanes in the fixed order above.
