@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -48,6 +49,19 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    # The decode / prefill halves of the batch, computed once per step (not
+    # per layer): every layer's forward splits the batch the same way.
+    @cached_property
+    def decode_part(self) -> tuple[torch.Tensor, torch.Tensor]:
+        nd = self.num_decodes
+        return self.block_tables[:nd], self.seq_lens[:nd]
+
+    @cached_property
+    def prefill_part(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        nd = self.num_decodes
+        qsl = self.query_start_loc[nd:]
+        return (qsl - nd if nd else qsl), self.seq_lens[nd:], self.block_tables[nd:]
 
 
 class AttentionBackend(abc.ABC):
@@ -116,16 +130,16 @@ class AttentionBackend(abc.ABC):
         key_cache, value_cache = kv_cache
         self.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
         out = torch.empty_like(query)
-        nd = meta.num_decodes
-        if nd:
-            self.paged_attention(out[:nd], query[:nd], key_cache, value_cache,
-                                 meta.block_tables[:nd], meta.seq_lens[:nd],
+        nd, ns = meta.num_decodes, meta.num_seqs
+        if nd == ns:  # all decodes: no slicing
+            self.paged_attention(out, query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
                                  self.scale, self.sliding_window)
-        if nd < meta.num_seqs:
-            qsl = meta.query_start_loc[nd:]
-            if nd:
-                qsl = qsl - nd
-            self.prefill_attention(out[nd:], query[nd:], key_cache, value_cache, qsl,
-                                   meta.seq_lens[nd:], meta.block_tables[nd:],
-                                   self.scale, self.sliding_window)
+            return out
+        if nd:
+            tables, lens = meta.decode_part
+            self.paged_attention(out[:nd], query[:nd], key_cache, value_cache, tables, lens,
+                                 self.scale, self.sliding_window)
+        qsl, lens, tables = meta.prefill_part
+        self.prefill_attention(out[nd:] if nd else out, query[nd:] if nd else query, key_cache, value_cache,
+                               qsl, lens, tables, self.scale, self.sliding_window)
         return out
