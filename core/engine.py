@@ -144,6 +144,7 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.platform.bind_thread()  # the server steps from its own thread
         out = self.scheduler.schedule()
         if out.empty:
             return []

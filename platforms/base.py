@@ -56,6 +56,11 @@ class Platform(abc.ABC):
         """Prepare the platform for serving (bind threads, pick device...).
         Called once by the engine after the platform is chosen."""
 
+    def bind_thread(self) -> None:
+        """Called by the engine from the thread that runs its steps (once per
+        thread): platforms that pin worker threads (CPU) re-apply their
+        binding there. No-op by default."""
+
     def set_device(self, index: int) -> None:
         pass
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ class CpuPlatform(Platform):
         self._allowed = allowed
         self._topology: Topology | None = None
         self.plan: BindingPlan | None = None  # set by init()
+        self._bound_tid: int | None = None  # native id of the thread whose OpenMP team is pinned
 
     # -- detection ---------------------------------------------------------
     def is_available(self) -> Availability:
@@ -100,18 +102,40 @@ class CpuPlatform(Platform):
         node of those threads. ``threads_bind``: auto | none | CPU list(s)."""
         plan = plan_binding(threads_bind, self.topology(), rank)
         ops = self.ops_module()
-        if plan.cpus:
-            import torch
-
-            torch.set_num_threads(len(plan.cpus))
-            ops.bind_threads(plan.cpus)
+        self.plan = plan
+        self._bound_tid = None
+        self.bind_thread()
         if plan.node is not None:
             try:
                 plan.memory_method = ops.bind_memory_to_node(plan.node)
             except (RuntimeError, ValueError) as e:  # e.g. a seccomp profile forbids set_mempolicy
                 plan.memory_method = f"not bound: {e}"
                 log.warning("memory not bound to NUMA node %d: %s", plan.node, e)
-        self.plan = plan
+
+    def bind_thread(self) -> None:
+        """Pin the calling thread's OpenMP team to the plan's CPUs.
+
+        OpenMP teams belong to the thread that opens them: a thread started
+        after init() (the server's engine thread) would otherwise get fresh
+        workers inheriting its creator's single-CPU affinity, i.e. every
+        thread on one core. The previously bound thread (pinned to the first
+        CPU as OpenMP thread 0) is released to all allowed CPUs so it does not
+        compete with the new one."""
+        if self.plan is None or not self.plan.cpus:
+            return
+        tid = threading.get_native_id()
+        if tid == self._bound_tid:
+            return
+        import torch
+
+        torch.set_num_threads(len(self.plan.cpus))
+        self.ops_module().bind_threads(self.plan.cpus)
+        if self._bound_tid is not None:
+            try:
+                os.sched_setaffinity(self._bound_tid, self._process_cpus())
+            except OSError:  # that thread has exited
+                pass
+        self._bound_tid = tid
 
     # -- memory and dtypes -------------------------------------------------
     def memory_info(self) -> MemoryInfo:

@@ -161,3 +161,33 @@ def test_platform_init_none_leaves_threads_alone():
     assert platform.plan.cpus == [] and platform.plan.node is None
     assert _C_cpu.thread_report() == before
     assert platform.env_report()["threads"] is None
+
+
+def test_bind_thread_pins_the_team_of_a_later_thread():
+    """The server steps the engine from its own thread: that thread's OpenMP
+    team must be pinned too (a fresh team inherits its creator's one-CPU
+    mask), and the thread bound before is released to every allowed CPU."""
+    import threading
+
+    if len(ALLOWED) < 2:
+        pytest.skip("needs 2 allowed CPUs to tell pinned teams apart")
+    platform = CpuPlatform()
+    platform.init(threads_bind=",".join(map(str, ALLOWED[:2])))
+    seen = {}
+
+    def engine_thread():
+        seen["before"] = _C_cpu.thread_report()
+        platform.bind_thread()
+        seen["after"] = _C_cpu.thread_report()
+        platform.bind_thread()  # idempotent for the same thread
+        seen["again"] = _C_cpu.thread_report()
+
+    t = threading.Thread(target=engine_thread)
+    t.start()
+    t.join()
+    want = [[c] for c in ALLOWED[:2]]
+    assert [r["affinity"] for r in seen["before"]] != want  # the inherited mask: the bug this fixes
+    assert [r["affinity"] for r in seen["after"]] == want
+    assert [r["cpu"] for r in seen["after"]] == ALLOWED[:2]
+    assert seen["again"] == seen["after"]
+    assert sorted(os.sched_getaffinity(0)) == ALLOWED  # this (previously bound) thread released
