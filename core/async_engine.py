@@ -58,6 +58,9 @@ class AsyncEngine:
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
+            # the engine's worker threads move to the engine thread: release
+            # this thread's (the model was loaded and warmed up here)
+            self.engine.platform.release_thread()
             self._thread = threading.Thread(target=self._run, name="paged-engine", daemon=True)
             self._thread.start()
 

@@ -61,6 +61,10 @@ class Platform(abc.ABC):
         thread): platforms that pin worker threads (CPU) re-apply their
         binding there. No-op by default."""
 
+    def release_thread(self) -> None:
+        """Called from a thread that hands the engine over to another thread
+        (the server): give back what bind_thread took. No-op by default."""
+
     def set_device(self, index: int) -> None:
         pass
 

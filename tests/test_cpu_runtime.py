@@ -191,3 +191,17 @@ def test_bind_thread_pins_the_team_of_a_later_thread():
     assert [r["cpu"] for r in seen["after"]] == ALLOWED[:2]
     assert seen["again"] == seen["after"]
     assert sorted(os.sched_getaffinity(0)) == ALLOWED  # this (previously bound) thread released
+
+
+def test_release_thread_hands_the_pool_over():
+    """release_thread frees this thread's OpenMP pool and pin (so the
+    engine thread's team is the only one); a later region here still works."""
+    if len(ALLOWED) < 2:
+        pytest.skip("needs 2 allowed CPUs")
+    platform = CpuPlatform()
+    platform.init(threads_bind=",".join(map(str, ALLOWED[:2])))
+    assert sorted(os.sched_getaffinity(0)) == [ALLOWED[0]]
+    platform.release_thread()
+    assert sorted(os.sched_getaffinity(0)) == ALLOWED
+    platform.release_thread()  # not bound any more: a no-op
+    assert len(_C_cpu.thread_report()) == 2  # a new pool on demand

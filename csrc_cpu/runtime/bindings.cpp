@@ -32,6 +32,8 @@ void register_runtime(nb::module_& m) {
         "Pin OpenMP thread i to cpus[i] (from inside each thread) and set the team size to len(cpus).");
   m.def("unbind_threads", &runtime::unbind_threads,
         "Give every OpenMP thread the process's initial CPU mask and team size back.");
+  m.def("release_thread_pool", &runtime::release_thread_pool,
+        "Free the calling thread's OpenMP worker pool (before another thread takes over the work).");
   m.def("initial_allowed_cpus", &runtime::initial_allowed_cpus,
         "CPUs the process could use when paged._C_cpu was imported.");
   m.def(

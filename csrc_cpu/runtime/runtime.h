@@ -30,6 +30,9 @@ void bind_threads(const std::vector<int>& cpus);
 // mask back and the team size returns to its count.
 void unbind_threads();
 
+// Free the calling thread's OpenMP worker pool (omp_pause_resource_all).
+void release_thread_pool();
+
 // One entry per thread of an OpenMP parallel region of the current size.
 std::vector<ThreadInfo> thread_report();
 

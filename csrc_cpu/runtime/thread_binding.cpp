@@ -99,6 +99,14 @@ void unbind_threads() {
   pin_team(init.max_threads, [&](int) { return all; });
 }
 
+void release_thread_pool() {
+  // Frees the calling thread's OpenMP worker pool. libgomp nearly stops
+  // spinning (and sleeps on a futex at every barrier) once it manages more
+  // threads than there are CPUs, so a thread that hands its work to another
+  // (the server's engine thread) must give its pool back first.
+  omp_pause_resource_all(omp_pause_soft);
+}
+
 std::vector<ThreadInfo> thread_report() {
   std::vector<ThreadInfo> report(static_cast<size_t>(omp_get_max_threads()));
   int team = 0;
