@@ -1,6 +1,7 @@
 // Boundary checks, block sums of x, the OpenMP split over weight rows and the
 // ISA choice for the quantized linear; the per-ISA kernels do the arithmetic.
 #include "linear/ops.h"
+#include "isa_select.h"
 
 #include <omp.h>
 
@@ -96,58 +97,19 @@ std::vector<float> block_sums(const LinearArgs& a) {
   return xs;
 }
 
-struct Isa {
-  const char* name;
-  RowsKernel kernel;
-  bool (*supported)();
-};
-
-bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-bool always() { return true; }
-
-const Isa kIsas[] = {  // best first
-    {"avx2", isa_avx2::linear_rows, cpu_has_avx2},
-    {"scalar", isa_scalar::linear_rows, always},
-};
-
-const Isa* pick(const std::string& name) {
-  for (const Isa& isa : kIsas)
-    if ((name == "auto" || name == isa.name) && isa.supported()) return &isa;
-  std::string known;
-  for (const std::string& s : supported_isas()) known += " " + s;
-  fail("linear ISA '" + name + "' is not available on this CPU (available: auto" + known + ")");
-}
-
-// PAGED_CPU_ISA (shared with the attention kernels) if this build offers it.
-const Isa* initial() {
-  const char* env = std::getenv("PAGED_CPU_ISA");
-  for (const Isa& isa : kIsas)
-    if (env && std::string(env) == isa.name && isa.supported()) return &isa;
-  return pick("auto");
-}
-
-const Isa*& active() {
-  static const Isa* isa = initial();
-  return isa;
+IsaSelector<RowsKernel>& selector() {
+  static IsaSelector<RowsKernel> s({{"avx2", isa_avx2::linear_rows, cpu_has_avx2},
+                                    {"scalar", isa_scalar::linear_rows, cpu_always}},
+                                   "linear");
+  return s;
 }
 
 }  // namespace
 
-RowsKernel active_kernel() { return active()->kernel; }
-const char* current_isa() { return active()->name; }
-void set_isa(const std::string& name) { active() = pick(name); }
-std::vector<std::string> supported_isas() {
-  std::vector<std::string> out;
-  for (const Isa& isa : kIsas)
-    if (isa.supported()) out.push_back(isa.name);
-  return out;
-}
+RowsKernel active_kernel() { return selector().active().kernel; }
+const char* current_isa() { return selector().active().name; }
+void set_isa(const std::string& name) { selector().set(name); }
+std::vector<std::string> supported_isas() { return selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention/tensor_args.h"
+#include "isa_select.h"
 #include "ops/ops.h"
 
 namespace paged::cpu::ops {
@@ -16,18 +17,14 @@ namespace {
 using attn::fail;
 using attn::TensorArg;
 
-bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
+IsaSelector<const RowKernels*>& selector() {
+  static IsaSelector<const RowKernels*> s({{"avx2", &isa_avx2::kKernels, cpu_has_avx2},
+                                           {"generic", &isa_generic::kKernels, cpu_always}},
+                                          "fused ops");
+  return s;
 }
 
-const RowKernels*& active() {
-  static const RowKernels* kernels = cpu_has_avx2() ? &isa_avx2::kKernels : &isa_generic::kKernels;
-  return kernels;
-}
+const RowKernels* active() { return selector().active().kernel; }
 
 // Below this many elements an OpenMP region costs more than it saves; such
 // calls (batch-1 decode) run on the calling thread.
@@ -175,15 +172,8 @@ void split_qkv(Array qkv, Array q, Array k, Array v) {
   });
 }
 
-std::string fused_ops_isa() { return active()->isa; }
+std::string fused_ops_isa() { return selector().active().name; }
 
-void set_fused_ops_isa(const std::string& name) {
-  if (name == "auto") active() = cpu_has_avx2() ? &isa_avx2::kKernels : &isa_generic::kKernels;
-  else if (name == "generic") active() = &isa_generic::kKernels;
-  else if (name == "avx2" && cpu_has_avx2()) active() = &isa_avx2::kKernels;
-  else
-    throw std::invalid_argument("fused ops ISA '" + name + "' is not available on this CPU (available: auto" +
-                                (cpu_has_avx2() ? ", avx2" : "") + ", generic)");
-}
+void set_fused_ops_isa(const std::string& name) { selector().set(name); }
 
 }  // namespace paged::cpu::ops
