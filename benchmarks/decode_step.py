@@ -24,6 +24,7 @@ import platform
 import time
 
 import torch
+from timing import best_time
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu import CpuBackend
@@ -36,16 +37,8 @@ from paged.core.models.layers import TorchLayerOps, layer_ops, linear
 BLOCK = 16
 
 
-def best_time(fn, min_time: float, max_reps: int = 500) -> float:
-    """Best seconds per call after two warm-up calls."""
-    fn(), fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 5 or (time.perf_counter() - start < min_time and len(times) < max_reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def _best_time(fn, min_time: float, max_reps: int = 500) -> float:
+    return best_time(fn, min_time, max_reps, warmup=2, min_reps=5)
 
 
 class DecodeCase:
@@ -136,7 +129,7 @@ def measure(case: DecodeCase, min_time: float, max_reps: int = 300) -> dict:
     ms = 1e3
     return dict(step_ms=total * ms, matmul_ms=matmul * ms, attention_ms=attention * ms,
                 rest_ms=(total - matmul - attention) * ms,
-                elementwise_ms=best_time(case.elementwise, min_time / 2) * ms)
+                elementwise_ms=_best_time(case.elementwise, min_time / 2) * ms)
 
 
 def main(argv=None) -> int:

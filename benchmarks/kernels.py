@@ -17,24 +17,12 @@ import platform
 import time
 
 import torch
+from timing import best_time
 
 from paged.backends.cpu import CpuBackend, ops
 from paged.backends.reference import ReferenceBackend
 
 ROTATE_BYTES = 768 << 20  # total cache memory cycled through (>> L3)
-
-
-def timed(fn, min_time: float, max_reps: int = 200) -> float:
-    """Best seconds per call after one warm-up call. On a shared machine the
-    best of many runs is the figure least distorted by other processes."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def memory_bandwidth(gib: int = 1) -> float:
@@ -76,8 +64,8 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
             be.paged_attention(out, query, kc, vc, tables, lens, be.scale, 0)
         return call
 
-    t_cpu = timed(run(cpu), min_time)
-    t_ref = timed(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
+    t_cpu = best_time(run(cpu), min_time)
+    t_ref = best_time(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
     kv_bytes = 2 * batch * context * kv_heads * head * elem
     return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "batch": batch, "context": context, "block_size": block_size,
@@ -97,7 +85,7 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
     vc = torch.randn_like(kc)
     res = {}
     for be in (CpuBackend(*cfg), ReferenceBackend(*cfg)):
-        res[be.name] = timed(lambda: be.prefill_attention(out, query, kc, vc, qsl, lens, table, be.scale, 0),
+        res[be.name] = best_time(lambda: be.prefill_attention(out, query, kc, vc, qsl, lens, table, be.scale, 0),
                              min_time, max_reps=20)
     return {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "tokens": tokens, "block_size": block_size,

@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from timing import best_time
 import torch.nn.functional as F
 
 from paged import _C_cpu as C
@@ -33,18 +34,6 @@ SHAPES = [
     ("down", "q4_1", 576, 1536, LAYERS),
     ("lm_head", "q8_0", 49152, 576, 1),
 ]
-
-
-def timed(fn, min_time: float, max_reps: int = 500) -> float:
-    """Best seconds per call after a warm-up (least disturbed by other load)."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < 3 or (time.perf_counter() - start < min_time and len(times) < max_reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
@@ -79,9 +68,9 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen) -> dict:
         for qs, d, m in weights:
             C.quant_linear(x, qtype, qs, d, m, out)
 
-    t_q = timed(quant, min_time) / copies
-    t_f32 = timed(lambda: [F.linear(x, w) for w in dense], min_time) / copies
-    t_bf16 = timed(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies
+    t_q = best_time(quant, min_time) / copies
+    t_f32 = best_time(lambda: [F.linear(x, w) for w in dense], min_time) / copies
+    t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies
     flop = 2.0 * m_rows * n * k
     return {
         "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies,

@@ -1,0 +1,19 @@
+"""Timing shared by the benchmarks (run as `python benchmarks/X.py`, which
+puts this folder on sys.path)."""
+
+import time
+
+
+def best_time(fn, min_time: float, max_reps: int = 500, warmup: int = 1, min_reps: int = 3) -> float:
+    """Best seconds per call after ``warmup`` calls, repeating for at least
+    ``min_time`` seconds. On a shared machine the best of many runs is the
+    figure least distorted by other processes."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < min_time and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
