@@ -85,10 +85,7 @@ class NpuBackend(ReferenceBackend):
 
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
-        self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
-        if seq_lens.shape[0] != query.shape[0]:
-            raise ValueError(f"query has {query.shape[0]} sequences but seq_lens has {seq_lens.shape[0]} "
-                             "(mismatched batch sizes)")
+        self._check_decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
         if not query.shape[0]:
             return
         lens = seq_lens.tolist()

@@ -84,12 +84,16 @@ class ReferenceBackend(AttentionBackend):
         v.check_block_tables(self, block_tables, seq_lens, key_cache.shape[0])
         v.check_scale_window(scale, window)
 
-    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
-                        scale: float, sliding_window: int = 0) -> None:
-        self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
+    def _check_decode(self, out, query, key_cache, value_cache, block_tables, seq_lens, scale, window):
+        """Decode arguments: the attention checks plus one sequence per query row."""
+        self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window)
         if seq_lens.shape[0] != query.shape[0]:
             raise ValueError(f"query has {query.shape[0]} sequences but seq_lens has {seq_lens.shape[0]} "
                              "(mismatched batch sizes)")
+
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None:
+        self._check_decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
         lens = seq_lens.tolist()
         for i, n in enumerate(lens):
             o = self._attend(query[i:i + 1], key_cache, value_cache, block_tables[i], n, scale,
