@@ -72,6 +72,29 @@ def test_tiny_chunked_prefill_budget_equals_alone(llm, engine, alone):
     assert tokens(outs) == alone + [ref]
 
 
+def test_long_prompt_in_one_chunk_equals_small_chunks(llm, engine):
+    """A prompt prefilled in one large chunk (packed weights run as a dense
+    GEMM from PAGED_DENSE_PREFILL_ROWS rows, backends/cpu/quant_linear.py) and
+    in 32-token chunks (the packed kernel) gives the same greedy tokens."""
+    from paged.backends.cpu import quant_linear
+
+    long_prompt = " ".join(PROMPTS * 6)
+    n = len(engine.tokenizer.encode(long_prompt))
+    assert n > quant_linear.DENSE_ROWS > 0, (n, quant_linear.DENSE_ROWS)
+    sched, kv = engine.scheduler, engine.kv_cache_manager
+    saved = sched.max_num_batched_tokens
+    kv.enable_prefix_caching = False  # the second run must recompute the prompt
+    try:
+        sched.max_num_batched_tokens = 512
+        one_chunk = llm.generate(long_prompt, GREEDY)[0].outputs[0].token_ids
+        sched.max_num_batched_tokens = 32
+        chunked = llm.generate(long_prompt, GREEDY)[0].outputs[0].token_ids
+    finally:
+        sched.max_num_batched_tokens = saved
+        kv.enable_prefix_caching = True
+    assert one_chunk == chunked
+
+
 def test_forced_preemption_equals_alone(llm, engine, alone):
     kv = engine.kv_cache_manager
     bs = kv.block_size

@@ -150,14 +150,22 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   float* w = static_cast<float*>(to.data);
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
+  // Rows in parallel (prefill dequantizes a matrix per call); built for the
+  // baseline ISA, so scale * q + offset is never contracted into an FMA and
+  // the values stay exactly gguf's.
+#pragma omp parallel for schedule(static) if (a.N * a.K >= kSerialMacs)
   for (int64_t n = 0; n < a.N; ++n) {
     const uint8_t* row = a.qs + n * a.row_bytes();
+    int codes[kBlock];
     for (int64_t b = 0; b < nb; ++b) {
+      for (int k = 0; k < kBlock; ++k) codes[k] = block_code(a.qtype, row, b, k);
       const float scale = a.d[n * nb + b];
-      const float offset = a.m ? a.m[n * nb + b] : 0.f;
-      for (int k = 0; k < kBlock; ++k) {
-        const float scaled = scale * float(block_code(a.qtype, row, b, k));
-        w[n * a.K + b * kBlock + k] = a.m ? scaled + offset : scaled;
+      float* dst = w + n * a.K + b * kBlock;
+      if (a.m) {
+        const float offset = a.m[n * nb + b];
+        for (int k = 0; k < kBlock; ++k) dst[k] = scale * float(codes[k]) + offset;
+      } else {
+        for (int k = 0; k < kBlock; ++k) dst[k] = scale * float(codes[k]);
       }
     }
   }
