@@ -77,8 +77,12 @@ def token_prompts(n: int, length: int, lo: int, hi: int, rng: random.Random) -> 
 
 
 async def count_tokens(client: httpx.AsyncClient, backend: str, model: str, text: str) -> int:
+    """Tokens the server counts in ``text``: /tokenize (paged, vLLM, llama.cpp's
+    llama-server), else llama-cpp-python's /extras/tokenize/count."""
     body = {"content": text} if backend == "llamacpp" else {"model": model, "prompt": text}
     r = await client.post("/tokenize", json=body)
+    if r.status_code == 404:
+        r = await client.post("/extras/tokenize/count", json={"input": text, "model": model})
     r.raise_for_status()
     data = r.json()
     return data["count"] if "count" in data else len(data["tokens"])
