@@ -3,7 +3,10 @@
     .venv/bin/python benchmarks/offline_throughput.py --num-prompts 16 --input-len 64 --output-len 64
 
 Systems: paged (bf16 and fp32) and HF transformers generate on the same GGUF
-(float32 and bfloat16), each at batch 1 and with all prompts batched.
+(float32 and bfloat16), each at batch 1 and with all prompts batched; with
+--llama-cpp-python PYTHON (the interpreter of a venv holding llama-cpp-python,
+see ../shared/PEERS.md) also llama.cpp on the GGUF's own quantized weights
+(system "llamacpp-q"; it has no batching, so its "batched" runs are serial).
 The prompts are the same random token ids for everyone; EOS is ignored so
 every system generates exactly --output-len tokens per prompt.
 
@@ -83,6 +86,41 @@ def bench_hf(model_path: str, dtype: str, prompts, output_len: int) -> dict:
             "threads": torch.get_num_threads()}
 
 
+# -- llama.cpp (llama-cpp-python, in its own venv) ---------------------------------
+_LLAMA_CPP_SCRIPT = r"""
+import json, sys, time
+from llama_cpp import Llama
+cfg = json.loads(sys.stdin.read())
+llm = Llama(cfg["model"], n_threads=cfg["threads"], n_ctx=cfg["n_ctx"], verbose=False)
+def run(prompt):
+    t0 = time.perf_counter(); first = None; n = 0
+    for _ in llm.create_completion(prompt, max_tokens=cfg["output_len"], temperature=0.0, repeat_penalty=1.0,
+                                   logit_bias={cfg["eos"]: -100.0}, stream=True):
+        n += 1
+        first = first or time.perf_counter()
+    return t0, first, time.perf_counter(), n
+run(cfg["prompts"][0][:8])  # warm-up
+t0, first, end, n = run(cfg["prompts"][0])
+start = time.perf_counter()
+total = sum(run(p)[3] for p in cfg["prompts"])
+wall = time.perf_counter() - start
+print(json.dumps({"batch1_decode_tok_s": (n - 1) / (end - first), "batch1_ttft_s": first - t0,
+                  "batched_output_tok_s": total / wall, "batched_wall_s": wall}))
+"""
+
+
+def bench_llama_cpp(python: str, model_path: str, prompts, output_len: int, threads: int) -> dict:
+    import subprocess
+
+    cfg = {"model": model_path, "prompts": prompts, "output_len": output_len, "threads": threads,
+           "n_ctx": max(len(p) for p in prompts) + output_len + 16, "eos": 2}
+    r = subprocess.run([python, "-c", _LLAMA_CPP_SCRIPT], input=json.dumps(cfg), capture_output=True,
+                       text=True, timeout=3600)
+    if r.returncode != 0:
+        raise SystemExit(f"llama-cpp-python run failed: {r.stderr.strip()[-500:]}")
+    return {"system": "llama.cpp", "dtype": "gguf", "threads": threads, **json.loads(r.stdout.strip().splitlines()[-1])}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="GGUF file (default: the default SmolLM2)")
@@ -92,6 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default="paged-bf16,paged-fp32,hf-fp32,hf-bf16",
                     help="comma list of paged-bf16, paged-fp32, hf-fp32, hf-bf16")
     ap.add_argument("--cpu-threads-bind", default="auto")
+    ap.add_argument("--llama-cpp-python", default=None, metavar="PYTHON",
+                    help="python of a venv with llama-cpp-python: adds llama.cpp (same GGUF, same prompts)")
     ap.add_argument("--json", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
@@ -110,6 +150,11 @@ def main(argv=None) -> int:
             results.append(bench_hf(model_path, dtype, prompts, args.output_len))
         else:
             raise SystemExit(f"unknown system {name!r}")
+
+    if args.llama_cpp_python:
+        print("running llama.cpp ...", file=sys.stderr, flush=True)
+        results.append(bench_llama_cpp(args.llama_cpp_python, model_path, prompts, args.output_len,
+                                       len(os.sched_getaffinity(0))))
 
     base = next((r for r in results if r["system"] == "hf-transformers" and r["dtype"] == "float32"), None)
     print(f"\n{args.num_prompts} prompts x {args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs")
