@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 
 import torch
 from timing import best_time

@@ -245,15 +245,9 @@ def _compile_template(source: str):
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _load_error(path, f"invalid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise _load_error(path, "expected a JSON object")
-    return data
+    from paged.core.loaders import read_json
+
+    return read_json(path, required=False)
 
 
 def _opt_int(v) -> int | None:

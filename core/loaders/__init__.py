@@ -9,6 +9,7 @@ in the requested dtype, whatever the source format.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,4 +70,19 @@ def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tens
                                        f"expected {shape} from the config")
 
 
-__all__ = ["ModelLoadError", "LoadedModel", "load_model_files", "check_weights"]
+def read_json(path: Path, required: bool) -> dict:
+    """A JSON object file of a model folder; {} when absent and not required;
+    ModelLoadError naming the file when it is not a JSON object."""
+    if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"{path}: missing (a Hugging Face model folder needs it)")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(path, f"invalid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise ModelLoadError(path, "expected a JSON object")
+    return data
+
+__all__ = ["ModelLoadError", "LoadedModel", "load_model_files", "check_weights", "read_json"]

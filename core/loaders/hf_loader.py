@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import Any
 import torch
 
 from paged.core.config import ModelConfig
-from paged.core.loaders import LoadedModel, ModelLoadError, check_weights
+from paged.core.loaders import LoadedModel, ModelLoadError, check_weights, read_json
 from paged.core.progress import ProgressBar
 
 logger = logging.getLogger("paged")
@@ -67,20 +66,6 @@ def _first(v):
     if isinstance(v, list):
         return int(v[0]) if v else None
     return None if v is None else int(v)
-
-
-def read_json(path: Path, required: bool) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise FileNotFoundError(f"{path}: missing (a Hugging Face model folder needs it)")
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelLoadError(path, f"invalid JSON ({e})") from e
-    if not isinstance(data, dict):
-        raise ModelLoadError(path, "expected a JSON object")
-    return data
 
 
 def load_safetensors(folder: Path, dtype: torch.dtype, quiet: bool) -> dict[str, torch.Tensor]:
