@@ -56,11 +56,13 @@ class Sampler:
         params = [s.params for s in seqs]
         want_lp = [p.logprobs is not None for p in params]
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        logits = logits.clone()
-
-        if any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params):
+        penalise = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
+        masked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        if penalise or masked:  # edited in place below; the caller's logits stay as they were
+            logits = logits.clone()
+        if penalise:
             self._apply_penalties(logits, seqs)
-        self._mask_until_min_tokens(logits, seqs)
+        self._mask_until_min_tokens(logits, [seqs[i] for i in masked], masked)
 
         temps = [p.temperature for p in params]
         tokens = logits.argmax(dim=-1)
@@ -99,15 +101,16 @@ class Sampler:
         logits.copy_(torch.where(seen, penalised, logits))
         logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
 
-    def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        for i, s in enumerate(seqs):
+    def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+        """Forbid stop tokens (and EOS unless ignored) in `rows`, whose
+        sequences (`seqs`, same order) have not reached min_tokens."""
+        for i, s in zip(rows, seqs):
             p = s.params
-            if s.num_output_tokens < p.min_tokens:
-                ids = list(p.stop_token_ids)
-                if not p.ignore_eos:
-                    ids += self.eos_token_ids
-                if ids:
-                    logits[i, ids] = float("-inf")
+            ids = list(p.stop_token_ids)
+            if not p.ignore_eos:
+                ids += self.eos_token_ids
+            if ids:
+                logits[i, ids] = float("-inf")
 
     def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         params = [s.params for s in seqs]
