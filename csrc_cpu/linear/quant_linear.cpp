@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -82,19 +83,44 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   }
 }
 
-// xs[b * M + r] = sum of x[r] over block b in the lane order of quant_linear.h.
-// Additions only, so no fma contraction can change it.
-std::vector<float> block_sums(const LinearArgs& a) {
-  const int64_t nb = a.blocks();
-  std::vector<float> xs(size_t(a.M * nb));
-  for (int64_t r = 0; r < a.M; ++r)
+// x as the kernels read it: int16 codes and block scales (quant_linear.h), and
+// for q4_1 the exact fp32 block sums. Plain C++ on the calling thread, once per
+// call, so every build and tiling sees the same values: fp32 divisions and
+// lrint (the default rounding mode rounds half to even), no contraction.
+struct QuantizedX {
+  std::vector<int16_t> codes;  // [M, K]
+  std::vector<float> scales;   // [M, K/32]
+  std::vector<float> sums;     // [K/32, M], q4_1 only
+};
+
+QuantizedX quantize_x(const float* x, int64_t M, int64_t K, bool with_sums) {
+  const int64_t nb = K / kBlock;
+  QuantizedX q{std::vector<int16_t>(size_t(M * K)), std::vector<float>(size_t(M * nb)),
+               std::vector<float>(with_sums ? size_t(M * nb) : 0)};
+  const float limit = float(kActMax);
+  for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
-      const float* x = a.x + r * a.K + b * kBlock;
-      float lanes[8];
-      for (int l = 0; l < 8; ++l) lanes[l] = ((x[l] + x[8 + l]) + x[16 + l]) + x[24 + l];
-      xs[size_t(b * a.M + r)] = hsum8(lanes);
+      const float* xb = x + r * K + b * kBlock;
+      float amax = 0.f;
+      for (int k = 0; k < kBlock; ++k) {
+        const float v = std::fabs(xb[k]);
+        amax = (v > amax || v != v) ? v : amax;  // a NaN sticks, so the output becomes NaN
+      }
+      const float s = amax / limit;
+      q.scales[size_t(r * nb + b)] = s;
+      int16_t* codes = q.codes.data() + r * K + b * kBlock;
+      for (int k = 0; k < kBlock; ++k) {
+        float v = s > 0.f ? xb[k] / s : 0.f;  // s = 0: an all-zero block
+        v = v > limit ? limit : (v < -limit ? -limit : (v == v ? v : 0.f));
+        codes[k] = int16_t(std::lrint(v));
+      }
+      if (with_sums) {
+        float lanes[kLanes];
+        for (int l = 0; l < kLanes; ++l) lanes[l] = ((xb[l] + xb[8 + l]) + xb[16 + l]) + xb[24 + l];
+        q.sums[size_t(b * M + r)] = hsum8(lanes);
+      }
     }
-  return xs;
+  return q;
 }
 
 IsaSelector<RowsKernel>& selector() {
@@ -121,18 +147,19 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   require_shape(tx, a.M, a.K, "x is [M, K] with K the weight's input size");
   const attn::TensorArg to = matrix("out", out, nb::dtype<float>());
   require_shape(to, a.M, a.N, "out is [M, N] with N the weight's output size");
-  a.x = static_cast<const float*>(tx.data);
   a.out = static_cast<float*>(to.data);
-  const std::vector<float> xs = a.qtype == QType::Q4_1 ? block_sums(a) : std::vector<float>();
-  a.xs = xs.data();
+  nb::gil_scoped_release no_gil;
+  const QuantizedX qx = quantize_x(static_cast<const float*>(tx.data), a.M, a.K, a.qtype == QType::Q4_1);
+  a.xq = qx.codes.data();
+  a.xscale = qx.scales.data();
+  a.xs = qx.sums.data();
 
   const RowsKernel kernel = active_kernel();
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
-  nb::gil_scoped_release no_gil;
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> scratch;
+    std::vector<int16_t> scratch;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
       kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);
