@@ -14,14 +14,34 @@ from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
+import subprocess
+import sys
+import tempfile
 
 import torch
 from timing import best_time
 import torch.nn.functional as F
 
-from paged import _C_cpu as C
+from paged.backends.cpu import dl
+
+C = None  # the extension under test, set by load_extension()
+
+
+def load_extension(path: str | None) -> None:
+    """paged._C_cpu, or the build at `path` under that name (before anything
+    else imports it, so the whole process uses that build)."""
+    global C
+    if path:
+        spec = importlib.util.spec_from_file_location("paged._C_cpu", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["paged._C_cpu"] = module
+        spec.loader.exec_module(module)
+    from paged import _C_cpu
+
+    C = _C_cpu
 
 LAYERS = 30
 # name, qtype, N, K, count per model step
@@ -46,7 +66,7 @@ def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
     return qs, d, m
 
 
-def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen) -> dict:
+def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=True) -> dict:
     """Times one call per copy, cycling through `copies` distinct weights (one
     per layer), so dense weights come from DRAM as in a real step."""
     weights, dense, dense_bf16 = [], [], []
@@ -65,11 +85,12 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen) -> dict:
 
     def quant():
         for qs, d, m in weights:
-            C.quant_linear(x, qtype, qs, d, m, out)
+            C.quant_linear(dl(x), qtype, dl(qs), dl(d), dl(m), dl(out))
 
     t_q = best_time(quant, min_time) / copies
-    t_f32 = best_time(lambda: [F.linear(x, w) for w in dense], min_time) / copies
-    t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies
+    nan = float("nan")
+    t_f32 = best_time(lambda: [F.linear(x, w) for w in dense], min_time) / copies if with_torch else nan
+    t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies if with_torch else nan
     flop = 2.0 * m_rows * n * k
     return {
         "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies,
@@ -79,48 +100,82 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen) -> dict:
     }
 
 
+def measure(rows_list, threads, min_time, with_torch, show) -> list[dict]:
+    torch.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    if show:
+        print(f"{'shape':8} {'qtype':5} {'N':>6} {'K':>5} {'M':>4} | {'quant us':>9} {'GB/s':>6} {'GFLOP/s':>8} |"
+              f" {'fp32 us':>9} {'bf16 us':>9} | {'x fp32':>6} {'x bf16':>6}")
+    for m_rows in rows_list:
+        for name, qtype, n, k, count in SHAPES:
+            # Many rows are compute-bound: one weight (cached) is representative and quicker.
+            copies = count if m_rows <= ROTATE_MAX_ROWS else 1
+            r = bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch)
+            rows.append(r)
+            if show:
+                print(f"{name:8} {qtype:5} {n:6} {k:5} {m_rows:4} | {r['quant_us']:9.1f} {r['quant_GBps']:6.1f}"
+                      f" {r['quant_GFLOPs']:8.1f} | {r['torch_fp32_us']:9.1f} {r['torch_bf16_us']:9.1f} |"
+                      f" {r['speedup_vs_fp32']:6.2f} {r['speedup_vs_bf16']:6.2f}")
+    return rows
+
+
+def whole_model(rows: list[dict], m_rows: int, key: str) -> float:
+    """Milliseconds per step of the 30 layers + lm_head."""
+    per = {r["name"]: r for r in rows if r["M"] == m_rows}
+    return sum(per[name][key] * count for name, _, _, _, count in SHAPES) / 1e3
+
+
+def run_baseline(args) -> list[dict]:
+    """This script's measurement of the build at args.baseline, in a child process."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, "--extension", args.baseline, "--no-torch", "--json", f.name,
+               "--threads", str(args.threads), "--rows", *map(str, args.rows)] + (["--quick"] if args.quick else [])
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.load(f)["shapes"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="shorter timing loops")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--isa", default="auto", help=f"one of auto, {', '.join(C.supported_linear_isas())}")
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 256])
+    ap.add_argument("--isa", default="auto", help="auto or a build from paged._C_cpu.supported_linear_isas()")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 256])
+    ap.add_argument("--baseline", help="another _C_cpu*.so to time side by side (child process, default ISA)")
+    ap.add_argument("--extension", help=argparse.SUPPRESS)  # the child's build under test
+    ap.add_argument("--no-torch", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    baseline = run_baseline(args) if args.baseline else None
+    load_extension(args.extension)
     C.set_linear_isa(args.isa)
     min_time = 0.2 if args.quick else 0.6
-    gen = torch.Generator().manual_seed(0)
 
-    rows = []
     print(f"isa={C.linear_isa()} threads={args.threads} torch={torch.__version__} cpu={platform.processor()}")
-    print(f"{'shape':8} {'qtype':5} {'N':>6} {'K':>5} {'M':>4} | {'quant us':>9} {'GB/s':>6} {'GFLOP/s':>8} |"
-          f" {'fp32 us':>9} {'bf16 us':>9} | {'x fp32':>6} {'x bf16':>6}")
-    for m_rows in args.rows:
-        for name, qtype, n, k, count in SHAPES:
-            # Many rows are compute-bound: one weight (cached) is representative and quicker.
-            copies = count if m_rows <= ROTATE_MAX_ROWS else 1
-            r = bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen)
-            rows.append(r)
-            print(f"{name:8} {qtype:5} {n:6} {k:5} {m_rows:4} | {r['quant_us']:9.1f} {r['quant_GBps']:6.1f}"
-                  f" {r['quant_GFLOPs']:8.1f} | {r['torch_fp32_us']:9.1f} {r['torch_bf16_us']:9.1f} |"
-                  f" {r['speedup_vs_fp32']:6.2f} {r['speedup_vs_bf16']:6.2f}")
-
+    rows = measure(args.rows, args.threads, min_time, not args.no_torch, show=not args.no_torch)
     model = {}
     for m_rows in args.rows:
-        per = {r["name"]: r for r in rows if r["M"] == m_rows}
-        counts = {name: count for name, _, _, _, count in SHAPES}
-        total = {key: sum(per[name][key] * counts[name] for name in counts) / 1e3
-                 for key in ("quant_us", "torch_fp32_us", "torch_bf16_us")}
+        total = {key: whole_model(rows, m_rows, key) for key in ("quant_us", "torch_fp32_us", "torch_bf16_us")}
         model[m_rows] = {"quant_ms": total["quant_us"], "torch_fp32_ms": total["torch_fp32_us"],
                          "torch_bf16_ms": total["torch_bf16_us"]}
         print(f"whole model (30 layers + lm_head) M={m_rows}: quant {total['quant_us']:.2f} ms,"
               f" torch fp32 {total['torch_fp32_us']:.2f} ms, torch bf16 {total['torch_bf16_us']:.2f} ms"
               f" -> x{total['torch_fp32_us'] / total['quant_us']:.2f} vs fp32,"
               f" x{total['torch_bf16_us'] / total['quant_us']:.2f} vs bf16")
+    if baseline:
+        print(f"\nbaseline {args.baseline} (measured first) vs this build:")
+        print(f"{'shape':8} {'M':>4} | {'base us':>9} {'this us':>9} | {'speedup':>7}")
+        for old, new in zip(baseline, rows):
+            print(f"{new['name']:8} {new['M']:4} | {old['quant_us']:9.1f} {new['quant_us']:9.1f} |"
+                  f" {old['quant_us'] / new['quant_us']:7.2f}")
+        for m_rows in args.rows:
+            old_ms, new_ms = whole_model(baseline, m_rows, "quant_us"), model[m_rows]["quant_ms"]
+            model[m_rows]["baseline_quant_ms"] = old_ms
+            print(f"whole model M={m_rows}: baseline {old_ms:.2f} ms -> {new_ms:.2f} ms (x{old_ms / new_ms:.2f})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"isa": C.linear_isa(), "threads": args.threads, "shapes": rows, "model": model}, f, indent=1)
+            json.dump({"isa": C.linear_isa(), "threads": args.threads, "shapes": rows, "model": model,
+                       "baseline": args.baseline, "baseline_shapes": baseline}, f, indent=1)
     C.set_linear_isa("auto")
 
 
