@@ -13,7 +13,8 @@ namespace paged::cpu {
 void register_linear(nb::module_& m) {
   namespace l = linear;
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
-        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks.");
+        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks; x is "
+        "quantized to int16 per 32-block (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
   m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");

@@ -1,4 +1,4 @@
-// Boundary checks, block sums of x, the OpenMP split over weight rows and the
+// Boundary checks, the int16 quantization of x, the OpenMP split over weight rows and the
 // ISA choice for the quantized linear; the per-ISA kernels do the arithmetic.
 #include "linear/ops.h"
 #include "isa_select.h"
