@@ -2,7 +2,7 @@
 attention and everything else, with the fused C++ layer ops and with the
 torch ops side by side (same run, same weights, same cache).
 
-    python benchmarks/decode_step.py [--batch 1 16] [--context 128] [--dtype float32]
+    python benchmarks/decode_step.py [--batch 1 16] [--context 128] [--dtype float32] [--weights packed|dense]
                                      [--threads N] [--min-time 2] [--json PATH]
 
 Columns (milliseconds per step, best of many runs: the figure least distorted
@@ -33,6 +33,7 @@ from paged.core.model_files import default_model_path
 from paged.core.models import build_model
 from paged.core.models import llama
 from paged.core.models.layers import TorchLayerOps, layer_ops, linear
+from paged.platforms.cpu import CpuPlatform
 
 BLOCK = 16
 
@@ -138,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=128, help="tokens per sequence, the new one included")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: as is)")
+    ap.add_argument("--weights", choices=("packed", "dense"), default="packed",
+                    help="GGUF Q4/Q8 matrices kept packed, as the engine runs them (default), or dequantized")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of repeats per figure")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -145,11 +148,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
-    loaded = load_model_files(str(default_model_path()))
+    packed_linear = CpuPlatform().packed_linear_cls() if args.weights == "packed" else None
+    loaded = load_model_files(str(default_model_path()), dtype, keep_packed=packed_linear is not None)
     c = loaded.config
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype, "cpu",
                          sliding_window=c.sliding_window)
-    model = build_model(c, loaded.weights, dtype, "cpu", backend)
+    model = build_model(c, loaded.weights, dtype, "cpu", backend, packed_linear)
     variants = {"fused": layer_ops("cpu", dtype), "torch": TorchLayerOps()}
     if variants["fused"].name != "cpu-fused":
         print("note: fused CPU ops unavailable (PAGED_FUSED_OPS=0 or extension not built)")
@@ -163,6 +167,7 @@ def main(argv=None) -> int:
 
     cols = ["step_ms", "matmul_ms", "attention_ms", "rest_ms", "elementwise_ms"]
     print(f"decode step, default model ({c.num_layers} layers, hidden {c.hidden_size}), {args.dtype}, "
+          f"{args.weights} weights, "
           f"context {args.context}, {torch.get_num_threads()} threads; ms per step, best of runs")
     print(f"{'batch':>5} {'ops':>6} " + " ".join(f"{k[:-3]:>11}" for k in cols))
     for r in results:
