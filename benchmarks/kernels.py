@@ -4,7 +4,10 @@ Decode: batch x context x dtype, reporting time per call, GB/s of K/V read,
 that as a % of this machine's memory bandwidth (measured in the same run by
 copying a 1 GiB tensor), and the speedup over ReferenceBackend. The caches
 are rotated over several layers whose total is far larger than the L3, so the
-figures are DRAM-bound like a real model's. Prefill: tokens/s at 512 tokens.
+figures are DRAM-bound like a real model's. As a yardstick for the scattered
+access, "gather GB/s" is torch.index_select copying the same K/V blocks in
+block-table order (the same bytes read, plus writing them). Prefill: tokens/s
+at 512 tokens.
 
     python benchmarks/kernels.py [--quick] [--json PATH] [--threads N]
 """
@@ -66,11 +69,29 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
 
     t_cpu = best_time(run(cpu), min_time)
     t_ref = best_time(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
+    t_gather = gather_time(caches, tables, min_time / 2)
     kv_bytes = 2 * batch * context * kv_heads * head * elem
     return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "batch": batch, "context": context, "block_size": block_size,
             "cpu_ms": t_cpu * 1e3, "ref_ms": t_ref * 1e3, "gbps": kv_bytes / t_cpu / 1e9,
+            "gather_gbps": kv_bytes / t_gather / 1e9,
             "speedup": t_ref / t_cpu, "layers_rotated": num_layers}
+
+
+def gather_time(caches, tables, min_time) -> float:
+    """Best seconds to copy one layer's K and V blocks in block-table order
+    with torch.index_select into preallocated buffers."""
+    idx = tables.flatten().long()
+    kbuf = caches[0][0].new_empty((idx.numel(),) + caches[0][0].shape[1:])
+    vbuf = torch.empty_like(kbuf)
+    layer = [0]
+
+    def call():
+        kc, vc = caches[layer[0] % len(caches)]
+        layer[0] += 1
+        torch.index_select(kc, 0, idx, out=kbuf)
+        torch.index_select(vc, 0, idx, out=vbuf)
+    return best_time(call, min_time, max_reps=50)
 
 
 def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
@@ -111,7 +132,8 @@ def main(argv=None):
     batches, contexts = ((1, 32), (128, 4096)) if args.quick else ((1, 8, 32), (128, 1024, 4096))
     shapes = [(9, 3, 64)]
     results = []
-    hdr = f"{'dtype':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'ref ms':>8} {'GB/s':>6} {'%bw':>5} {'x ref':>6}"
+    hdr = (f"{'dtype':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'ref ms':>8} {'GB/s':>6} {'%bw':>5} "
+           f"{'x ref':>6} {'gather GB/s':>11}")
     print(hdr)
     for dtype in (torch.bfloat16, torch.float32):
         cases = [(s, b, c) for s in shapes for b in batches for c in contexts]
@@ -121,7 +143,7 @@ def main(argv=None):
             r["pct_bw"] = 100 * r["gbps"] / bw
             results.append(r)
             print(f"{r['dtype']:9} {f'{h}/{hkv}/{d}':10} {b:>5} {c:>5} {r['cpu_ms']:8.3f} {r['ref_ms']:8.2f} "
-                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f}")
+                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f} {r['gather_gbps']:11.1f}")
     print(f"\n{'prefill':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6}")
     for dtype in (torch.bfloat16, torch.float32):
         r = prefill_case(9, 3, 64, 512, dtype, args.block_size, min_time)
