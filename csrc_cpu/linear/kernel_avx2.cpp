@@ -1,9 +1,10 @@
-// AVX2 + FMA build of the quantized linear with int16 activations, as register
-// tiles of outputs (activation rows x weight rows) that all keep the
+// AVX2 + FMA build of the quantized linear with two-term int16 activations, as
+// register tiles of outputs (activation rows x weight rows) that all keep the
 // per-output order of quant_linear.h. A block's 32 codes become two int16
-// vectors (elements 0-15, 16-31); vpmaddwd with the activations and one add
-// give the 8 exact int32 lane sums, then one convert, one multiply by the
-// row's scale s and one fma with the weight's scale d per block.
+// vectors (elements 0-15, 16-31), shared by both activation terms; per term
+// two vpmaddwd and one add give the 8 exact int32 lane sums, then per block
+// two converts, a multiply by s, an fma with s_lo and an fma with the
+// weight's scale d.
 //  - few rows (M <= kDirectMaxRows): each block is widened from its packed
 //    bytes in registers and used for every row of x; several weight rows per
 //    pass give independent accumulator chains and share the x loads.
@@ -83,11 +84,18 @@ struct Widened {  // int16 codes already in the panel scratch (in L1: no prefetc
   }
 };
 
-// s * float(the 8 lane sums of codes * activations over one block).
-PAGED_AVX2 inline __m256 scaled_dot(const __m256i q[2], const int16_t* x, __m256 s) {
+// Exact int32 lane sums of a block's codes times 16 + 16 int16 activations.
+PAGED_AVX2 inline __m256i lane_dots(const __m256i q[2], const int16_t* x) {
   const __m256i lo = _mm256_madd_epi16(q[0], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
   const __m256i hi = _mm256_madd_epi16(q[1], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16)));
-  return _mm256_mul_ps(s, _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)));
+  return _mm256_add_epi32(lo, hi);
+}
+
+// t = fma(float(L), s_lo, s * float(I)) over one block: I from the hi codes, L
+// from the lo codes (x points at the block's hi codes, its lo codes follow).
+PAGED_AVX2 inline __m256 scaled_dot(const __m256i q[2], const int16_t* x, __m256 s, __m256 s_lo) {
+  const __m256 hi = _mm256_mul_ps(s, _mm256_cvtepi32_ps(lane_dots(q, x)));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(lane_dots(q, x + kBlock)), s_lo, hi);
 }
 
 PAGED_AVX2 inline float hsum(__m256 v) {
@@ -136,19 +144,23 @@ PAGED_AVX2 void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0
   const float* s[R];
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r) {
-    x[r] = a.xq + (r0 + r) * a.K;
-    s[r] = a.xscale + (r0 + r) * nb;
+    x[r] = a.xq + (r0 + r) * nb * kXBlock;
+    s[r] = a.xscale + (r0 + r) * nb * 2;
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < nb; ++b) {
-    __m256 sb[R];
-    for (int r = 0; r < R; ++r) sb[r] = _mm256_broadcast_ss(s[r] + b);
+    __m256 sb[R], sb_lo[R];
+    for (int r = 0; r < R; ++r) {
+      sb[r] = _mm256_broadcast_ss(s[r] + 2 * b);
+      sb_lo[r] = _mm256_broadcast_ss(s[r] + 2 * b + 1);
+    }
     for (int c = 0; c < C; ++c) {
       __m256i q[2];
       src[c].load(b, q);
       src[c].prefetch(b);
       const __m256 db = _mm256_broadcast_ss(d[c] + b);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, scaled_dot(q, x[r] + b * kBlock, sb[r]), acc[r][c]);
+      for (int r = 0; r < R; ++r)
+        acc[r][c] = _mm256_fmadd_ps(db, scaled_dot(q, x[r] + b * kXBlock, sb[r], sb_lo[r]), acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 #include "attention/tensor_args.h"
 
@@ -83,37 +84,59 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   }
 }
 
-// x as the kernels read it: int16 codes and block scales (quant_linear.h), and
-// for q4_1 the exact fp32 block sums. Plain C++ on the calling thread, once per
-// call, so every build and tiling sees the same values: fp32 divisions and
-// lrint (the default rounding mode rounds half to even), no contraction.
+// x as the kernels read it: two-term int16 codes and block scales
+// (quant_linear.h), and for q4_1 the exact fp32 block sums. Plain C++ on the
+// calling thread, once per call, so every build and tiling sees the same
+// values: fp32 divisions, std::fma for the residual and lrint (the default
+// rounding mode rounds half to even).
 struct QuantizedX {
-  std::vector<int16_t> codes;  // [M, K]
-  std::vector<float> scales;   // [M, K/32]
+  std::vector<int16_t> codes;  // [M, K/32, 2 * 32]: hi codes, then lo codes
+  std::vector<float> scales;   // [M, K/32, 2]: s, s_lo
   std::vector<float> sums;     // [K/32, M], q4_1 only
 };
 
+// round_half_even(v / scale) clamped to +-kActMax; 0 for scale 0 or NaN.
+int16_t int16_code(float v, float scale) {
+  const float limit = float(kActMax);
+  float q = scale > 0.f ? v / scale : 0.f;
+  q = q > limit ? limit : (q < -limit ? -limit : (q == q ? q : 0.f));
+  return int16_t(std::lrint(q));
+}
+
+// One block of 32 values into hi / lo codes; returns (s, s_lo).
+//
+// The residual x - s*hi is exact in fp32, so the fma returns it unrounded:
+// if |x| >= s, x and s*hi are multiples of ulp(s) and |x - s*hi| <= s/2 (plus
+// a hair from the rounded division) < 2^24 ulp(s); if |x| < s, hi is 0
+// (residual x) or +-1 with fl(x/s) > 1/2, so s/2 < |x| < s and x - s is
+// exact by Sterbenz's lemma. Only s_lo's resolution is then lost: s_lo/2 per
+// element, s_lo at a tie |res| = s/2 whose lo code is clamped to 32767.
+std::pair<float, float> quantize_block(const float* xb, int16_t* hi, int16_t* lo) {
+  float amax = 0.f;
+  for (int k = 0; k < kBlock; ++k) {
+    const float v = std::fabs(xb[k]);
+    amax = (v > amax || v != v) ? v : amax;  // a NaN sticks, so the output becomes NaN
+  }
+  const float s = amax / float(kActMax);
+  const float s_lo = s * kLoScale;
+  for (int k = 0; k < kBlock; ++k) {
+    hi[k] = int16_code(xb[k], s);
+    lo[k] = int16_code(std::fma(-s, float(hi[k]), xb[k]), s_lo);
+  }
+  return {s, s_lo};
+}
+
 QuantizedX quantize_x(const float* x, int64_t M, int64_t K, bool with_sums) {
   const int64_t nb = K / kBlock;
-  QuantizedX q{std::vector<int16_t>(size_t(M * K)), std::vector<float>(size_t(M * nb)),
+  QuantizedX q{std::vector<int16_t>(size_t(M * nb * kXBlock)), std::vector<float>(size_t(M * nb * 2)),
                std::vector<float>(with_sums ? size_t(M * nb) : 0)};
-  const float limit = float(kActMax);
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
-      float amax = 0.f;
-      for (int k = 0; k < kBlock; ++k) {
-        const float v = std::fabs(xb[k]);
-        amax = (v > amax || v != v) ? v : amax;  // a NaN sticks, so the output becomes NaN
-      }
-      const float s = amax / limit;
-      q.scales[size_t(r * nb + b)] = s;
-      int16_t* codes = q.codes.data() + r * K + b * kBlock;
-      for (int k = 0; k < kBlock; ++k) {
-        float v = s > 0.f ? xb[k] / s : 0.f;  // s = 0: an all-zero block
-        v = v > limit ? limit : (v < -limit ? -limit : (v == v ? v : 0.f));
-        codes[k] = int16_t(std::lrint(v));
-      }
+      int16_t* codes = q.codes.data() + (r * nb + b) * kXBlock;
+      const auto [s, s_lo] = quantize_block(xb, codes, codes + kBlock);
+      q.scales[size_t(2 * (r * nb + b))] = s;
+      q.scales[size_t(2 * (r * nb + b) + 1)] = s_lo;
       if (with_sums) {
         float lanes[kLanes];
         for (int l = 0; l < kLanes; ++l) lanes[l] = ((xb[l] + xb[8 + l]) + xb[16 + l]) + xb[24 + l];

@@ -1,21 +1,29 @@
-// Linear layers on GGUF-packed weights (Q4_0 / Q4_1 / Q8_0) with int16
-// activations (contract: docs/kernels.md, "Quantized linear (CPU)").
+// Linear layers on GGUF-packed weights (Q4_0 / Q4_1 / Q8_0) with two-term
+// int16 activations (contract: docs/kernels.md, "Quantized linear (CPU)").
 //
 // Once per call, each row r of x is quantized per 32-element block b:
-//   s[r, b] = max|x[r, b's elements]| / 32767          (fp32 division; 0 for a zero block)
-//   a[r, k] = clamp(round_half_even(x[r, k] / s), +-32767)   (fp32 division)
+//   s      = max|x[r, b's elements]| / 32767       (fp32 division; 0 for a zero block)
+//   hi[k]  = clamp(round_half_even(x[k] / s), +-32767)           (fp32 division)
+//   res[k] = fma(-s, hi[k], x[k])                  (exact: |res| <= s/2, see quantize_x)
+//   s_lo   = s * 2^-16                             (exact unless s is subnormal)
+//   lo[k]  = clamp(round_half_even(res[k] / s_lo), +-32767)      (fp32 division)
+// so x[k] = s * hi[k] + s_lo * lo[k] up to s_lo/2 (s_lo at a clamped tie),
+// ~2^-32 of the block's largest value: below fp32 rounding.
 // Every output out[r, n] is then evaluated in one fixed order that does not
 // depend on M, on how rows are tiled, on the thread count or on the ISA: per
 // block b and lane l < 8
-//   I[l]   = sum of Q[k] * a[k] over k in {2l, 2l+1, 16+2l, 17+2l}   (int32, exact)
-//   acc[l] = fma(d_b, s[r, b] * float(I[l]), acc[l])
+//   I[l]   = sum of Q[k] * hi[k] over k in {2l, 2l+1, 16+2l, 17+2l}   (int32, exact)
+//   L[l]   = the same sum of Q[k] * lo[k]                              (int32, exact)
+//   t      = fma(float(L[l]), s_lo, s * float(I[l]))  (the product rounded on its own)
+//   acc[l] = fma(d_b, t, acc[l])
 //   sm     = fma(m_b, xs[r, b], sm)                  (Q4_1 only)
 // then out = hsum8(acc) + sm, where Q are the integer codes (q - 8 for Q4_0),
 // xs[r, b] = hsum8 of the lane sums of x over block b and hsum8 is
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). |I[l]| <= 4 * 128 * 32767 < 2^24, so
-// float(I[l]) is exact. The lanes are those of AVX2's vpmaddwd on the codes of
-// elements 0-15 and 16-31; the scalar build emulates them, so all builds agree
-// bitwise.
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). |I|, |L| <= 4 * 128 * 32767 < 2^24,
+// so float(I) and float(L) are exact (and vpmaddwd's pair sums cannot
+// overflow: no code is -32768). The lanes are those of AVX2's vpmaddwd on the
+// codes of elements 0-15 and 16-31; the scalar build emulates them, so all
+// builds agree bitwise.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +35,17 @@ namespace paged::cpu::linear {
 constexpr int64_t kBlock = 32;  // weights per quant block along K
 constexpr int kLanes = 8;       // fp32 accumulator lanes per output
 constexpr int32_t kActMax = 32767;  // int16 activations lie in [-kActMax, kActMax]
+constexpr float kLoScale = 1.f / 65536.f;  // s_lo = s * kLoScale (a power of two: exact)
+// x's quantized block b of a row: kBlock hi codes, then kBlock lo codes.
+constexpr int64_t kXBlock = 2 * kBlock;
 
 enum class QType { Q4_0, Q4_1, Q8_0 };
 
 struct LinearArgs {
   QType qtype;
   int64_t M = 0, N = 0, K = 0;
-  const int16_t* xq = nullptr;  // [M, K] x quantized per block
-  const float* xscale = nullptr;  // [M, K/32] the scales s of xq's blocks
+  const int16_t* xq = nullptr;  // [M, 2K] x quantized per block: hi codes then lo codes
+  const float* xscale = nullptr;  // [M, K/32, 2] the scales (s, s_lo) of xq's blocks
   const uint8_t* qs = nullptr;  // [N, K/2] nibbles or [N, K] int8
   const float* d = nullptr;     // [N, K/32]
   const float* m = nullptr;     // [N, K/32] for Q4_1, else null
