@@ -9,6 +9,7 @@ from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Th
 (30 layers + lm_head) of the matmul time per step at M = 1 and M = 16.
 
     python benchmarks/quant_linear.py [--quick] [--json PATH] [--threads N] [--isa NAME]
+        [--rows M ...] [--baseline OLD_C_CPU_SO ...]
 """
 
 from __future__ import annotations
@@ -126,10 +127,10 @@ def whole_model(rows: list[dict], m_rows: int, key: str) -> float:
     return sum(per[name][key] * count for name, _, _, _, count in SHAPES) / 1e3
 
 
-def run_baseline(args) -> list[dict]:
-    """This script's measurement of the build at args.baseline, in a child process."""
+def run_baseline(args, path: str) -> list[dict]:
+    """This script's measurement of the build at `path`, in a child process."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, __file__, "--extension", args.baseline, "--no-torch", "--json", f.name,
+        cmd = [sys.executable, __file__, "--extension", path, "--no-torch", "--json", f.name,
                "--threads", str(args.threads), "--rows", *map(str, args.rows)] + (["--quick"] if args.quick else [])
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return json.load(f)["shapes"]
@@ -142,11 +143,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--isa", default="auto", help="auto or a build from paged._C_cpu.supported_linear_isas()")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 256])
-    ap.add_argument("--baseline", help="another _C_cpu*.so to time side by side (child process, default ISA)")
+    ap.add_argument("--baseline", nargs="+", default=[],
+                    help="other _C_cpu*.so builds to time side by side (child processes, default ISA)")
     ap.add_argument("--extension", help=argparse.SUPPRESS)  # the child's build under test
     ap.add_argument("--no-torch", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    baseline = run_baseline(args) if args.baseline else None
+    baselines = [run_baseline(args, path) for path in args.baseline]
     load_extension(args.extension)
     C.set_linear_isa(args.isa)
     min_time = 0.2 if args.quick else 0.6
@@ -162,20 +164,27 @@ def main() -> None:
               f" torch fp32 {total['torch_fp32_us']:.2f} ms, torch bf16 {total['torch_bf16_us']:.2f} ms"
               f" -> x{total['torch_fp32_us'] / total['quant_us']:.2f} vs fp32,"
               f" x{total['torch_bf16_us'] / total['quant_us']:.2f} vs bf16")
-    if baseline:
-        print(f"\nbaseline {args.baseline} (measured first) vs this build:")
-        print(f"{'shape':8} {'M':>4} | {'base us':>9} {'this us':>9} | {'speedup':>7}")
-        for old, new in zip(baseline, rows):
-            print(f"{new['name']:8} {new['M']:4} | {old['quant_us']:9.1f} {new['quant_us']:9.1f} |"
-                  f" {old['quant_us'] / new['quant_us']:7.2f}")
+    if baselines:
+        names = [f"base{i + 1}" for i in range(len(baselines))]
+        print("\nbaselines (measured first) vs this build:")
+        for name, path in zip(names, args.baseline):
+            print(f"  {name} = {path}")
+        print(f"{'shape':8} {'M':>4} | " + " ".join(f"{n + ' us':>9}" for n in names) + f" {'this us':>9} | "
+              + " ".join(f"{'x ' + n:>8}" for n in names))
+        for i, new in enumerate(rows):
+            olds = [b[i]["quant_us"] for b in baselines]
+            print(f"{new['name']:8} {new['M']:4} | " + " ".join(f"{o:9.1f}" for o in olds) + f" {new['quant_us']:9.1f} | "
+                  + " ".join(f"{o / new['quant_us']:8.2f}" for o in olds))
         for m_rows in args.rows:
-            old_ms, new_ms = whole_model(baseline, m_rows, "quant_us"), model[m_rows]["quant_ms"]
-            model[m_rows]["baseline_quant_ms"] = old_ms
-            print(f"whole model M={m_rows}: baseline {old_ms:.2f} ms -> {new_ms:.2f} ms (x{old_ms / new_ms:.2f})")
+            olds = [whole_model(b, m_rows, "quant_us") for b in baselines]
+            new_ms = model[m_rows]["quant_ms"]
+            model[m_rows]["baseline_quant_ms"] = olds
+            print(f"whole model M={m_rows}: " + ", ".join(f"{n} {o:.2f} ms" for n, o in zip(names, olds))
+                  + f", this {new_ms:.2f} ms")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"isa": C.linear_isa(), "threads": args.threads, "shapes": rows, "model": model,
-                       "baseline": args.baseline, "baseline_shapes": baseline}, f, indent=1)
+                       "baselines": args.baseline, "baseline_shapes": baselines}, f, indent=1)
     C.set_linear_isa("auto")
 
 
