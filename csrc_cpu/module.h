@@ -9,4 +9,5 @@ void register_block_pool(nanobind::module_& m);  // block_pool/: shared accounti
 void register_attention(nanobind::module_& m);   // attention/: paged attention + cache ops
 void register_linear(nanobind::module_& m);      // linear/: linear layers on quantized weights
 void register_ops(nanobind::module_& m);         // ops/: fused elementwise ops of the Llama layer
+void register_model(nanobind::module_& m);       // model/: all decoder layers of a step in one call
 }  // namespace paged::cpu

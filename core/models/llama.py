@@ -16,7 +16,7 @@ from torch import nn
 
 from paged.core.config import ModelConfig
 from paged.core.loaders.packed import PackedBlocks, cat_rows
-from paged.core.models.layers import RotaryTable, TorchLayerOps, layer_ops, linear
+from paged.core.models.layers import CpuFusedLayerOps, RotaryTable, TorchLayerOps, layer_ops, linear
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -137,12 +137,21 @@ class LlamaForCausalLM(nn.Module):
                                 config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
         # elementwise ops of every layer; replaceable (benchmarks compare the two)
         self.ops = layer_ops(self.device, dtype)
+        # every decoder layer of a step in one C++ call where eligible (backends/cpu/layer_stack.py)
+        self.layer_stack = None
+        if self.device.type == "cpu" and isinstance(self.ops, CpuFusedLayerOps):
+            from paged.backends.cpu.layer_stack import LayerStack
+
+            self.layer_stack = LayerStack.for_model(self)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         hidden = F.embedding(input_ids, self.embed)
         rope_in = self.ops.rope_inputs(self.rope, positions)
+        stack = self.layer_stack
+        if stack is not None and isinstance(self.ops, CpuFusedLayerOps) and stack.handles(hidden.shape[0]):
+            return stack.run(hidden, rope_in, kv_caches, meta)  # all layers in one C++ call
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(hidden, residual, self.ops, self.rope, rope_in, kv_cache, meta)

@@ -1,0 +1,104 @@
+"""All decoder layers of a CPU step in one extension call (paged._C_cpu.LayerStack).
+
+Batch-1 decode is bound by Python around the kernels: the Python path makes
+~10 extension calls per layer, each with a DLPack capsule per tensor and a
+torch allocation for its output. ``LayerStack`` runs the same kernels with the
+same arguments in the same order from C++ (csrc_cpu/model/layer_stack.h), so
+its hidden states and KV caches are bitwise those of the Python path, which
+stays the fallback (and the tests' oracle).
+
+Eligible models: CPU, float32, the fused CPU layer ops, every layer's
+matrices packed (``CpuPackedLinear``) and attention on ``CpuBackend``. Steps
+of ``DENSE_ROWS`` tokens or more keep the Python path (they run a dense GEMM
+there). ``PAGED_LAYER_STACK=0`` turns the stack off (read on every step).
+
+Single-threaded: a stack belongs to the engine thread that runs the model.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from paged.backends.cpu import CpuBackend
+from paged.backends.cpu import quant_linear as packed_linear
+from paged.backends.cpu.quant_linear import CpuPackedLinear
+
+__all__ = ["LayerStack", "enabled"]
+
+
+def enabled() -> bool:
+    """False when ``PAGED_LAYER_STACK=0`` (benchmarks and debugging)."""
+    return os.environ.get("PAGED_LAYER_STACK", "1") != "0"
+
+
+def _matrix(w: CpuPackedLinear):
+    return (w.qtype, to_dlpack(w.qs), to_dlpack(w.d), None if w.m is None else to_dlpack(w.m))
+
+
+def _dense_f32(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
+
+
+class LayerStack:
+    """Python face of ``_C_cpu.LayerStack`` for one ``LlamaForCausalLM``."""
+
+    def __init__(self, native, num_layers: int):
+        self._native = native
+        self._num_layers = num_layers
+        self._bound = None  # the kv_caches list last handed to the C++ object
+
+    @classmethod
+    def for_model(cls, model) -> "LayerStack | None":
+        """The stack for ``model``, or None when it is not eligible (see the module docstring)."""
+        try:
+            from paged import _C_cpu
+        except ImportError:
+            return None
+        layers = list(model.layers)
+        if (not hasattr(_C_cpu, "LayerStack") or not layers or model.device.type != "cpu"
+                or model.dtype != torch.float32 or not _dense_f32(model.final_norm)):
+            return None
+        backend = layers[0].attn_backend
+        if type(backend) is not CpuBackend or backend.dtype != torch.float32:
+            return None
+        for layer in layers:
+            packed = all(isinstance(w, CpuPackedLinear) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+            if (not packed or layer.attn_backend is not backend or not _dense_f32(layer.input_norm)
+                    or not _dense_f32(layer.post_norm)
+                    or not (layer.qkv_bias is None or _dense_f32(layer.qkv_bias))):
+                return None
+        c, first = model.config, layers[0]
+        native = _C_cpu.LayerStack(first.num_heads, first.num_kv_heads, first.head_dim, c.hidden_size,
+                                   first.inter, float(first.eps), backend.scale, backend.sliding_window,
+                                   to_dlpack(model.final_norm.detach()))
+        for layer in layers:
+            bias = None if layer.qkv_bias is None else to_dlpack(layer.qkv_bias.detach())
+            native.add_layer(to_dlpack(layer.input_norm.detach()), to_dlpack(layer.post_norm.detach()),
+                             _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
+                             _matrix(layer.down))
+        return cls(native, len(layers))
+
+    def handles(self, num_tokens: int) -> bool:
+        """Whether a step of ``num_tokens`` runs here (the packed kernel's row range, switch on)."""
+        dense_rows = packed_linear.DENSE_ROWS
+        return (dense_rows <= 0 or num_tokens < dense_rows) and enabled()
+
+    def run(self, hidden: torch.Tensor, rope_in, kv_caches, meta) -> torch.Tensor:
+        """hidden [T, hidden] embedding rows (overwritten: they become the
+        residual) -> the final normed hidden states [T, hidden]."""
+        if kv_caches is not self._bound:  # the runner keeps one list: bound once, not per step
+            pairs = list(kv_caches)
+            if len(pairs) != self._num_layers:
+                raise ValueError(f"kv_caches has {len(pairs)} (key, value) pairs but the model has "
+                                 f"{self._num_layers} layers")
+            self._native.bind_kv_caches([(to_dlpack(k), to_dlpack(v)) for k, v in pairs])
+            self._bound = kv_caches
+        positions, cos_sin = rope_in
+        out = torch.empty_like(hidden)
+        self._native.run(to_dlpack(hidden), to_dlpack(out), to_dlpack(positions), to_dlpack(cos_sin),
+                         to_dlpack(meta.slot_mapping), to_dlpack(meta.query_start_loc),
+                         to_dlpack(meta.seq_lens), to_dlpack(meta.block_tables), int(meta.num_decodes))
+        return out

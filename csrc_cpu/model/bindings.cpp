@@ -1,0 +1,35 @@
+// paged._C_cpu.LayerStack: all decoder layers of a CPU step in one call (model/layer_stack.h).
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "model/layer_stack.h"
+#include "module.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace paged::cpu {
+void register_model(nb::module_& m) {
+  using model::LayerStack;
+  nb::class_<LayerStack>(m, "LayerStack",
+                         "The decoder layers of a float32 Llama-family model on packed GGUF weights, run in "
+                         "one call per step with the kernels and arguments of the Python path (bitwise "
+                         "identical). Single-threaded: one engine thread per stack.")
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array>(),
+           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
+           "scale"_a, "sliding_window"_a, "final_norm"_a)
+      .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
+           "o_proj"_a, "gate_up"_a, "down"_a,
+           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it.")
+      .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
+           "One (key_cache, value_cache) per layer, used by the following run() calls.")
+      .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,
+           "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "num_decodes"_a,
+           "All layers and the final add + RMSNorm: hidden [T, hidden] (embedding rows; becomes the "
+           "residual) -> out [T, hidden].")
+      .def_prop_ro("num_layers", &LayerStack::num_layers)
+      .def_prop_ro("num_bound_caches", &LayerStack::num_bound_caches);
+}
+}  // namespace paged::cpu

@@ -1,0 +1,201 @@
+#include "model/layer_stack.h"
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "attention/ops.h"
+#include "attention/tensor_args.h"
+#include "linear/ops.h"
+#include "ops/ops.h"
+
+namespace nb = nanobind;
+
+namespace paged::cpu::model {
+namespace {
+
+using attn::fail;
+
+// An unowned ndarray over memory the caller keeps alive for the call.
+Array view(const void* data, std::initializer_list<size_t> shape, nb::dlpack::dtype dtype) {
+  return Array(const_cast<void*>(data), shape.size(), shape.begin(), nb::handle(), nullptr, dtype,
+               nb::device::cpu::value);
+}
+
+Array f32(const float* data, std::initializer_list<size_t> shape) { return view(data, shape, nb::dtype<float>()); }
+
+int64_t positive(const char* name, int64_t v) {
+  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  return v;
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
+                       int64_t intermediate_size, double eps, double scale, int64_t sliding_window,
+                       Array final_norm)
+    : cfg_{positive("num_heads", num_heads),
+           positive("num_kv_heads", num_kv_heads),
+           positive("head_dim", head_dim),
+           positive("hidden_size", hidden_size),
+           positive("intermediate_size", intermediate_size),
+           eps,
+           scale,
+           sliding_window},
+      final_norm_(std::move(final_norm)) {
+  if (num_heads % num_kv_heads)
+    fail("num_heads (" + str(num_heads) + ") must be a multiple of num_kv_heads (" + str(num_kv_heads) + ")");
+  if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + str(sliding_window));
+  attn::DType dt;
+  attn::float_tensor("final_norm", final_norm_, {hidden_size}, &dt);
+  if (dt != attn::DType::F32) fail("final_norm must be float32 (the stack runs float32 models)");
+}
+
+void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
+                           PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down) {
+  attn::DType dt;
+  for (auto [name, a] : {std::pair<const char*, Array*>{"input_norm", &input_norm}, {"post_norm", &post_norm}}) {
+    attn::float_tensor(name, *a, {cfg_.hidden_size}, &dt);
+    if (dt != attn::DType::F32) fail(std::string(name) + " must be float32");
+  }
+  if (qkv_bias) {
+    const int64_t width = (cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim;
+    attn::float_tensor("qkv_bias", *qkv_bias, {width}, &dt);
+    if (dt != attn::DType::F32) fail("qkv_bias must be float32");
+  }
+  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(o_proj),
+                          std::move(gate_up), std::move(down), std::move(qkv_bias)});
+}
+
+void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
+  if (kv_caches.size() != layers_.size())
+    fail("kv_caches has " + str(int64_t(kv_caches.size())) + " (key, value) pairs but the model has " +
+         str(int64_t(layers_.size())) + " layers");
+  kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
+}
+
+void LayerStack::reserve(int64_t tokens) {
+  if (tokens <= capacity_) return;
+  const auto& c = cfg_;
+  const auto rows = size_t(tokens);
+  qkv_.resize(rows * size_t((c.num_heads + 2 * c.num_kv_heads) * c.head_dim));
+  q_.resize(rows * size_t(c.num_heads * c.head_dim));
+  attn_.resize(q_.size());
+  k_.resize(rows * size_t(c.num_kv_heads * c.head_dim));
+  v_.resize(k_.size());
+  gate_up_.resize(rows * size_t(2 * c.intermediate_size));
+  act_.resize(rows * size_t(c.intermediate_size));
+  capacity_ = tokens;
+}
+
+// out[rows, n] = x[rows, in] @ W^T through the packed kernel (which checks W against in and n).
+void LayerStack::linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n) const {
+  const auto& [qtype, qs, d, m] = w;
+  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}));
+}
+
+// CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then
+// decodes through paged_attention and the rest through prefill_attention.
+void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens,
+                           Array& block_tables, int64_t nd) {
+  const auto& c = cfg_;
+  const auto t = size_t(tokens), h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
+  const Array& key_cache = std::get<0>(kv_caches_[index]);
+  const Array& value_cache = std::get<1>(kv_caches_[index]);
+  attn::reshape_and_cache(f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}), key_cache, value_cache,
+                          slot_mapping);
+  const auto ns = int64_t(seq_lens.shape(0));
+  if (nd == ns) {
+    attn::paged_attention(f32(attn_.data(), {t, h, d}), f32(q_.data(), {t, h, d}), key_cache, value_cache,
+                          block_tables, seq_lens, c.scale, c.sliding_window);
+    return;
+  }
+  const auto* lens = static_cast<const int32_t*>(seq_lens.data());
+  const auto* tables = static_cast<const int32_t*>(block_tables.data());
+  const size_t width = block_tables.shape(1), decodes = size_t(nd), prefills = size_t(ns - nd);
+  const nb::dlpack::dtype i32 = nb::dtype<int32_t>();
+  if (nd) {
+    attn::paged_attention(f32(attn_.data(), {decodes, h, d}), f32(q_.data(), {decodes, h, d}), key_cache,
+                          value_cache, view(tables, {decodes, width}, i32), view(lens, {decodes}, i32), c.scale,
+                          c.sliding_window);
+  }
+  const size_t rest = t - decodes, skip = decodes * h * d;
+  attn::prefill_attention(f32(attn_.data() + skip, {rest, h, d}), f32(q_.data() + skip, {rest, h, d}), key_cache,
+                          value_cache, view(prefill_starts_.data(), {prefills + 1}, i32),
+                          view(lens + decodes, {prefills}, i32), view(tables + decodes * width, {prefills, width}, i32),
+                          c.scale, c.sliding_window);
+}
+
+void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping,
+                     Array query_start_loc, Array seq_lens, Array block_tables, int64_t num_decodes) {
+  const auto& c = cfg_;
+  // Everything that sizes or slices memory here is checked before the first
+  // kernel runs; the kernels check the rest of their arguments themselves.
+  if (kv_caches_.size() != layers_.size())
+    fail("no KV caches bound for the " + str(int64_t(layers_.size())) + " layers (call bind_kv_caches first)");
+  attn::DType dt;
+  const attn::TensorArg ht = attn::float_tensor("hidden", hidden, {-1, c.hidden_size}, &dt);
+  if (dt != attn::DType::F32) fail("hidden must be float32");
+  const int64_t tokens = ht.dim(0);
+  attn::float_tensor("out", out, {tokens, c.hidden_size}, &dt);
+  if (dt != attn::DType::F32) fail("out must be float32");
+  if (ht.data == out.data() && tokens) fail("hidden and out must be different tensors");
+  attn::int_tensor("positions", positions, 64, {tokens});
+  attn::int_tensor("slot_mapping", slot_mapping, 64, {tokens});
+  const attn::TensorArg lens = attn::int_tensor("seq_lens", seq_lens, 32, {-1});
+  const int64_t ns = lens.dim(0);
+  const attn::TensorArg qsl = attn::int_tensor("query_start_loc", query_start_loc, 32, {ns + 1});
+  attn::int_tensor("block_tables", block_tables, 32, {ns, -1});
+  if (num_decodes < 0 || num_decodes > ns || num_decodes > tokens)
+    fail("num_decodes = " + str(num_decodes) + " must be in [0, num_seqs = " + str(ns) + "] and <= T = " +
+         str(tokens));
+  const auto* starts = static_cast<const int32_t*>(qsl.data);
+  if (starts[ns] != tokens)
+    fail("query_start_loc[-1] = " + str(starts[ns]) + " but the step has T = " + str(tokens) + " tokens");
+  if (tokens == 0) return;
+  if (num_decodes < ns) {  // meta.prefill_part's query_start_loc
+    prefill_starts_.assign(starts + num_decodes, starts + ns + 1);
+    for (int32_t& s : prefill_starts_) s -= int32_t(num_decodes);
+  }
+  reserve(tokens);
+
+  const auto t = size_t(tokens), hid = size_t(c.hidden_size);
+  const int64_t qkv_w = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, q_w = c.num_heads * c.head_dim;
+  auto* x = static_cast<float*>(out.data());  // each layer's normed rows and output
+  const Array x_rows = f32(x, {t, hid});
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& l = layers_[i];
+    if (i == 0)
+      ops::rms_norm(x_rows, hidden, l.input_norm, c.eps);  // the embedding rows are the first residual
+    else
+      ops::fused_add_rms_norm(x_rows, hidden, l.input_norm, c.eps);
+
+    linear(l.qkv, x, tokens, c.hidden_size, qkv_.data(), qkv_w);
+    if (l.qkv_bias) {  // torch's `out += bias`: one float32 add per element
+      const auto* b = static_cast<const float*>(l.qkv_bias->data());
+      for (size_t r = 0; r < t; ++r) {
+        float* row = qkv_.data() + r * size_t(qkv_w);
+        for (int64_t j = 0; j < qkv_w; ++j) row[j] += b[j];
+      }
+    }
+    const Array qkv_rows = f32(qkv_.data(), {t, size_t(qkv_w)});
+    ops::rotary_embedding(positions, qkv_rows, cos_sin, c.num_heads, c.num_kv_heads, c.head_dim);
+    const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
+    ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
+    attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
+    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size);
+
+    ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, c.eps);
+    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size);
+    ops::silu_and_mul(f32(act_.data(), {t, size_t(c.intermediate_size)}),
+                      f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)}));
+    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size);
+  }
+  ops::fused_add_rms_norm(x_rows, hidden, final_norm_, c.eps);
+}
+
+}  // namespace paged::cpu::model

@@ -1,0 +1,97 @@
+// The decoder layers of one CPU step in one extension call (issue #5/#6).
+//
+// LayerStack holds every layer's weights (nanobind ndarrays that keep the
+// Python tensors alive) and scratch buffers sized by the step's token count,
+// and runs the same kernel entry points, with the same arguments and in the
+// same order, as the Python path (LlamaDecoderLayer.forward with
+// CpuFusedLayerOps and CpuBackend), so its results are bitwise identical;
+// what it saves is Python dispatch, DLPack capsules and torch allocations.
+//
+// Not thread-safe: one engine thread owns a stack (the scratch and the bound
+// KV caches are shared state). Call run() with the GIL held: the kernels it
+// calls release the GIL themselves.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace paged::cpu::model {
+
+using Array = nanobind::ndarray<>;
+
+// (qtype, qs, d, m) of one packed GGUF matrix, as linear::quant_linear takes it.
+using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>;
+
+struct StackConfig {
+  int64_t num_heads, num_kv_heads, head_dim, hidden_size, intermediate_size;
+  double eps, scale;
+  int64_t sliding_window;
+};
+
+// float32 scratch, 64-byte aligned like torch's allocations.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  bool operator==(const AlignedAllocator&) const { return true; }
+  bool operator!=(const AlignedAllocator&) const { return false; }
+};
+using Scratch = std::vector<float, AlignedAllocator<float>>;
+
+class LayerStack {
+ public:
+  LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
+             int64_t intermediate_size, double eps, double scale, int64_t sliding_window, Array final_norm);
+
+  // Appends one decoder layer (weights checked by the kernels on every run;
+  // the bias, which this class adds itself, is checked here).
+  void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
+                 PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down);
+
+  // Binds one (key_cache, value_cache) pair per layer for the following runs.
+  void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
+
+  // All layers plus the final add + RMSNorm of one step. hidden [T, hidden]
+  // (the embedding rows) becomes the residual; out [T, hidden] receives the
+  // final normed hidden states. positions int64 [T] and cos_sin float32 are
+  // CpuFusedLayerOps.rope_inputs; the rest is AttentionMetadata.
+  void run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping, Array query_start_loc,
+           Array seq_lens, Array block_tables, int64_t num_decodes);
+
+  size_t num_layers() const { return layers_.size(); }
+  size_t num_bound_caches() const { return kv_caches_.size(); }
+
+ private:
+  struct Layer {
+    Array input_norm, post_norm;
+    PackedMatrix qkv, o_proj, gate_up, down;
+    std::optional<Array> qkv_bias;
+  };
+
+  void linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n) const;
+  void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
+                 int64_t num_decodes);
+  void reserve(int64_t tokens);
+
+  StackConfig cfg_;
+  Array final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<std::tuple<Array, Array>> kv_caches_;
+  int64_t capacity_ = 0;               // token rows the scratch holds
+  Scratch qkv_, q_, k_, v_, attn_, gate_up_, act_;
+  std::vector<int32_t> prefill_starts_;  // query_start_loc[nd:] - nd
+};
+
+}  // namespace paged::cpu::model
