@@ -52,8 +52,12 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
     layer_bytes = 2 * batch * blocks_per_seq * block_size * kv_heads * head * elem
     num_layers = max(2, min(64, ROTATE_BYTES // layer_bytes))
     num_blocks = batch * blocks_per_seq
-    caches = [(torch.randn(num_blocks, kv_heads, block_size, head).to(dtype),
-               torch.randn(num_blocks, kv_heads, block_size, head).to(dtype)) for _ in range(num_layers)]
+    # Allocated like the engine's (the page size behind the cache matters: every
+    # block of a scattered table is a TLB miss on 4 KB pages), then filled.
+    caches = cpu.allocate_kv_cache(num_layers, num_blocks)
+    for kc, vc in caches:
+        kc.normal_()
+        vc.normal_()
     tables = torch.randperm(num_blocks).to(torch.int32).reshape(batch, blocks_per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int32)
     query = torch.randn(batch, heads, head).to(dtype)

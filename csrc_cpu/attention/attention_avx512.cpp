@@ -8,9 +8,10 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
-// pass-through operand __Y) as maybe-uninitialized: GCC bug 105593.
+// pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 namespace paged::cpu::attn::isa_avx512 {
 #include "attention/vec_avx512.inc"
 #include "attention/kernel_impl.inc"
