@@ -7,6 +7,9 @@ torch ops side by side (same run, same weights, same cache).
 
 Columns (milliseconds per step, best of many runs: the figure least distorted
 by other processes on a shared machine):
+  ops        stack: all layers in one C++ call (the engine's default; no split),
+             fused: the same C++ kernels called layer by layer from Python,
+             torch: torch's elementwise ops
   step       model forward + logits, as the engine runs it
   matmul     time inside the step's linear calls (4 per layer + lm_head)
   attention  time inside the attention backend's forward (30 calls)
@@ -19,6 +22,7 @@ by other processes on a shared machine):
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import platform
 import time
@@ -154,15 +158,22 @@ def main(argv=None) -> int:
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype, "cpu",
                          sliding_window=c.sliding_window)
     model = build_model(c, loaded.weights, dtype, "cpu", backend, packed_linear)
-    variants = {"fused": layer_ops("cpu", dtype), "torch": TorchLayerOps()}
-    if variants["fused"].name != "cpu-fused":
+    # (layer ops, layer stack on): "stack" is the engine's default path (all
+    # layers in one C++ call, so it has no matmul/attention split), "fused" the
+    # same kernels called layer by layer from Python, "torch" torch's own ops.
+    fused = layer_ops("cpu", dtype)
+    variants = {"fused": (fused, "0"), "torch": (TorchLayerOps(), "0")}
+    if getattr(model, "layer_stack", None) is not None:
+        variants = {"stack": (fused, "1"), **variants}
+    if fused.name != "cpu-fused":
         print("note: fused CPU ops unavailable (PAGED_FUSED_OPS=0 or extension not built)")
 
     results = []
     for batch in args.batch:
         case = DecodeCase(model, backend, batch, args.context)
-        for name, ops in variants.items():
+        for name, (ops, stack) in variants.items():
             model.ops = ops
+            os.environ["PAGED_LAYER_STACK"] = stack
             results.append(dict(batch=batch, ops=name, **measure(case, args.min_time)))
 
     cols = ["step_ms", "matmul_ms", "attention_ms", "rest_ms", "elementwise_ms"]
@@ -171,9 +182,15 @@ def main(argv=None) -> int:
           f"context {args.context}, {torch.get_num_threads()} threads; ms per step, best of runs")
     print(f"{'batch':>5} {'ops':>6} " + " ".join(f"{k[:-3]:>11}" for k in cols))
     for r in results:
-        print(f"{r['batch']:>5} {r['ops']:>6} " + " ".join(f"{r[k]:>11.3f}" for k in cols))
+        split = r["ops"] != "stack" or None  # the stack's layers run inside one call: no split
+        print(f"{r['batch']:>5} {r['ops']:>6} " + " ".join(
+            f"{r[k]:>11.3f}" if split or k in ("step_ms", "elementwise_ms") else f"{'-':>11}" for k in cols))
     for batch in args.batch:
         f, t = (next(r for r in results if r["batch"] == batch and r["ops"] == o) for o in ("fused", "torch"))
+        st = next((r for r in results if r["batch"] == batch and r["ops"] == "stack"), None)
+        if st:
+            print(f"batch {batch}: layer stack step {st['step_ms']:.2f} ms vs {f['step_ms']:.2f} ms layer by layer "
+                  f"(x{f['step_ms'] / st['step_ms']:.2f})")
         print(f"batch {batch}: rest {t['rest_ms']:.2f} -> {f['rest_ms']:.2f} ms "
               f"(x{t['rest_ms'] / max(f['rest_ms'], 1e-9):.1f}), elementwise {t['elementwise_ms']:.2f} -> "
               f"{f['elementwise_ms']:.2f} ms (x{t['elementwise_ms'] / f['elementwise_ms']:.1f}), "
