@@ -1,5 +1,6 @@
-// Boundary checks, the int16 quantization of x, the OpenMP split over weight rows and the
-// ISA choice for the quantized linear; the per-ISA kernels do the arithmetic.
+// Boundary checks, the choice of path by M (int16 or fp32, quant_linear.h), the int16
+// quantization of x, the OpenMP split over weight rows and the ISA choice for the
+// quantized linear; the per-ISA kernels do the arithmetic.
 #include "linear/ops.h"
 #include "isa_select.h"
 
@@ -84,14 +85,14 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   }
 }
 
-// x as the kernels read it: two-term int16 codes and block scales
-// (quant_linear.h), and for q4_1 the exact fp32 block sums. Plain C++ on the
-// calling thread, once per call, so every build and tiling sees the same
-// values: fp32 divisions, std::fma for the residual and lrint (the default
-// rounding mode rounds half to even).
+// x as the kernels read it: for the int16 path the two-term codes and block
+// scales (quant_linear.h), and for q4_1 the exact fp32 block sums (both
+// paths). Plain C++ on the calling thread, once per call, so every build and
+// tiling sees the same values: fp32 divisions, std::fma for the residual and
+// lrint (the default rounding mode rounds half to even).
 struct QuantizedX {
-  std::vector<int16_t> codes;  // [M, K/32, 2 * 32]: hi codes, then lo codes
-  std::vector<float> scales;   // [M, K/32, 2]: s, s_lo
+  std::vector<int16_t> codes;  // [M, K/32, 2 * 32]: hi codes, then lo codes (int16 path)
+  std::vector<float> scales;   // [M, K/32, 2]: s, s_lo (int16 path)
   std::vector<float> sums;     // [K/32, M], q4_1 only
 };
 
@@ -126,17 +127,20 @@ std::pair<float, float> quantize_block(const float* xb, int16_t* hi, int16_t* lo
   return {s, s_lo};
 }
 
-QuantizedX quantize_x(const float* x, int64_t M, int64_t K, bool with_sums) {
+QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool with_sums) {
   const int64_t nb = K / kBlock;
-  QuantizedX q{std::vector<int16_t>(size_t(M * nb * kXBlock)), std::vector<float>(size_t(M * nb * 2)),
+  QuantizedX q{std::vector<int16_t>(with_codes ? size_t(M * nb * kXBlock) : 0),
+               std::vector<float>(with_codes ? size_t(M * nb * 2) : 0),
                std::vector<float>(with_sums ? size_t(M * nb) : 0)};
   for (int64_t r = 0; r < M; ++r)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + r * K + b * kBlock;
-      int16_t* codes = q.codes.data() + (r * nb + b) * kXBlock;
-      const auto [s, s_lo] = quantize_block(xb, codes, codes + kBlock);
-      q.scales[size_t(2 * (r * nb + b))] = s;
-      q.scales[size_t(2 * (r * nb + b) + 1)] = s_lo;
+      if (with_codes) {
+        int16_t* codes = q.codes.data() + (r * nb + b) * kXBlock;
+        const auto [s, s_lo] = quantize_block(xb, codes, codes + kBlock);
+        q.scales[size_t(2 * (r * nb + b))] = s;
+        q.scales[size_t(2 * (r * nb + b) + 1)] = s_lo;
+      }
       if (with_sums) {
         float lanes[kLanes];
         for (int l = 0; l < kLanes; ++l) lanes[l] = ((xb[l] + xb[8 + l]) + xb[16 + l]) + xb[24 + l];
@@ -146,16 +150,17 @@ QuantizedX quantize_x(const float* x, int64_t M, int64_t K, bool with_sums) {
   return q;
 }
 
-IsaSelector<RowsKernel>& selector() {
-  static IsaSelector<RowsKernel> s({{"avx2", isa_avx2::linear_rows, cpu_has_avx2},
-                                    {"scalar", isa_scalar::linear_rows, cpu_always}},
-                                   "linear");
+// An ISA name selects both kernels of that build.
+IsaSelector<Kernels>& selector() {
+  static IsaSelector<Kernels> s({{"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows}, cpu_has_avx2},
+                                 {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows}, cpu_always}},
+                                "linear");
   return s;
 }
 
 }  // namespace
 
-RowsKernel active_kernel() { return selector().active().kernel; }
+Kernels active_kernels() { return selector().active().kernel; }
 const char* current_isa() { return selector().active().name; }
 void set_isa(const std::string& name) { selector().set(name); }
 std::vector<std::string> supported_isas() { return selector().supported(); }
@@ -171,18 +176,21 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const attn::TensorArg to = matrix("out", out, nb::dtype<float>());
   require_shape(to, a.M, a.N, "out is [M, N] with N the weight's output size");
   a.out = static_cast<float*>(to.data);
+  a.x = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
-  const QuantizedX qx = quantize_x(static_cast<const float*>(tx.data), a.M, a.K, a.qtype == QType::Q4_1);
+  const bool int16_path = a.M <= kInt16MaxRows;
+  const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();
   a.xscale = qx.scales.data();
   a.xs = qx.sums.data();
 
-  const RowsKernel kernel = active_kernel();
+  const Kernels kernels = active_kernels();
+  const RowsKernel kernel = int16_path ? kernels.int16_rows : kernels.fp32_rows;
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
 #pragma omp parallel if (parallel)
   {
-    std::vector<int16_t> scratch;
+    std::vector<float> scratch;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
       kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);

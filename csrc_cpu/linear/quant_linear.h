@@ -1,29 +1,37 @@
-// Linear layers on GGUF-packed weights (Q4_0 / Q4_1 / Q8_0) with two-term
-// int16 activations (contract: docs/kernels.md, "Quantized linear (CPU)").
+// Linear layers on GGUF-packed weights (Q4_0 / Q4_1 / Q8_0) (contract:
+// docs/kernels.md, "Quantized linear (CPU)"). Two arithmetic paths, chosen by
+// the number of rows M of x in the call (kInt16MaxRows):
 //
-// Once per call, each row r of x is quantized per 32-element block b:
+// int16 path (M <= kInt16MaxRows; unpacking 4-bit codes to fp32 lanes would
+// dominate at so few rows). Once per call, each row r of x is quantized per
+// 32-element block b:
 //   s      = max|x[r, b's elements]| / 32767       (fp32 division; 0 for a zero block)
 //   hi[k]  = clamp(round_half_even(x[k] / s), +-32767)           (fp32 division)
-//   res[k] = fma(-s, hi[k], x[k])                  (exact: |res| <= s/2, see quantize_x)
+//   res[k] = fma(-s, hi[k], x[k])                  (exact: |res| <= s/2, see quantize_block)
 //   s_lo   = s * 2^-16                             (exact unless s is subnormal)
 //   lo[k]  = clamp(round_half_even(res[k] / s_lo), +-32767)      (fp32 division)
 // so x[k] = s * hi[k] + s_lo * lo[k] up to s_lo/2 (s_lo at a clamped tie),
-// ~2^-32 of the block's largest value: below fp32 rounding.
-// Every output out[r, n] is then evaluated in one fixed order that does not
-// depend on M, on how rows are tiled, on the thread count or on the ISA: per
-// block b and lane l < 8
+// ~2^-32 of the block's largest value: below fp32 rounding. Per block b, lane l < 8:
 //   I[l]   = sum of Q[k] * hi[k] over k in {2l, 2l+1, 16+2l, 17+2l}   (int32, exact)
 //   L[l]   = the same sum of Q[k] * lo[k]                              (int32, exact)
 //   t      = fma(float(L[l]), s_lo, s * float(I[l]))  (the product rounded on its own)
 //   acc[l] = fma(d_b, t, acc[l])
-//   sm     = fma(m_b, xs[r, b], sm)                  (Q4_1 only)
-// then out = hsum8(acc) + sm, where Q are the integer codes (q - 8 for Q4_0),
-// xs[r, b] = hsum8 of the lane sums of x over block b and hsum8 is
-// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). |I|, |L| <= 4 * 128 * 32767 < 2^24,
-// so float(I) and float(L) are exact (and vpmaddwd's pair sums cannot
-// overflow: no code is -32768). The lanes are those of AVX2's vpmaddwd on the
-// codes of elements 0-15 and 16-31; the scalar build emulates them, so all
-// builds agree bitwise.
+// |I|, |L| <= 4 * 128 * 32767 < 2^24, so float(I) and float(L) are exact (and
+// vpmaddwd's pair sums cannot overflow: no code is -32768). The lanes are
+// those of AVX2's vpmaddwd on the codes of elements 0-15 and 16-31.
+//
+// fp32 path (M > kInt16MaxRows; 4 fmas per block-row beat ~11 integer ops).
+// Per block b, lane l < 8, on the fp32 x and the codes as floats:
+//   t      = Q[l]*x[l]; t = fma(Q[8+l], x[8+l], t); ... (+16, +24)
+//   acc[l] = fma(d_b, t, acc[l])
+//
+// Both paths then add Q4_1's offsets, sm = fma(m_b, xs[r, b], sm) in block
+// order, and out = hsum8(acc) + sm, where Q are the integer codes (q - 8 for
+// Q4_0), xs[r, b] = hsum8 of the lane sums of x over block b and hsum8 is
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). Within a path, every output is
+// evaluated in this one order whatever M, the row tiling, the thread count or
+// the ISA (the scalar builds emulate the lanes), so a row's bits depend only on
+// its own values and on whether its call had <= kInt16MaxRows rows.
 #pragma once
 
 #include <cstdint>
@@ -39,37 +47,50 @@ constexpr float kLoScale = 1.f / 65536.f;  // s_lo = s * kLoScale (a power of tw
 // x's quantized block b of a row: kBlock hi codes, then kBlock lo codes.
 constexpr int64_t kXBlock = 2 * kBlock;
 
+// Calls with at most this many rows of x take the int16 path, more the fp32
+// path (1 thread, whole model: M=2 int16 is faster, M=3 fp32; docs/kernels.md).
+constexpr int64_t kInt16MaxRows = 2;
+// Rows of x up to this many read the packed codes directly; more rows first
+// widen a panel of weight rows' codes once (same arithmetic either way).
+constexpr int64_t kDirectMaxRows = 4;
+static_assert(kInt16MaxRows <= kDirectMaxRows, "the int16 kernels only have direct tiles");
+
 enum class QType { Q4_0, Q4_1, Q8_0 };
 
 struct LinearArgs {
   QType qtype;
   int64_t M = 0, N = 0, K = 0;
-  const int16_t* xq = nullptr;  // [M, 2K] x quantized per block: hi codes then lo codes
-  const float* xscale = nullptr;  // [M, K/32, 2] the scales (s, s_lo) of xq's blocks
-  const uint8_t* qs = nullptr;  // [N, K/2] nibbles or [N, K] int8
-  const float* d = nullptr;     // [N, K/32]
-  const float* m = nullptr;     // [N, K/32] for Q4_1, else null
-  const float* xs = nullptr;    // [K/32, M] block sums of x, xs[b * M + r] (block-major:
-                                // a block's sums of consecutive rows are adjacent)
-  float* out = nullptr;         // [M, N]
+  const float* x = nullptr;       // [M, K] (fp32 path)
+  const int16_t* xq = nullptr;    // [M, 2K] int16 path: per block hi codes then lo codes
+  const float* xscale = nullptr;  // [M, K/32, 2] int16 path: the scales (s, s_lo) of xq's blocks
+  const uint8_t* qs = nullptr;    // [N, K/2] nibbles or [N, K] int8
+  const float* d = nullptr;       // [N, K/32]
+  const float* m = nullptr;       // [N, K/32] for Q4_1, else null
+  const float* xs = nullptr;      // [K/32, M] block sums of x, xs[b * M + r] (block-major:
+                                  // a block's sums of consecutive rows are adjacent)
+  float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }
 };
 
 // Computes out[:, n0:n1]. `scratch` is the calling thread's buffer (grown as
-// needed) for int16 codes widened once and reused by many rows of x.
-using RowsKernel = void (*)(const LinearArgs&, int64_t n0, int64_t n1, std::vector<int16_t>& scratch);
+// needed) for codes widened once and reused by many rows of x.
+using RowsKernel = void (*)(const LinearArgs&, int64_t n0, int64_t n1, std::vector<float>& scratch);
+
+// The two kernels of one ISA build.
+struct Kernels {
+  RowsKernel int16_rows;  // M <= kInt16MaxRows
+  RowsKernel fp32_rows;   // any M
+};
 
 namespace isa_scalar {
-void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<int16_t>& scratch);
-}
+void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+}  // namespace isa_scalar
 namespace isa_avx2 {
-void linear_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<int16_t>& scratch);
-}
-
-// Rows of x up to this many read the packed codes directly; more rows first
-// widen a panel of weight rows' codes to int16 once (same arithmetic either way).
-constexpr int64_t kDirectMaxRows = 4;
+void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+}  // namespace isa_avx2
 
 // Horizontal sum of 8 lanes in the fixed order above.
 inline float hsum8(const float v[kLanes]) {
@@ -87,7 +108,7 @@ inline int block_code(QType t, const uint8_t* row, int64_t b, int k) {
   return t == QType::Q4_0 ? q - 8 : q;
 }
 
-RowsKernel active_kernel();
+Kernels active_kernels();
 const char* current_isa();
 void set_isa(const std::string& name);
 std::vector<std::string> supported_isas();
