@@ -1,11 +1,14 @@
 """CPU quantized linear (paged._C_cpu.quant_linear / quant_dequantize).
 
-Oracles: the dense weight rebuilt in pure torch from the packed arrays by the
-GGUF layout (w = d*q + m / d*(q-8) / d*q), the gguf package's own quantize /
-dequantize for real blocks, and in float64: x @ W^T within the error bound of
-the kernel's two-term int16 activations plus fp32 rounding, and an
-independent torch emulation of that quantization (docs/kernels.md) times W^T
-within fp32 rounding.
+Two paths by the call's row count M (docs/kernels.md): M <= INT16_MAX_ROWS
+quantizes x to two-term int16, more rows compute with fp32 x. Oracles: the
+dense weight rebuilt in pure torch from the packed arrays by the GGUF layout
+(w = d*q + m / d*(q-8) / d*q), the gguf package's own quantize / dequantize
+for real blocks, and in float64 x @ W^T: for the int16 path within the error
+bound of the two-term activations plus fp32 rounding, and an independent torch
+emulation of that quantization times W^T within fp32 rounding; for the fp32
+path within fp32 rounding of |x| @ |W|. Bitwise invariance (threads, tilings,
+ISAs) holds within each path.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from gguf import GGMLQuantizationType as GGMLType  # noqa: E402
 
 QTYPES = ["q4_0", "q4_1", "q8_0"]
 ISAS = C.supported_linear_isas()
+INT16_MAX_ROWS = C.LINEAR_INT16_MAX_ROWS
 GGML = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0}
 
 
@@ -95,7 +99,35 @@ def quantize_like_kernel(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return value.reshape(x.shape), bound.reshape(x.shape)
 
 
+def fp32_rounding(x, qtype, extra_ops: int) -> float:
+    """Relative fp32 rounding budget per output: K/32 accumulating fmas, a
+    3-level hsum, q4_1's block sums (3 adds + hsum) and offset fmas, plus
+    `extra_ops` roundings per block product t: at most K/32 + 9 + extra_ops
+    roundings of 2^-24."""
+    return (x.shape[1] // 32 + 9 + extra_ops) * 2.0**-24
+
+
 def check_close(out, x, qtype, qs, d, m, outliers: bool = False):
+    """out of one call against float64, with the bound of the path that call took."""
+    if x.shape[0] <= INT16_MAX_ROWS:
+        check_close_int16(out, x, qtype, qs, d, m, outliers)
+    else:
+        check_close_fp32(out, x, qtype, qs, d, m)
+
+
+def check_close_fp32(out, x, qtype, qs, d, m):
+    """|out - x @ W^T| within fp32 rounding of |x| @ |W| (t = 1 multiply +
+    3 fmas per lane): ~4e-6 relative at K = 1536, tighter than 1e-5."""
+    scaled, offsets = dense_parts(qtype, qs, d, m)
+    xd = x.double()
+    size = xd.abs() @ (scaled.abs() + offsets.abs()).T
+    err = (out.double() - xd @ (scaled + offsets).T).abs()
+    tol = fp32_rounding(x, qtype, extra_ops=4)
+    assert tol <= 1e-5
+    assert torch.all(err <= tol * size + 1e-30), f"max excess {(err - tol * size).max().item()}"
+
+
+def check_close_int16(out, x, qtype, qs, d, m, outliers: bool = False):
     """Two checks: (1) |out - x @ W^T| within the quantization bound
     sum_k bound_k * |d q_k| (~2^-32 of the block maxima) plus fp32 rounding;
     (2) out equals the float64 product of the emulated two-term quantization
@@ -103,10 +135,8 @@ def check_close(out, x, qtype, qs, d, m, outliers: bool = False):
     scaled, offsets = dense_parts(qtype, qs, d, m)
     xd = x.double()
     xq, bound = quantize_like_kernel(x)
-    # fp32 rounding: per lane one multiply, an fma with the lo term and K/32
-    # fmas, a 3-level hsum, and q4_1's block sums (3 adds + hsum) and offset
-    # fmas: at most K/32 + 9 roundings of 2^-24 relative to `size`.
-    tol = (x.shape[1] // 32 + 9) * 2.0**-24
+    # t per lane: one multiply and an fma with the lo term.
+    tol = fp32_rounding(x, qtype, extra_ops=0)
     rounding = bound @ scaled.abs().T
     size = xd.abs() @ (scaled.abs() + offsets.abs()).T
     err = (out.double() - xd @ (scaled + offsets).T).abs()
@@ -176,31 +206,38 @@ def test_real_gguf_blocks(qtype):
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_batch_thread_and_isa_invariance(qtype):
-    """Row r of out is bitwise the same alone, inside M=16 or 70, on 1 or 2
-    threads and on every ISA."""
+    """Within a path, a row's bits do not depend on the call: fp32 path (calls
+    of > INT16_MAX_ROWS rows) the same in one call of 70, in calls of 16 and in
+    calls of 3; int16 path the same alone and in pairs; both on 1 or 2 threads
+    and on every ISA. Across paths: each meets its own float64 bound, and they
+    differ bitwise somewhere (the call's size did choose the path)."""
+    assert INT16_MAX_ROWS == 2  # docs/kernels.md states it
     gen = torch.Generator().manual_seed(3)
     qs, d, m = random_weight(qtype, 960, 576, gen)
     x = torch.randn(70, 576, generator=gen)
+    calls = lambda size, rows: torch.cat([run(x[i : i + size], qtype, qs, d, m) for i in range(0, rows, size)])  # noqa: E731
     threads = torch.get_num_threads()
-    results = []
+    fp32, int16 = [], []
     try:
         for name in ISAS:
             C.set_linear_isa(name)
             for t in (1, 2):
                 torch.set_num_threads(t)
-                results.append(run(x, qtype, qs, d, m))
-                results.append(torch.cat([run(x[i : i + 16], qtype, qs, d, m) for i in range(0, 64, 16)]
-                                         + [run(x[64:], qtype, qs, d, m)]))
-            results.append(torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(0, 70, 7)]))
+                fp32.append((run(x, qtype, qs, d, m), 70))
+                fp32.append((torch.cat([calls(16, 64), run(x[64:], qtype, qs, d, m)]), 70))
+                fp32.append((calls(3, 69), 69))
+                int16.append((calls(1, 8), 8))
+                int16.append((calls(2, 8), 8))
     finally:
         C.set_linear_isa("auto")
         torch.set_num_threads(threads)
-    full = results[0]
-    for r in results[1:]:
-        if r.shape[0] == 10:
-            assert torch.equal(r, full[0:70:7])
-        else:
-            assert torch.equal(r, full)
+    for results in (fp32, int16):
+        first, _ = results[0]
+        for r, rows in results[1:]:
+            assert torch.equal(r, first[:rows])
+    check_close_fp32(fp32[0][0], x, qtype, qs, d, m)
+    check_close_int16(int16[0][0], x[:8], qtype, qs, d, m)
+    assert not torch.equal(int16[0][0], fp32[0][0][:8])
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -208,7 +245,7 @@ def test_zero_outlier_and_nonfinite_blocks(isa, qtype):
     """All-zero blocks (s = 0), blocks whose values span many magnitudes
     (small values round to few int16 steps; still within the bound), exact
     +-32767 multiples, and NaN / inf rows: those rows come out non-finite,
-    the other rows are untouched."""
+    the other rows are untouched; in one call (fp32 path) and alone (int16)."""
     gen = torch.Generator().manual_seed(5)
     qs, d, m = random_weight(qtype, 13, 128, gen)
     x = torch.randn(6, 128, generator=gen)
@@ -218,20 +255,24 @@ def test_zero_outlier_and_nonfinite_blocks(isa, qtype):
     x[3, :32] = torch.arange(-16, 16) * 32767.0 / 16
     x[4, 70] = float("nan")
     x[5, 3] = float("inf")
-    out = run(x, qtype, qs, d, m)
-    check_close(out[:4], x[:4], qtype, qs, d, m, outliers=True)
+    out = run(x, qtype, qs, d, m)  # fp32 path
+    check_close_fp32(out[:4], x[:4], qtype, qs, d, m)
     assert torch.equal(out[:4], run(x[:4], qtype, qs, d, m))
     assert torch.isnan(out[4]).all() and not torch.isfinite(out[5]).any()
+    alone = torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(6)])  # int16 path
+    check_close_int16(alone[:4], x[:4], qtype, qs, d, m, outliers=True)
+    assert torch.isnan(alone[4]).all() and not torch.isfinite(alone[5]).any()
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_outlier_keeps_small_values_exact(isa, qtype):
     """A block with an outlier 1000x its other values (the outlier's weight
     zero): one int16 term would leave those values ~30 steps (3% error);
-    with the second term out meets x @ W^T in float64 within fp32 rounding of
+    with the second term (rows alone: int16 path) out meets x @ W^T in float64 within fp32 rounding of
     the small terms plus the two-term bound (~2^-32 of the outlier per
     element). Also ties (x = s * (j + 1/2)), whose lo code is clamped, stay
-    within the documented bound."""
+    within the documented bound. The same rows in one call (fp32 path) meet
+    fp32 rounding alone."""
     gen = torch.Generator().manual_seed(6)
     k = 128
     qs, d, m = random_weight(qtype, 11, k, gen)
@@ -246,15 +287,18 @@ def test_outlier_keeps_small_values_exact(isa, qtype):
     x[:, outlier] = 10.0
     x[2, :32] = torch.arange(32) + 0.5  # ties: hi rounds half to even, the residual is s/2
     x[2, 0] = 32767.0  # so s = 1
-    out = run(x, qtype, qs, d, m)
-    check_close(out, x, qtype, qs, d, m, outliers=True)
     w = dense_oracle(qtype, qs, d, m)
     assert torch.all(w[:, outlier] == 0)
-    _, bound = quantize_like_kernel(x)
     size = x.double().abs() @ w.abs().T
-    err = (out.double() - x.double() @ w.T).abs()
-    allowed = (k // 32 + 9) * 2.0**-24 * size + bound @ w.abs().T
-    assert torch.all(err <= allowed), f"max excess {(err - allowed).max().item()}"
+    _, bound = quantize_like_kernel(x)
+    int16 = torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(3)])
+    fp32 = run(x, qtype, qs, d, m)
+    check_close_int16(int16, x, qtype, qs, d, m, outliers=True)
+    check_close_fp32(fp32, x, qtype, qs, d, m)
+    for out, quantization, extra_ops in ((int16, bound @ w.abs().T, 0), (fp32, 0.0, 4)):
+        err = (out.double() - x.double() @ w.T).abs()
+        allowed = fp32_rounding(x, qtype, extra_ops) * size + quantization
+        assert torch.all(err <= allowed), f"max excess {(err - allowed).max().item()}"
 
 
 def test_argument_errors():
@@ -292,9 +336,11 @@ def test_argument_errors():
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("n", [1, 2, 4, 7, 961])
 def test_tile_edges_bitwise(qtype, n):
-    """Every M (direct path 1..4, register tiles beyond) and N that leaves
-    partial tiles and panels gives, row for row, the bits of the scalar build
-    run on all 70 rows at once; the scalar result meets the float64 oracle."""
+    """Every M (int16 path 1..2, fp32 direct tiles 3..4, fp32 panels beyond)
+    and N that leaves partial tiles and panels gives, row for row, the bits of
+    the scalar build of the same path: for the fp32 path the scalar build run
+    on all 70 rows at once, for the int16 path on the same rows; the scalar
+    results meet their float64 oracles."""
     gen = torch.Generator().manual_seed(n)
     k = 96  # three blocks: enough for the block loop, small enough to stay quick
     qs, d, m = random_weight(qtype, n, k, gen)
@@ -303,9 +349,13 @@ def test_tile_edges_bitwise(qtype, n):
         C.set_linear_isa("scalar")
         ref = run(x, qtype, qs, d, m)
         check_close(ref, x, qtype, qs, d, m)
+        ref_int16 = {rows: run(x[:rows], qtype, qs, d, m) for rows in range(1, INT16_MAX_ROWS + 1)}
+        for rows, out in ref_int16.items():
+            check_close(out, x[:rows], qtype, qs, d, m)
         for name in ISAS:
             C.set_linear_isa(name)
             for rows in (1, 2, 3, 4, 5, 6, 7, 9, 17, 70):
-                assert torch.equal(run(x[:rows], qtype, qs, d, m), ref[:rows]), f"isa={name} M={rows}"
+                expected = ref_int16[rows] if rows <= INT16_MAX_ROWS else ref[:rows]
+                assert torch.equal(run(x[:rows], qtype, qs, d, m), expected), f"isa={name} M={rows}"
     finally:
         C.set_linear_isa("auto")

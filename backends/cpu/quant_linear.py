@@ -3,11 +3,14 @@
 Holds one matrix in the kernel's layout and exposes ``linear(x, bias)``, the
 method the model's ``linear`` helper dispatches to for non-tensor weights.
 The kernel takes float32 activations (others are converted; the result
-comes back in the input's dtype), splits each 32-value block of x into two
-int16 terms (x = s*hi + s/65536*lo to ~2^-32 of the block's largest value),
-takes exact integer dot products with the weight codes and accumulates in
-float32, so results match the dense float32 path to fp32 rounding (a
-different summation order; docs/kernels.md, "Quantized linear (CPU)").
+comes back in the input's dtype). Calls of at most 2 rows (decode of one or
+two sequences) split each 32-value block of x into two int16 terms
+(x = s*hi + s/65536*lo to ~2^-32 of the block's largest value) and take exact
+integer dot products with the weight codes; calls of more rows multiply fp32
+x by the codes as floats. Both accumulate in float32, so results match the
+dense float32 path to fp32 rounding (a different summation order), but a
+row's bits depend on whether its call had <= 2 rows (docs/kernels.md,
+"Quantized linear (CPU)").
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from paged.core.loaders.packed import PackedBlocks
 #: Row count from which a call dequantizes the matrix into a scratch buffer and
 #: runs torch's dense fp32 GEMM (prefill chunks): ~1.6x faster there than the
 #: packed kernel, whose per-block scaling caps it at about half of peak FLOPs.
-#: Those rows equal the packed path's to fp32 rounding (its two-term int16
-#: activations lose less than fp32 accumulation does), not bitwise, so a
+#: Those rows equal the packed paths' to fp32 rounding (the packed kernel's
+#: two-term int16 or fp32 activations), not bitwise, so a
 #: prompt prefilled in one large chunk or in small ones may differ in the last
 #: bits. PAGED_DENSE_PREFILL_ROWS=0 keeps every call on the packed kernel.
 DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))

@@ -17,6 +17,7 @@ void register_linear(nb::module_& m) {
         "rows quantize x to two-term int16 per 32-block, more rows compute in fp32 (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
+  m.attr("LINEAR_INT16_MAX_ROWS") = l::kInt16MaxRows;  // calls with more rows take the fp32 path
   m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");
   m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar' (both paths of that build).");
   m.def("supported_linear_isas", &l::supported_isas, "Quantized linear builds this CPU can run, best first.");
