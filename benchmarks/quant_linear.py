@@ -2,8 +2,9 @@
 
 Shapes of the default model (SmolLM2-135M: hidden 576, intermediate 1536,
 30 layers, vocab 49152) at M = 1 / 16 / 256 rows: time per call, GB/s of the
-packed bytes read (codes + fp32 scales), GFLOP/s, and torch F.linear with the
-dense fp32 and bf16 weights in the same run. Up to M = 16 each of the 30
+packed bytes read (codes + scales, float16 or, in older builds, float32:
+whichever the build takes), GFLOP/s, and torch F.linear with the dense fp32
+and bf16 weights in the same run. Up to M = 16 each of the 30
 layers has its own weights (cycled), so the dense fp32 model (~540 MB) streams
 from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Then a whole-model estimate
 (30 layers + lm_head) of the matmul time per step at M = 1 and M = 16.
@@ -56,14 +57,26 @@ SHAPES = [
 ]
 
 
-def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
+def scale_dtype() -> torch.dtype:
+    """The dtype C takes for the scales d / m: float16 (GGUF's), or float32
+    in builds before the fp16 scales (baselines)."""
+    try:
+        C.quant_dequantize("q8_0", torch.zeros(1, 32, dtype=torch.int8), torch.zeros(1, 1, dtype=torch.float16), None,
+                           torch.empty(1, 32))
+        return torch.float16
+    except ValueError:
+        return torch.float32
+
+
+def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator, scales: torch.dtype):
+    """Random packed arrays; the same fp16 scale values whatever `scales`."""
     blocks = k // 32
-    d = (torch.rand(n, blocks, generator=gen) * 0.02).half().float()
+    d = (torch.rand(n, blocks, generator=gen) * 0.02).half().to(scales)
     if qtype == "q8_0":
         qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
     else:
         qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
-    m = (torch.rand(n, blocks, generator=gen) * -0.1).half().float() if qtype == "q4_1" else None
+    m = (torch.rand(n, blocks, generator=gen) * -0.1).half().to(scales) if qtype == "q4_1" else None
     return qs, d, m
 
 
@@ -71,8 +84,9 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     """Times one call per copy, cycling through `copies` distinct weights (one
     per layer), so dense weights come from DRAM as in a real step."""
     weights, dense, dense_bf16 = [], [], []
+    scales = scale_dtype()
     for _ in range(copies):
-        qs, d, m = packed_weight(qtype, n, k, gen)
+        qs, d, m = packed_weight(qtype, n, k, gen, scales)
         w = torch.empty(n, k)
         C.quant_dequantize(qtype, qs, d, m, w)
         weights.append((qs, d, m))
@@ -82,7 +96,7 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     x_bf16 = x.bfloat16()
     out = torch.empty(m_rows, n)
     qs, d, m = weights[0]
-    packed_bytes = qs.numel() + 4 * d.numel() + (4 * m.numel() if m is not None else 0)
+    packed_bytes = qs.numel() + d.nbytes + (m.nbytes if m is not None else 0)
 
     def quant():
         for qs, d, m in weights:
@@ -94,7 +108,8 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies if with_torch else nan
     flop = 2.0 * m_rows * n * k
     return {
-        "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies,
+        "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies, "scales": str(scales),
+        "packed_bytes": packed_bytes,
         "quant_us": t_q * 1e6, "quant_GBps": packed_bytes / t_q / 1e9, "quant_GFLOPs": flop / t_q / 1e9,
         "torch_fp32_us": t_f32 * 1e6, "torch_bf16_us": t_bf16 * 1e6,
         "speedup_vs_fp32": t_f32 / t_q, "speedup_vs_bf16": t_bf16 / t_q,
@@ -121,10 +136,11 @@ def measure(rows_list, threads, min_time, with_torch, show) -> list[dict]:
     return rows
 
 
-def whole_model(rows: list[dict], m_rows: int, key: str) -> float:
-    """Milliseconds per step of the 30 layers + lm_head."""
+def whole_model(rows: list[dict], m_rows: int, key: str, unit: float = 1e3) -> float:
+    """rows[key] summed over a step of the 30 layers + lm_head, divided by
+    `unit` (us -> ms by default; 1e6 for packed_bytes -> MB)."""
     per = {r["name"]: r for r in rows if r["M"] == m_rows}
-    return sum(per[name][key] * count for name, _, _, _, count in SHAPES) / 1e3
+    return sum(per[name][key] * count for name, _, _, _, count in SHAPES) / unit
 
 
 def run_baseline(args, path: str) -> list[dict]:
@@ -153,14 +169,16 @@ def main() -> None:
     C.set_linear_isa(args.isa)
     min_time = 0.2 if args.quick else 0.6
 
-    print(f"isa={C.linear_isa()} threads={args.threads} torch={torch.__version__} cpu={platform.processor()}")
+    print(f"isa={C.linear_isa()} threads={args.threads} scales={scale_dtype()} torch={torch.__version__}"
+          f" cpu={platform.processor()}")
     rows = measure(args.rows, args.threads, min_time, not args.no_torch, show=not args.no_torch)
     model = {}
     for m_rows in args.rows:
         total = {key: whole_model(rows, m_rows, key) for key in ("quant_us", "torch_fp32_us", "torch_bf16_us")}
+        megabytes = whole_model(rows, m_rows, "packed_bytes", 1e6)
         model[m_rows] = {"quant_ms": total["quant_us"], "torch_fp32_ms": total["torch_fp32_us"],
-                         "torch_bf16_ms": total["torch_bf16_us"]}
-        print(f"whole model (30 layers + lm_head) M={m_rows}: quant {total['quant_us']:.2f} ms,"
+                         "torch_bf16_ms": total["torch_bf16_us"], "packed_MB": megabytes}
+        print(f"whole model (30 layers + lm_head) M={m_rows}: quant {total['quant_us']:.2f} ms ({megabytes:.1f} MB),"
               f" torch fp32 {total['torch_fp32_us']:.2f} ms, torch bf16 {total['torch_bf16_us']:.2f} ms"
               f" -> x{total['torch_fp32_us'] / total['quant_us']:.2f} vs fp32,"
               f" x{total['torch_bf16_us'] / total['quant_us']:.2f} vs bf16")
@@ -177,10 +195,13 @@ def main() -> None:
                   + " ".join(f"{o / new['quant_us']:8.2f}" for o in olds))
         for m_rows in args.rows:
             olds = [whole_model(b, m_rows, "quant_us") for b in baselines]
-            new_ms = model[m_rows]["quant_ms"]
+            old_mb = [whole_model(b, m_rows, "packed_bytes", 1e6) for b in baselines]
+            new_ms, new_mb = model[m_rows]["quant_ms"], model[m_rows]["packed_MB"]
             model[m_rows]["baseline_quant_ms"] = olds
-            print(f"whole model M={m_rows}: " + ", ".join(f"{n} {o:.2f} ms" for n, o in zip(names, olds))
-                  + f", this {new_ms:.2f} ms")
+            model[m_rows]["baseline_packed_MB"] = old_mb
+            print(f"whole model M={m_rows}: "
+                  + ", ".join(f"{n} {o:.2f} ms ({b:.1f} MB)" for n, o, b in zip(names, olds, old_mb))
+                  + f", this {new_ms:.2f} ms ({new_mb:.1f} MB)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"isa": C.linear_isa(), "threads": args.threads, "shapes": rows, "model": model,
