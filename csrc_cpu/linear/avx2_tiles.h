@@ -88,17 +88,10 @@ struct Bytes {  // Q8_0
   }
 };
 
-// fp16 scales (d or m) are widened exactly by F16C (as scale_at does
-// portably) a group of blocks at a time into a small fp32 buffer, then
-// broadcast from it: one convert per 8 blocks instead of one per use.
-constexpr int64_t kScaleGroup = 8;
-PAGED_AVX2 inline void widen_scales(const uint16_t* scales, int64_t count, float out[kScaleGroup]) {
-  uint16_t tail[kScaleGroup] = {};  // the last group of a row: read no further than its end
-  if (count < kScaleGroup) {
-    std::copy(scales, scales + count, tail);
-    scales = tail;
-  }
-  _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales))));
+// A fp16 scale (d or m) widened exactly by F16C, as scale_at does portably.
+PAGED_AVX2 inline float scale_f16c(const uint16_t* scales, int64_t i) { return _cvtsh_ss(scales[i]); }
+PAGED_AVX2 inline __m256 broadcast_scale(const uint16_t* scales, int64_t i) {
+  return _mm256_set1_ps(scale_f16c(scales, i));
 }
 
 PAGED_AVX2 inline float hsum(__m256 v) {
@@ -116,34 +109,20 @@ PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int
   int64_t r = 0;
   for (; r + 8 <= M; r += 8)
     for (int64_t n = n0; n < n1; ++n) {
+      const uint16_t* m = a.m + n * nb;
       __m256 acc = _mm256_setzero_ps();
-      for (int64_t b0 = 0; b0 < nb; b0 += kScaleGroup) {
-        const int64_t group = std::min(kScaleGroup, nb - b0);
-        float m[kScaleGroup];
-        widen_scales(a.m + n * nb + b0, group, m);
-        for (int64_t j = 0; j < group; ++j)
-          acc = _mm256_fmadd_ps(_mm256_broadcast_ss(m + j), _mm256_loadu_ps(a.xs + (b0 + j) * M + r), acc);
-      }
+      for (int64_t b = 0; b < nb; ++b)
+        acc = _mm256_fmadd_ps(broadcast_scale(m, b), _mm256_loadu_ps(a.xs + b * M + r), acc);
       float lanes[kLanes];
       _mm256_storeu_ps(lanes, acc);
       for (int l = 0; l < kLanes; ++l) a.out[(r + l) * N + n] = lanes[l];
     }
-  if (r == M) return;
-  constexpr int64_t kRows = 24;  // weight rows whose widened offsets are held at once
-  for (int64_t c0 = n0; c0 < n1; c0 += kRows) {
-    const int64_t c1 = std::min(n1, c0 + kRows);
-    for (int64_t i = r; i < M; ++i) std::fill(a.out + i * N + c0, a.out + i * N + c1, 0.f);
-    for (int64_t b0 = 0; b0 < nb; b0 += kScaleGroup) {
-      const int64_t group = std::min(kScaleGroup, nb - b0);
-      float m[kRows][kScaleGroup];
-      for (int64_t n = c0; n < c1; ++n) widen_scales(a.m + n * nb + b0, group, m[n - c0]);
-      for (int64_t i = r; i < M; ++i) {
-        float* sm = a.out + i * N;
-        for (int64_t j = 0; j < group; ++j) {
-          const float xs = a.xs[(b0 + j) * M + i];
-          for (int64_t n = c0; n < c1; ++n) sm[n] = __builtin_fmaf(m[n - c0][j], xs, sm[n]);
-        }
-      }
+  for (; r < M; ++r) {
+    float* sm = a.out + r * N;
+    std::fill(sm + n0, sm + n1, 0.f);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float xs = a.xs[b * M + r];
+      for (int64_t n = n0; n < n1; ++n) sm[n] = __builtin_fmaf(scale_f16c(a.m, n * nb + b), xs, sm[n]);
     }
   }
 }
@@ -162,20 +141,14 @@ PAGED_AVX2 void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0
     rows[r] = typename Path::Row(a, r0 + r);
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   }
-  for (int64_t b0 = 0; b0 < nb; b0 += kScaleGroup) {
-    const int64_t group = std::min(kScaleGroup, nb - b0);
-    float ds[C][kScaleGroup];
-    for (int c = 0; c < C; ++c) widen_scales(d[c] + b0, group, ds[c]);
-    for (int64_t j = 0; j < group; ++j) {
-      const int64_t b = b0 + j;
-      for (int r = 0; r < R; ++r) rows[r].begin_block(b);
-      for (int c = 0; c < C; ++c) {
-        typename Path::Codes q;
-        src[c].load(b, q.v);
-        src[c].prefetch(b);
-        const __m256 db = _mm256_broadcast_ss(&ds[c][j]);
-        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, rows[r].dot(q, b), acc[r][c]);
-      }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) rows[r].begin_block(b);
+    for (int c = 0; c < C; ++c) {
+      typename Path::Codes q;
+      src[c].load(b, q.v);
+      src[c].prefetch(b);
+      const __m256 db = broadcast_scale(d[c], b);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, rows[r].dot(q, b), acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)

@@ -60,11 +60,7 @@ PAGED_AVX2 void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, 
     x[r] = a.x + (r0 + r) * K;
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   }
-  float ds[C][tiles::kScaleGroup];
   for (int64_t b = 0; b < nb; ++b) {
-    const int64_t j = b % tiles::kScaleGroup;
-    if (j == 0)
-      for (int c = 0; c < C; ++c) tiles::widen_scales(d[c] + b, std::min(tiles::kScaleGroup, nb - b), ds[c]);
     const int64_t k0 = b * kBlock;
     __m256 t[R][C];
     for (int i = 0; i < 4; ++i) {
@@ -76,7 +72,7 @@ PAGED_AVX2 void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, 
       }
     }
     for (int c = 0; c < C; ++c) {
-      const __m256 db = _mm256_broadcast_ss(&ds[c][j]);
+      const __m256 db = tiles::broadcast_scale(d[c], b);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, t[r][c], acc[r][c]);
     }
   }
