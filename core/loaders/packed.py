@@ -47,19 +47,17 @@ class PackedBlocks:
 
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(qs, d, m) in the layout of ``_C_cpu.quant_linear``: qs uint8
-        [N, K/2] (q4) or int8 [N, K] (q8), d and m float16 [N, K/32] as
-        GGUF stores them (m only for Q4_1); the kernels widen each scale to
-        float32 exactly where they use it, so reading 2 bytes instead of 4
-        changes no result."""
+        [N, K/2] (q4) or int8 [N, K] (q8), d and m float32 [N, K/32]
+        (m only for Q4_1)."""
         n, k = self.shape
         _, type_size = GGML_QUANT_SIZES[self.qtype]
         b = self.blocks.view(n, k // 32, type_size)
-        d = b[..., 0:2].contiguous().view(torch.float16).view(n, k // 32)
+        d = b[..., 0:2].contiguous().view(torch.float16).float().view(n, k // 32)
         if self.qtype == Q.Q8_0:
             return b[..., 2:].contiguous().view(torch.int8).view(n, k), d, None
         if self.qtype == Q.Q4_0:
             return b[..., 2:].contiguous().view(n, k // 2), d, None
-        m = b[..., 2:4].contiguous().view(torch.float16).view(n, k // 32)
+        m = b[..., 2:4].contiguous().view(torch.float16).float().view(n, k // 32)
         return b[..., 4:].contiguous().view(n, k // 2), d, m
 
 

@@ -88,12 +88,6 @@ struct Bytes {  // Q8_0
   }
 };
 
-// A fp16 scale (d or m) widened exactly by F16C, as scale_at does portably.
-PAGED_AVX2 inline float scale_f16c(const uint16_t* scales, int64_t i) { return _cvtsh_ss(scales[i]); }
-PAGED_AVX2 inline __m256 broadcast_scale(const uint16_t* scales, int64_t i) {
-  return _mm256_set1_ps(scale_f16c(scales, i));
-}
-
 PAGED_AVX2 inline float hsum(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l_i + l_{i+4}
   const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));  // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
@@ -109,10 +103,10 @@ PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int
   int64_t r = 0;
   for (; r + 8 <= M; r += 8)
     for (int64_t n = n0; n < n1; ++n) {
-      const uint16_t* m = a.m + n * nb;
+      const float* m = a.m + n * nb;
       __m256 acc = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b)
-        acc = _mm256_fmadd_ps(broadcast_scale(m, b), _mm256_loadu_ps(a.xs + b * M + r), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(m + b), _mm256_loadu_ps(a.xs + b * M + r), acc);
       float lanes[kLanes];
       _mm256_storeu_ps(lanes, acc);
       for (int l = 0; l < kLanes; ++l) a.out[(r + l) * N + n] = lanes[l];
@@ -122,7 +116,7 @@ PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int
     std::fill(sm + n0, sm + n1, 0.f);
     for (int64_t b = 0; b < nb; ++b) {
       const float xs = a.xs[b * M + r];
-      for (int64_t n = n0; n < n1; ++n) sm[n] = __builtin_fmaf(scale_f16c(a.m, n * nb + b), xs, sm[n]);
+      for (int64_t n = n0; n < n1; ++n) sm[n] = __builtin_fmaf(a.m[n * nb + b], xs, sm[n]);
     }
   }
 }
@@ -133,7 +127,7 @@ PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int
 template <class Path, class Src, int R, int C>
 PAGED_AVX2 void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0, bool add_out) {
   const int64_t nb = a.blocks();
-  const uint16_t* d[C];
+  const float* d[C];
   for (int c = 0; c < C; ++c) d[c] = a.d + (n0 + c) * nb;
   typename Path::Row rows[R];
   __m256 acc[R][C];
@@ -147,7 +141,7 @@ PAGED_AVX2 void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0
       typename Path::Codes q;
       src[c].load(b, q.v);
       src[c].prefetch(b);
-      const __m256 db = broadcast_scale(d[c], b);
+      const __m256 db = _mm256_broadcast_ss(d[c] + b);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, rows[r].dot(q, b), acc[r][c]);
     }
   }

@@ -52,7 +52,7 @@ struct Fp32Path {
 template <int R, int C>
 PAGED_AVX2 void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, int64_t r0) {
   const int64_t nb = a.blocks(), K = a.K;
-  const uint16_t* d[C];
+  const float* d[C];
   for (int c = 0; c < C; ++c) d[c] = a.d + (n0 + c) * nb;
   const float* x[R];
   __m256 acc[R][C];
@@ -72,7 +72,7 @@ PAGED_AVX2 void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, 
       }
     }
     for (int c = 0; c < C; ++c) {
-      const __m256 db = tiles::broadcast_scale(d[c], b);
+      const __m256 db = _mm256_broadcast_ss(d[c] + b);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(db, t[r][c], acc[r][c]);
     }
   }

@@ -20,17 +20,16 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scrat
     const uint8_t* row = a.qs + n * a.row_bytes();
     for (int64_t b = 0; b < nb; ++b)
       for (int k = 0; k < kBlock; ++k) codes[b * kBlock + k] = float(block_code(a.qtype, row, b, k));
-    const uint16_t* d = a.d + n * nb;
-    const uint16_t* m = a.m ? a.m + n * nb : nullptr;
+    const float* d = a.d + n * nb;
+    const float* m = a.m ? a.m + n * nb : nullptr;
     for (int64_t r = 0; r < a.M; ++r) {
       float acc[kLanes] = {};
       float sm = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         float t[kLanes];
         block_lanes(codes + b * kBlock, r, b, t);
-        const float db = scale_at(d, b);
-        for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(db, t[l], acc[l]);
-        if (m) sm = std::fma(scale_at(m, b), a.xs[b * a.M + r], sm);
+        for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(d[b], t[l], acc[l]);
+        if (m) sm = std::fma(m[b], a.xs[b * a.M + r], sm);
       }
       a.out[r * a.N + n] = hsum8(acc) + sm;
     }

@@ -41,15 +41,11 @@ std::string dtype_str(const nb::dlpack::dtype& t) {
   }
 }
 
-// GGUF's scales: fp16, read as their bits and widened where used.
-constexpr nb::dlpack::dtype kFloat16{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
-
-// A contiguous CPU tensor of the given dtype and rank 2; `what` follows the
-// expected dtype in the error.
-attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want, const std::string& what = "") {
+// A contiguous CPU tensor of the given dtype and rank 2.
+attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) {
   attn::TensorArg t = attn::any_tensor(name, a);
   if (a.dtype() != want)
-    fail(std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; expected " + dtype_str(want) + what);
+    fail(std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; expected " + dtype_str(want));
   if (t.shape.size() != 2) fail(std::string(name) + " has shape " + t.shape_str() + "; expected a 2-D tensor");
   return t;
 }
@@ -74,17 +70,16 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
     fail("qs has shape " + tq.shape_str() + ": needs N >= 1 rows and K = " + std::to_string(a.K) +
          " a positive multiple of 32" + (q8 ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"));
   const std::string per_block = "one scale per 32 weights of each row";
-  const std::string fp16 = " (GGUF's scales)";
-  const attn::TensorArg td = matrix("d", d, kFloat16, fp16);
+  const attn::TensorArg td = matrix("d", d, nb::dtype<float>());
   require_shape(td, a.N, a.blocks(), per_block);
   a.qs = static_cast<const uint8_t*>(tq.data);
-  a.d = static_cast<const uint16_t*>(td.data);
+  a.d = static_cast<const float*>(td.data);
   a.m = nullptr;
   if (a.qtype == QType::Q4_1) {
     if (absent(m)) fail("m is required for qtype 'q4_1' (w = d * q + m)");
-    const attn::TensorArg tm = matrix("m", *m, kFloat16, fp16);
+    const attn::TensorArg tm = matrix("m", *m, nb::dtype<float>());
     require_shape(tm, a.N, a.blocks(), per_block);
-    a.m = static_cast<const uint16_t*>(tm.data);
+    a.m = static_cast<const float*>(tm.data);
   } else if (!absent(m)) {
     fail("m must be None or empty for qtype '" + qtype + "' (it has no per-block offset)");
   }
@@ -222,10 +217,10 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
     int codes[kBlock];
     for (int64_t b = 0; b < nb; ++b) {
       for (int k = 0; k < kBlock; ++k) codes[k] = block_code(a.qtype, row, b, k);
-      const float scale = scale_at(a.d, n * nb + b);
+      const float scale = a.d[n * nb + b];
       float* dst = w + n * a.K + b * kBlock;
       if (a.m) {
-        const float offset = scale_at(a.m, n * nb + b);
+        const float offset = a.m[n * nb + b];
         for (int k = 0; k < kBlock; ++k) dst[k] = scale * float(codes[k]) + offset;
       } else {
         for (int k = 0; k < kBlock; ++k) dst[k] = scale * float(codes[k]);

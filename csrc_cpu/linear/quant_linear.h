@@ -38,8 +38,6 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel_common.h"  // attn::f16_to_float: exact, portable (no F16C)
-
 namespace paged::cpu::linear {
 
 constexpr int64_t kBlock = 32;  // weights per quant block along K
@@ -66,8 +64,8 @@ struct LinearArgs {
   const int16_t* xq = nullptr;    // [M, 2K] int16 path: per block hi codes then lo codes
   const float* xscale = nullptr;  // [M, K/32, 2] int16 path: the scales (s, s_lo) of xq's blocks
   const uint8_t* qs = nullptr;    // [N, K/2] nibbles or [N, K] int8
-  const uint16_t* d = nullptr;    // [N, K/32] fp16 bits, as GGUF stores them (scale_at widens)
-  const uint16_t* m = nullptr;    // [N, K/32] fp16 bits for Q4_1, else null
+  const float* d = nullptr;       // [N, K/32]
+  const float* m = nullptr;       // [N, K/32] for Q4_1, else null
   const float* xs = nullptr;      // [K/32, M] block sums of x, xs[b * M + r] (block-major:
                                   // a block's sums of consecutive rows are adjacent)
   float* out = nullptr;           // [M, N]
@@ -101,10 +99,6 @@ inline float hsum8(const float v[kLanes]) {
 
 // The lane (vpmaddwd on elements 0-15 and 16-31) that sums element k of a block.
 constexpr int lane_of(int k) { return (k & 15) >> 1; }
-
-// A fp16 scale (d or m) widened to fp32: exact, so the arithmetic above is
-// that of the fp32 value. The portable conversion, for builds without F16C.
-inline float scale_at(const uint16_t* scales, int64_t i) { return attn::f16_to_float(scales[i]); }
 
 // Integer code k of block b of a weight row, as stored by GGUF.
 inline int block_code(QType t, const uint8_t* row, int64_t b, int k) {
