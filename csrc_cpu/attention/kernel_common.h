@@ -11,6 +11,8 @@
 #include <memory>
 #include <vector>
 
+#include <omp.h>
+
 namespace paged::cpu::attn {
 
 enum class DType { F32, BF16, F16 };
