@@ -128,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics = ServerMetrics(name)
     aengine = AsyncEngine(engine, max_waiting=args.max_waiting_requests, observer=metrics)
+    # The engine thread takes the GIL back after every kernel of a step; with
+    # the default 5 ms switch interval a busy event loop could keep it waiting.
+    # 0.2 ms cut 1-stream time per output token by ~1 ms (of ~15) here.
+    sys.setswitchinterval(2e-4)
     app = create_app(aengine, engine.tokenizer, server_config, metrics)
     uv_config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level,
