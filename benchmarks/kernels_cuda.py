@@ -11,11 +11,11 @@ prints the reason and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
 import torch
+from timing import emit_json
 
 
 def cuda_time_ms(fn, iters: int, warmup: int = 3) -> float:
@@ -98,10 +98,7 @@ def main(argv=None) -> int:
                   f"{r['block_size']:>4} {r['dtype']:>9} {r['kernel_ms']:>8.3f} {r['kernel_gbs']:>7.0f} "
                   f"{r['fraction_of_copy_bw']:>7.0%} {r['reference_ms']:>9.2f} {r['speedup_vs_reference']:>7.1f} "
                   f"{r['max_abs_err_vs_reference']:>8.1e}")
-    print(json.dumps(result))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=2)
+    emit_json(result, a.json)
     return 0
 
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 
 from paged.core import bench_serve
+from timing import emit_json
 
 
 def parse_server(text: str) -> tuple[str, str, str]:
@@ -92,10 +92,7 @@ def main() -> int:
     report = {"input_len": args.input_len, "output_len": args.output_len,
               "servers": {n: {"url": u, "backend": b} for n, u, b in args.server},
               "results": {n: {str(k): v for k, v in r.items()} for n, r in results.items()}}
-    print(json.dumps(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
+    emit_json(report, args.json)
     return 0
 
 

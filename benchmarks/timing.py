@@ -17,3 +17,14 @@ def best_time(fn, min_time: float, max_reps: int = 500, warmup: int = 1, min_rep
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def emit_json(report, path=None) -> None:
+    """Print the report as one JSON line (for scripts) and, given a path,
+    also write it there indented."""
+    import json
+
+    print(json.dumps(report))
+    if path:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
