@@ -20,9 +20,8 @@ from __future__ import annotations
 import os
 
 import torch
-from torch.utils.dlpack import to_dlpack
 
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu import CpuBackend, dl
 from paged.backends.cpu import quant_linear as packed_linear
 from paged.backends.cpu.quant_linear import CpuPackedLinear
 
@@ -35,7 +34,7 @@ def enabled() -> bool:
 
 
 def _matrix(w: CpuPackedLinear):
-    return (w.qtype, to_dlpack(w.qs), to_dlpack(w.d), None if w.m is None else to_dlpack(w.m))
+    return (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
 
 
 def _dense_f32(t) -> bool:
@@ -73,10 +72,10 @@ class LayerStack:
         c, first = model.config, layers[0]
         native = _C_cpu.LayerStack(first.num_heads, first.num_kv_heads, first.head_dim, c.hidden_size,
                                    first.inter, float(first.eps), backend.scale, backend.sliding_window,
-                                   to_dlpack(model.final_norm.detach()))
+                                   dl(model.final_norm))
         for layer in layers:
-            bias = None if layer.qkv_bias is None else to_dlpack(layer.qkv_bias.detach())
-            native.add_layer(to_dlpack(layer.input_norm.detach()), to_dlpack(layer.post_norm.detach()),
+            bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
+            native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
                              _matrix(layer.down))
         return cls(native, len(layers))
@@ -94,11 +93,11 @@ class LayerStack:
             if len(pairs) != self._num_layers:
                 raise ValueError(f"kv_caches has {len(pairs)} (key, value) pairs but the model has "
                                  f"{self._num_layers} layers")
-            self._native.bind_kv_caches([(to_dlpack(k), to_dlpack(v)) for k, v in pairs])
+            self._native.bind_kv_caches([(dl(k), dl(v)) for k, v in pairs])
             self._bound = kv_caches
         positions, cos_sin = rope_in
         out = torch.empty_like(hidden)
-        self._native.run(to_dlpack(hidden), to_dlpack(out), to_dlpack(positions), to_dlpack(cos_sin),
-                         to_dlpack(meta.slot_mapping), to_dlpack(meta.query_start_loc),
-                         to_dlpack(meta.seq_lens), to_dlpack(meta.block_tables), int(meta.num_decodes))
+        self._native.run(dl(hidden), dl(out), dl(positions), dl(cos_sin),
+                         dl(meta.slot_mapping), dl(meta.query_start_loc),
+                         dl(meta.seq_lens), dl(meta.block_tables), int(meta.num_decodes))
         return out

@@ -9,6 +9,11 @@ namespace paged::cpu::attn {
 void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 void fail_index(const std::string& msg) { throw std::out_of_range(msg); }
 
+int64_t positive(const char* name, int64_t v) {
+  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  return v;
+}
+
 const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "float32";

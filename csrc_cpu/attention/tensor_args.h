@@ -38,6 +38,8 @@ TensorArg any_tensor(const char* name, const Array& a);
 
 [[noreturn]] void fail(const std::string& msg);             // ValueError
 [[noreturn]] void fail_index(const std::string& msg);       // IndexError
+// v itself when v > 0, else ValueError "<name> must be positive, got <v>".
+int64_t positive(const char* name, int64_t v);
 void require_same_shape(const TensorArg& a, const TensorArg& b);
 void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why);
 const char* dtype_name(DType t);

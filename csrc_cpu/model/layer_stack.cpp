@@ -17,6 +17,7 @@ namespace paged::cpu::model {
 namespace {
 
 using attn::fail;
+using attn::positive;
 
 // An unowned ndarray over memory the caller keeps alive for the call.
 Array view(const void* data, std::initializer_list<size_t> shape, nb::dlpack::dtype dtype) {
@@ -26,12 +27,15 @@ Array view(const void* data, std::initializer_list<size_t> shape, nb::dlpack::dt
 
 Array f32(const float* data, std::initializer_list<size_t> shape) { return view(data, shape, nb::dtype<float>()); }
 
-int64_t positive(const char* name, int64_t v) {
-  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
-  return v;
-}
-
 std::string str(int64_t v) { return std::to_string(v); }
+
+// A float32 tensor of `shape` (entries < 0 free): the stack runs float32 models only.
+attn::TensorArg f32_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape) {
+  attn::DType dt;
+  attn::TensorArg t = attn::float_tensor(name, a, shape, &dt);
+  if (dt != attn::DType::F32) fail(std::string(name) + " must be float32 (the stack runs float32 models)");
+  return t;
+}
 
 }  // namespace
 
@@ -50,23 +54,14 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
   if (num_heads % num_kv_heads)
     fail("num_heads (" + str(num_heads) + ") must be a multiple of num_kv_heads (" + str(num_kv_heads) + ")");
   if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + str(sliding_window));
-  attn::DType dt;
-  attn::float_tensor("final_norm", final_norm_, {hidden_size}, &dt);
-  if (dt != attn::DType::F32) fail("final_norm must be float32 (the stack runs float32 models)");
+  f32_tensor("final_norm", final_norm_, {hidden_size});
 }
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down) {
-  attn::DType dt;
-  for (auto [name, a] : {std::pair<const char*, Array*>{"input_norm", &input_norm}, {"post_norm", &post_norm}}) {
-    attn::float_tensor(name, *a, {cfg_.hidden_size}, &dt);
-    if (dt != attn::DType::F32) fail(std::string(name) + " must be float32");
-  }
-  if (qkv_bias) {
-    const int64_t width = (cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim;
-    attn::float_tensor("qkv_bias", *qkv_bias, {width}, &dt);
-    if (dt != attn::DType::F32) fail("qkv_bias must be float32");
-  }
+  f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
+  f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
+  if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(o_proj),
                           std::move(gate_up), std::move(down), std::move(qkv_bias)});
 }
@@ -137,12 +132,9 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   // kernel runs; the kernels check the rest of their arguments themselves.
   if (kv_caches_.size() != layers_.size())
     fail("no KV caches bound for the " + str(int64_t(layers_.size())) + " layers (call bind_kv_caches first)");
-  attn::DType dt;
-  const attn::TensorArg ht = attn::float_tensor("hidden", hidden, {-1, c.hidden_size}, &dt);
-  if (dt != attn::DType::F32) fail("hidden must be float32");
+  const attn::TensorArg ht = f32_tensor("hidden", hidden, {-1, c.hidden_size});
   const int64_t tokens = ht.dim(0);
-  attn::float_tensor("out", out, {tokens, c.hidden_size}, &dt);
-  if (dt != attn::DType::F32) fail("out must be float32");
+  f32_tensor("out", out, {tokens, c.hidden_size});
   if (ht.data == out.data() && tokens) fail("hidden and out must be different tensors");
   attn::int_tensor("positions", positions, 64, {tokens});
   attn::int_tensor("slot_mapping", slot_mapping, 64, {tokens});

@@ -15,6 +15,7 @@ namespace paged::cpu::ops {
 namespace {
 
 using attn::fail;
+using attn::positive;
 using attn::TensorArg;
 
 IsaSelector<const RowKernels*>& selector() {
@@ -75,11 +76,6 @@ TensorArg norm_weight(const Array& weight, const TensorArg& rows, Elem elem) {
     fail("weight has shape " + w.shape_str() + " but " + rows.name + " rows have " + std::to_string(rows.dim(1)) +
          " elements");
   return w;
-}
-
-int64_t positive(const char* name, int64_t v) {
-  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
-  return v;
 }
 
 }  // namespace
