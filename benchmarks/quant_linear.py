@@ -2,8 +2,7 @@
 
 Shapes of the default model (SmolLM2-135M: hidden 576, intermediate 1536,
 30 layers, vocab 49152) at M = 1 / 16 / 256 rows: time per call, GB/s of the
-packed bytes read (codes + scales, float16 or, in older builds, float32:
-whichever the build takes), GFLOP/s, and torch F.linear with the dense fp32
+packed bytes read (codes + float32 scales), GFLOP/s, and torch F.linear with the dense fp32
 and bf16 weights in the same run. Up to M = 16 each of the 30
 layers has its own weights (cycled), so the dense fp32 model (~540 MB) streams
 from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Then a whole-model estimate
@@ -57,26 +56,15 @@ SHAPES = [
 ]
 
 
-def scale_dtype() -> torch.dtype:
-    """The dtype C takes for the scales d / m: float16 (GGUF's), or float32
-    in builds before the fp16 scales (baselines)."""
-    try:
-        C.quant_dequantize("q8_0", torch.zeros(1, 32, dtype=torch.int8), torch.zeros(1, 1, dtype=torch.float16), None,
-                           torch.empty(1, 32))
-        return torch.float16
-    except ValueError:
-        return torch.float32
-
-
-def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator, scales: torch.dtype):
-    """Random packed arrays; the same fp16 scale values whatever `scales`."""
+def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
+    """Random packed arrays; the scales are fp16 values (as GGUF stores them) held in float32."""
     blocks = k // 32
-    d = (torch.rand(n, blocks, generator=gen) * 0.02).half().to(scales)
+    d = (torch.rand(n, blocks, generator=gen) * 0.02).half().float()
     if qtype == "q8_0":
         qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=gen)
     else:
         qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
-    m = (torch.rand(n, blocks, generator=gen) * -0.1).half().to(scales) if qtype == "q4_1" else None
+    m = (torch.rand(n, blocks, generator=gen) * -0.1).half().float() if qtype == "q4_1" else None
     return qs, d, m
 
 
@@ -84,9 +72,8 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     """Times one call per copy, cycling through `copies` distinct weights (one
     per layer), so dense weights come from DRAM as in a real step."""
     weights, dense, dense_bf16 = [], [], []
-    scales = scale_dtype()
     for _ in range(copies):
-        qs, d, m = packed_weight(qtype, n, k, gen, scales)
+        qs, d, m = packed_weight(qtype, n, k, gen)
         w = torch.empty(n, k)
         C.quant_dequantize(qtype, qs, d, m, w)
         weights.append((qs, d, m))
@@ -108,7 +95,7 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies if with_torch else nan
     flop = 2.0 * m_rows * n * k
     return {
-        "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies, "scales": str(scales),
+        "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies,
         "packed_bytes": packed_bytes,
         "quant_us": t_q * 1e6, "quant_GBps": packed_bytes / t_q / 1e9, "quant_GFLOPs": flop / t_q / 1e9,
         "torch_fp32_us": t_f32 * 1e6, "torch_bf16_us": t_bf16 * 1e6,
@@ -169,7 +156,7 @@ def main() -> None:
     C.set_linear_isa(args.isa)
     min_time = 0.2 if args.quick else 0.6
 
-    print(f"isa={C.linear_isa()} threads={args.threads} scales={scale_dtype()} torch={torch.__version__}"
+    print(f"isa={C.linear_isa()} threads={args.threads} torch={torch.__version__}"
           f" cpu={platform.processor()}")
     rows = measure(args.rows, args.threads, min_time, not args.no_torch, show=not args.no_torch)
     model = {}
