@@ -1,15 +1,19 @@
 """Benchmark of the CPU attention kernels against the pure-torch reference.
 
 Decode: batch x context x dtype, reporting time per call, GB/s of K/V read,
-that as a % of this machine's memory bandwidth (measured in the same run by
-copying a 1 GiB tensor), and the speedup over ReferenceBackend. The caches
+that as a % of this machine's memory bandwidth, and the speedup over
+ReferenceBackend. The bandwidth is a 1 GiB tensor copy; on a shared host it
+moves by 30% within a run, so each case alternates copy and kernel for a few
+rounds and %bw is the median of the rounds' ratios. The caches
 are rotated over several layers whose total is far larger than the L3, so the
 figures are DRAM-bound like a real model's. As a yardstick for the scattered
 access, "gather GB/s" is torch.index_select copying the same K/V blocks in
 block-table order (the same bytes read, plus writing them). Prefill: tokens/s
 at 512 tokens.
 
-    python benchmarks/kernels.py [--quick] [--json PATH] [--threads N]
+    python benchmarks/kernels.py [--quick] [--json PATH] [--threads N] [--block-size N]
+
+The block size defaults to the CPU platform's (what the engine uses).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import time
 
 import torch
@@ -24,18 +29,21 @@ from timing import best_time
 
 from paged.backends.cpu import CpuBackend, ops
 from paged.backends.reference import ReferenceBackend
+from paged.platforms.cpu import CpuPlatform
 
 ROTATE_BYTES = 768 << 20  # total cache memory cycled through (>> L3)
 
 
-def memory_bandwidth(gib: int = 1) -> float:
-    """GB/s of a large tensor copy (bytes read + bytes written), best of 3."""
-    src = torch.ones(gib << 28, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    best = min(_once(lambda: dst.copy_(src)) for _ in range(4))
-    nbytes = 2 * src.numel() * 4
-    del src, dst
-    return nbytes / best / 1e9
+_copy_buffers: list[torch.Tensor] = []
+
+
+def memory_bandwidth(reps: int = 4) -> float:
+    """GB/s of a 1 GiB tensor copy (bytes read + bytes written), best of reps."""
+    if not _copy_buffers:
+        _copy_buffers.extend([torch.ones(1 << 28, dtype=torch.float32), torch.empty(1 << 28, dtype=torch.float32)])
+    src, dst = _copy_buffers
+    best = min(_once(lambda: dst.copy_(src)) for _ in range(reps))
+    return 2 * src.numel() * 4 / best / 1e9
 
 
 def _once(fn) -> float:
@@ -44,7 +52,7 @@ def _once(fn) -> float:
     return time.perf_counter() - t0
 
 
-def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_time, with_reference):
+def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_time, with_reference, rounds=3):
     cfg = (heads, kv_heads, head, block_size, dtype)
     cpu, ref = CpuBackend(*cfg), ReferenceBackend(*cfg)
     blocks_per_seq = (context + block_size - 1) // block_size
@@ -71,14 +79,22 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
             be.paged_attention(out, query, kc, vc, tables, lens, be.scale, 0)
         return call
 
-    t_cpu = best_time(run(cpu), min_time)
+    # Copy and kernel alternate, so each ratio compares the two under the
+    # same load from the rest of the machine.
+    copy_gbps, ratios, t_cpu = [], [], float("inf")
+    kv_bytes = 2 * batch * context * kv_heads * head * elem
+    for _ in range(rounds):
+        copy_gbps.append(memory_bandwidth(reps=2))
+        t = best_time(run(cpu), min_time / rounds)
+        ratios.append(kv_bytes / t / 1e9 / copy_gbps[-1])
+        t_cpu = min(t_cpu, t)
     t_ref = best_time(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
     t_gather = gather_time(caches, tables, min_time / 2)
-    kv_bytes = 2 * batch * context * kv_heads * head * elem
     return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "batch": batch, "context": context, "block_size": block_size,
             "cpu_ms": t_cpu * 1e3, "ref_ms": t_ref * 1e3, "gbps": kv_bytes / t_cpu / 1e9,
-            "gather_gbps": kv_bytes / t_gather / 1e9,
+            "gather_gbps": kv_bytes / t_gather / 1e9, "copy_gbps": statistics.median(copy_gbps),
+            "pct_bw": 100 * statistics.median(ratios),
             "speedup": t_ref / t_cpu, "layers_rotated": num_layers}
 
 
@@ -124,30 +140,30 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (default: torch's)")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
+                    help="KV block size in tokens (default: the CPU platform's, %(default)s)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     min_time = 0.15 if args.quick else 0.5
     bw = memory_bandwidth()
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"kernel ISA {ops().attention_isa()}, memory copy bandwidth {bw:.1f} GB/s "
-          "(shared machine: expect noise)")
+          f"kernel ISA {ops().attention_isa()}, block size {args.block_size}, memory copy bandwidth {bw:.1f} GB/s "
+          "(shared machine: expect noise; %bw: median ratio over copy/kernel rounds)")
     batches, contexts = ((1, 32), (128, 4096)) if args.quick else ((1, 8, 32), (128, 1024, 4096))
     shapes = [(9, 3, 64)]
     results = []
     hdr = (f"{'dtype':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'ref ms':>8} {'GB/s':>6} {'%bw':>5} "
-           f"{'x ref':>6} {'gather GB/s':>11}")
+           f"{'x ref':>6} {'gather GB/s':>11} {'copy GB/s':>9}")
     print(hdr)
     for dtype in (torch.bfloat16, torch.float32):
         cases = [(s, b, c) for s in shapes for b in batches for c in contexts]
         cases.append(((16, 2, 128), 32, 4096))  # head-128 case
         for (h, hkv, d), b, c in cases:
             r = decode_case(h, hkv, d, b, c, dtype, args.block_size, min_time, with_reference=True)
-            r["pct_bw"] = 100 * r["gbps"] / bw
             results.append(r)
             print(f"{r['dtype']:9} {f'{h}/{hkv}/{d}':10} {b:>5} {c:>5} {r['cpu_ms']:8.3f} {r['ref_ms']:8.2f} "
-                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f} {r['gather_gbps']:11.1f}")
+                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f} {r['gather_gbps']:11.1f} {r['copy_gbps']:9.1f}")
     print(f"\n{'prefill':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6}")
     for dtype in (torch.bfloat16, torch.float32):
         r = prefill_case(9, 3, 64, 512, dtype, args.block_size, min_time)

@@ -69,7 +69,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help=f"token budget of one step; longer prompts are prefilled in chunks "
                         f"(default: {d.max_num_batched_tokens})")
-    g.add_argument("--block-size", type=int, default=None, help="KV cache block size in tokens")
+    g.add_argument("--block-size", type=int, default=None, help="KV cache block size in tokens (default: the platform's: cpu 128, cuda 16, npu 128)")
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size, e.g. 4GiB or 512MiB (default: a share of free memory)")
     g.add_argument("--cpu-threads-bind", default=d.cpu_threads_bind,

@@ -28,9 +28,12 @@ def one_cpu() -> str:
 
 @pytest.fixture(scope="module")
 def engine(default_model_path):
+    # 16-token blocks (not the CPU default of 128): these short prompts then
+    # span several blocks, so preemption, prefix hits and block reuse are
+    # exercised. test_engine_parity runs the default block size.
     return Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32", max_model_len=512,
                                max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory="128MiB",
-                               cpu_threads_bind=one_cpu()))
+                               block_size=16, cpu_threads_bind=one_cpu()))
 
 
 @pytest.fixture(scope="module")

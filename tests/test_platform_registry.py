@@ -72,7 +72,7 @@ def test_cpu_builtin():
     platform = platforms.get_platform("cpu")
     assert isinstance(platform, CpuPlatform)
     assert (platform.name, platform.device_type, platform.dist_backend, platform.default_block_size) == \
-        ("cpu", "cpu", "gloo", 16)
+        ("cpu", "cpu", "gloo", 128)
     assert platform.device_count() == 1
 
 
