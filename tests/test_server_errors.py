@@ -133,6 +133,20 @@ def test_503_when_waiting_queue_is_full(server):
     assert post(server, "/v1/completions", {**body, "max_tokens": 2}).status_code == 200  # serving goes on
 
 
+def test_idle_sigterm_exits_0_and_frees_the_engine():
+    """Nothing in flight: the server exits at once, with the grace timer
+    cancelled and the engine's native objects freed before interpreter
+    teardown (else nanobind reports them as leaked on stderr)."""
+    srv = ServerProcess()
+    try:
+        assert post(srv, "/v1/completions", {"model": srv.model, "prompt": "Hi", "max_tokens": 2}).status_code == 200
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(15) == 0, srv.log_tail()
+        assert "leaked" not in srv.log_tail(), srv.log_tail()
+    finally:
+        srv.stop()
+
+
 def test_sigterm_finishes_in_flight_and_exits_0():
     srv = ServerProcess("--shutdown-timeout", "4")
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import re
@@ -94,6 +95,14 @@ def _graceful_server_cls():
             # end the process with -SIGTERM; a graceful shutdown exits 0 instead
             self._captured_signals.clear()
 
+        async def serve(self, sockets=None) -> None:
+            try:
+                await super().serve(sockets)
+            finally:
+                if self._deadline is not None:  # every stream ended before it
+                    self._deadline.cancel()
+                    self._deadline.join(1.0)
+
     return GracefulServer
 
 
@@ -153,7 +162,14 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve())
     except OSError as exc:  # port in use, bad host
         return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
-    if not server.started:
+    finally:
+        started = server.started
+        # Free the engine (KV block pool, layer stack) while its extension
+        # module is loaded: left to interpreter teardown, reference cycles kept
+        # it alive and nanobind printed "leaked instances" on every shutdown.
+        del app, server, aengine, engine, uv_config, serve
+        gc.collect()
+    if not started:
         return _fail(f"could not start serving on {args.host}:{args.port} (see the log above)")
     return 0
 
