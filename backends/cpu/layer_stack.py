@@ -44,9 +44,8 @@ def _dense_f32(t) -> bool:
 class LayerStack:
     """Python face of ``_C_cpu.LayerStack`` for one ``LlamaForCausalLM``."""
 
-    def __init__(self, native, num_layers: int):
+    def __init__(self, native):
         self._native = native
-        self._num_layers = num_layers
         self._bound = None  # the kv_caches list last handed to the C++ object
 
     @classmethod
@@ -78,7 +77,7 @@ class LayerStack:
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
                              _matrix(layer.down))
-        return cls(native, len(layers))
+        return cls(native)
 
     def handles(self, num_tokens: int) -> bool:
         """Whether a step of ``num_tokens`` runs here (the packed kernel's row range, switch on)."""
@@ -89,11 +88,8 @@ class LayerStack:
         """hidden [T, hidden] embedding rows (overwritten: they become the
         residual) -> the final normed hidden states [T, hidden]."""
         if kv_caches is not self._bound:  # the runner keeps one list: bound once, not per step
-            pairs = list(kv_caches)
-            if len(pairs) != self._num_layers:
-                raise ValueError(f"kv_caches has {len(pairs)} (key, value) pairs but the model has "
-                                 f"{self._num_layers} layers")
-            self._native.bind_kv_caches([(dl(k), dl(v)) for k, v in pairs])
+            # the native call checks the count against the layers (ValueError)
+            self._native.bind_kv_caches([(dl(k), dl(v)) for k, v in kv_caches])
             self._bound = kv_caches
         positions, cos_sin = rope_in
         out = torch.empty_like(hidden)
