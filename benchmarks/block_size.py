@@ -13,9 +13,9 @@ last token (every sequence is decoding then), so prefill does not dilute it.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 
+from offline_throughput import make_prompts
 from timing import emit_json
 
 
@@ -42,11 +42,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
-    sizes = [int(s) for s in args.block_sizes.split(",") if s]
+    try:
+        sizes = [int(s) for s in args.block_sizes.split(",") if s]
+    except ValueError:
+        ap.error(f"--block-sizes wants integers separated by commas, got {args.block_sizes!r}")
     if not sizes or any(s < 1 for s in sizes) or args.output_len < 2 or args.num_seqs < 1 or args.input_len < 1:
         ap.error("block sizes >= 1, --output-len >= 2, --num-seqs and --input-len >= 1")
-    rng = random.Random(0)
-    prompts = [[rng.randrange(100, 40000) for _ in range(args.input_len)] for _ in range(args.num_seqs)]
+    prompts = make_prompts(args.num_seqs, args.input_len, 49152)  # the default model's vocabulary
     runs: dict[int, list[float]] = {s: [] for s in sizes}
     for r in range(args.rounds):
         for s in sizes:
