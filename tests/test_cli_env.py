@@ -3,6 +3,7 @@ script), plus the dispatcher's error handling with small command modules."""
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -15,10 +16,10 @@ from paged.core import cli
 CONSOLE_SCRIPT = Path(sys.executable).with_name("paged")
 
 
-def paged(*args, script=False):
+def paged(*args, script=False, **kwargs):
     cmd = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "paged.core.cli"]
     env = {k: v for k, v in os.environ.items() if k != "PAGED_DEVICE"}
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120, env=env, **kwargs)
 
 
 def assert_one_line_error(result, *fragments):
@@ -78,6 +79,16 @@ def test_bad_cpu_threads_bind_exits_2(bind, fragment):
     # malformed lists in general are covered in process by test_topology.py
     result = paged("--device", "cpu", "env", "--cpu-threads-bind", bind)
     assert_one_line_error(result, "--cpu-threads-bind", fragment)
+
+
+def _limit_data_to_1gib():
+    resource.setrlimit(resource.RLIMIT_DATA, (2**30, 2**30))
+
+
+def test_huge_cpu_range_exits_2_within_1gib():
+    # 0-99999999 used to be expanded into a list first: ~4 GB, MemoryError here
+    result = paged("--device", "cpu", "env", "--cpu-threads-bind", "0-99999999", preexec_fn=_limit_data_to_1gib)
+    assert_one_line_error(result, "--cpu-threads-bind", "-99999999 in CPU list '0-99999999' is not allowed")
 
 
 # ---- dispatcher behaviour, in process, with tiny command modules ----------

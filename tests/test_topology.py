@@ -138,6 +138,16 @@ def test_cpulist_not_allowed():
         parse_cpulist("0-3,8,10", allowed=range(8))
 
 
+def test_huge_ranges_refused_before_expanding():
+    # these were expanded first: MemoryError here, ~4 GB for 0-99999999
+    with pytest.raises(ValueError, match=r"^CPU 2,8-99999999999999 in CPU list '0-99999999999999' is not allowed "
+                                         r"for this process \(allowed: 0-1,3-7\)$"):
+        parse_cpulist("0-99999999999999", allowed={0, 1, 3, 4, 5, 6, 7})
+    with pytest.raises(ValueError, match=r"expected CPU numbers up to 8191 .*, got 9000-99999999999999$"):
+        parse_cpulist("0-3,9000-99999999999999")
+    assert parse_cpulist("8190-8191") == [8190, 8191]
+
+
 @given(st.sets(st.integers(0, 300), min_size=1, max_size=40))
 def test_cpulist_round_trip(cpus):
     assert parse_cpulist(format_cpulist(cpus)) == sorted(cpus)
