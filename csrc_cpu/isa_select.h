@@ -1,7 +1,8 @@
 // Run-time choice among the SIMD builds of one CPU kernel family (attention,
 // quantized linear, fused layer ops): "auto" = the best build this CPU can
 // run, or a build by name; PAGED_CPU_ISA picks the initial one for every
-// family that has a build of that name (tests and benchmarks use it).
+// family that has a build of that name (tests and benchmarks use it). Build
+// names are shared by every family: scalar (runs everywhere), avx2, avx512.
 #pragma once
 
 #include <cstdlib>
@@ -10,24 +11,24 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/runtime.h"
+
 namespace paged::cpu {
 
-inline bool cpu_has_avx512() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#else
-  return false;
-#endif
+// What each build needs, asked of the one detector (runtime/cpu_features.cpp),
+// so PAGED_CPU_HIDE moves every family to the same older generation.
+inline bool cpu_has_avx2() {
+  return runtime::cpu_has("avx2") && runtime::cpu_has("fma") && runtime::cpu_has("f16c");
 }
 
-inline bool cpu_has_avx2() {
-#if defined(__x86_64__) && defined(__GNUC__)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
+inline bool cpu_has_avx512() {
+  return cpu_has_avx2() && runtime::cpu_has("avx512f") && runtime::cpu_has("avx512bw") &&
+         runtime::cpu_has("avx512vl") && runtime::cpu_has("avx512dq");
 }
+
+inline bool cpu_has_avx512vnni() { return cpu_has_avx512() && runtime::cpu_has("avx512vnni"); }
+inline bool cpu_has_avx512bf16() { return cpu_has_avx512() && runtime::cpu_has("avx512bf16"); }
+inline bool cpu_has_avxvnni() { return cpu_has_avx2() && runtime::cpu_has("avxvnni"); }
 
 inline bool cpu_always() { return true; }
 

@@ -17,7 +17,7 @@ TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1e-2
 
 
 def _available_isas() -> list[str]:
-    isas = ["generic"]
+    isas = ["scalar"]
     try:
         C.set_fused_ops_isa("avx2")
         isas.append("avx2")

@@ -1,5 +1,6 @@
 // paged._C_cpu fused elementwise ops of the Llama layer (ops/ops.h).
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "module.h"
 #include "ops/ops.h"
@@ -23,6 +24,7 @@ void register_ops(nb::module_& m) {
   m.def("split_qkv", &o::split_qkv, "qkv"_a, "q"_a, "k"_a, "v"_a,
         "Copy fused qkv rows into contiguous q [T, H, D], k and v [T, Hkv, D].");
   m.def("fused_ops_isa", &o::fused_ops_isa, "SIMD build the fused ops use now.");
-  m.def("set_fused_ops_isa", &o::set_fused_ops_isa, "name"_a, "Choose 'auto', 'avx2' or 'generic'.");
+  m.def("set_fused_ops_isa", &o::set_fused_ops_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar'.");
+  m.def("supported_fused_ops_isas", &o::supported_fused_ops_isas, "Fused-op builds this CPU can run, best first.");
 }
 }  // namespace paged::cpu

@@ -20,7 +20,7 @@ using attn::TensorArg;
 
 IsaSelector<const RowKernels*>& selector() {
   static IsaSelector<const RowKernels*> s({{"avx2", &isa_avx2::kKernels, cpu_has_avx2},
-                                           {"generic", &isa_generic::kKernels, cpu_always}},
+                                           {"scalar", &isa_scalar::kKernels, cpu_always}},
                                           "fused ops");
   return s;
 }
@@ -171,5 +171,7 @@ void split_qkv(Array qkv, Array q, Array k, Array v) {
 std::string fused_ops_isa() { return selector().active().name; }
 
 void set_fused_ops_isa(const std::string& name) { selector().set(name); }
+
+std::vector<std::string> supported_fused_ops_isas() { return selector().supported(); }
 
 }  // namespace paged::cpu::ops

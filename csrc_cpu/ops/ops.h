@@ -51,7 +51,7 @@ struct RowKernels {
   void (*rotary)(const RopeArgs&, int64_t begin, int64_t end);
 };
 namespace isa_avx2 { extern const RowKernels kKernels; }
-namespace isa_generic { extern const RowKernels kKernels; }
+namespace isa_scalar { extern const RowKernels kKernels; }
 
 using Array = nanobind::ndarray<>;
 
@@ -64,5 +64,6 @@ void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t n
 void split_qkv(Array qkv, Array q, Array k, Array v);
 std::string fused_ops_isa();
 void set_fused_ops_isa(const std::string& name);
+std::vector<std::string> supported_fused_ops_isas();
 
 }  // namespace paged::cpu::ops

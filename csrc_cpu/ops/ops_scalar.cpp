@@ -4,8 +4,8 @@
 
 #include "ops/ops.h"
 
-namespace paged::cpu::ops::isa_generic {
-#define PAGED_OPS_ISA "generic"
+namespace paged::cpu::ops::isa_scalar {
+#define PAGED_OPS_ISA "scalar"
 #include "ops/kernels.inc"
 #undef PAGED_OPS_ISA
-}  // namespace paged::cpu::ops::isa_generic
+}  // namespace paged::cpu::ops::isa_scalar

@@ -78,7 +78,9 @@ void register_runtime(nb::module_& m) {
         for (const auto& [name, present] : runtime::cpu_features()) d[name.c_str()] = present;
         return d;
       },
-      "CPU features usable here (CPUID and OS-enabled state): avx2, avx512f, avx512bf16, avx512vnni, amx...");
+      "CPU features usable here (CPUID, OS-enabled state, minus PAGED_CPU_HIDE): avx2, avx512f, avx512bf16, ...");
+  m.def("hidden_cpu_features", &runtime::hidden_cpu_features,
+        "Features this CPU has that PAGED_CPU_HIDE hides from every kernel family.");
 }
 
 }  // namespace paged::cpu

@@ -1,7 +1,14 @@
-// CPU feature detection straight from CPUID, checked against what the OS
-// enabled in XCR0: a CPU with AVX-512 whose kernel does not save ZMM state
-// (or has not granted AMX tile state) cannot use those instructions.
+// The one CPU-feature detector: CPUID checked against what the OS enabled in
+// XCR0 (a CPU with AVX-512 whose kernel does not save ZMM state, or has not
+// granted AMX tile state, cannot use those instructions), minus the features
+// PAGED_CPU_HIDE names. Every kernel family's ISA choice (isa_select.h) and
+// the Python side (dtype choice, `paged env`) ask this detector, so hiding a
+// feature moves the whole process to the older generation's paths.
 #include "runtime/runtime.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -9,6 +16,23 @@
 
 namespace paged::cpu::runtime {
 namespace {
+
+// What each feature needs: hiding a feature hides everything that needs it
+// (hiding avx2 leaves scalar builds only; hiding avx512f hides every AVX-512
+// extension and AMX, the "Zen 3 / Skylake-client" generation).
+struct Feature {
+  const char* name;
+  const char* needs;  // nullptr: nothing we detect
+};
+constexpr Feature kFeatures[] = {
+    {"avx2", nullptr},          {"fma", "avx2"},           {"f16c", "avx2"},
+    {"avxvnni", "avx2"},        {"avx512f", "avx2"},       {"avx512bw", "avx512f"},
+    {"avx512vl", "avx512f"},    {"avx512dq", "avx512f"},   {"avx512vnni", "avx512f"},
+    {"avx512bf16", "avx512f"},  {"avx512fp16", "avx512f"}, {"amx_tile", "avx512f"},
+    {"amx_bf16", "amx_tile"},   {"amx_int8", "amx_tile"},
+};
+// Names PAGED_CPU_HIDE also takes for a family of features.
+constexpr std::pair<const char*, const char*> kAliases[] = {{"avx512", "avx512f"}, {"amx", "amx_tile"}};
 
 #if defined(__x86_64__) || defined(__i386__)
 struct Regs {
@@ -30,40 +54,103 @@ unsigned long long xcr0() {
 }
 #endif
 
-}  // namespace
-
-std::vector<std::pair<std::string, bool>> cpu_features() {
-  bool avx2 = false, f16c = false, avx512f = false, avx512bf16 = false, avx512vnni = false,
-       avx512fp16 = false, amx_tile = false, amx_bf16 = false, amx_int8 = false;
+// The hardware's answer, before any hiding.
+std::map<std::string, bool> detect() {
+  std::map<std::string, bool> f;
+  for (const Feature& x : kFeatures) f[x.name] = false;
 #if defined(__x86_64__) || defined(__i386__)
   const Regs leaf1 = cpuid(1, 0);
   const bool osxsave = bit(leaf1.ecx, 27);
   const unsigned long long xcr = osxsave ? xcr0() : 0;
-  const bool ymm_os = (xcr & 0x6) == 0x6;            // SSE + AVX state
+  const bool ymm_os = (xcr & 0x6) == 0x6;              // SSE + AVX state
   const bool zmm_os = ymm_os && (xcr & 0xe0) == 0xe0;  // opmask + ZMM state
-  const bool tile_os = (xcr & 0x60000) == 0x60000;   // XTILECFG + XTILEDATA
+  const bool tile_os = (xcr & 0x60000) == 0x60000;     // XTILECFG + XTILEDATA
   const Regs leaf7 = cpuid(7, 0);
   const Regs leaf7_1 = leaf7.eax >= 1 ? cpuid(7, 1) : Regs{};
-  f16c = ymm_os && bit(leaf1.ecx, 29);
-  avx2 = ymm_os && bit(leaf7.ebx, 5);
-  avx512f = zmm_os && bit(leaf7.ebx, 16);
-  avx512vnni = avx512f && bit(leaf7.ecx, 11);
-  avx512fp16 = avx512f && bit(leaf7.edx, 23);
-  avx512bf16 = avx512f && bit(leaf7_1.eax, 5);
-  amx_tile = tile_os && bit(leaf7.edx, 24);
-  amx_bf16 = amx_tile && bit(leaf7.edx, 22);
-  amx_int8 = amx_tile && bit(leaf7.edx, 25);
+  f["avx2"] = ymm_os && bit(leaf7.ebx, 5);
+  f["fma"] = ymm_os && bit(leaf1.ecx, 12);
+  f["f16c"] = ymm_os && bit(leaf1.ecx, 29);
+  f["avxvnni"] = ymm_os && bit(leaf7_1.eax, 4);
+  f["avx512f"] = zmm_os && bit(leaf7.ebx, 16);
+  f["avx512dq"] = zmm_os && bit(leaf7.ebx, 17);
+  f["avx512bw"] = zmm_os && bit(leaf7.ebx, 30);
+  f["avx512vl"] = zmm_os && bit(leaf7.ebx, 31);
+  f["avx512vnni"] = zmm_os && bit(leaf7.ecx, 11);
+  f["avx512fp16"] = zmm_os && bit(leaf7.edx, 23);
+  f["avx512bf16"] = zmm_os && bit(leaf7_1.eax, 5);
+  f["amx_tile"] = tile_os && bit(leaf7.edx, 24);
+  f["amx_bf16"] = tile_os && bit(leaf7.edx, 22);
+  f["amx_int8"] = tile_os && bit(leaf7.edx, 25);
 #endif
-  return {{"avx2", avx2},
-          {"f16c", f16c},
-          {"avx512f", avx512f},
-          {"avx512bf16", avx512bf16},
-          {"avx512vnni", avx512vnni},
-          {"avx512fp16", avx512fp16},
-          {"amx_tile", amx_tile},
-          {"amx_bf16", amx_bf16},
-          {"amx_int8", amx_int8},
-          {"amx", amx_bf16}};
+  return f;
+}
+
+std::string known_names() {
+  std::string s = "avx512, amx";
+  for (const Feature& x : kFeatures) s += std::string(", ") + x.name;
+  return s;
+}
+
+// PAGED_CPU_HIDE ("avx512", "avx512bf16,avx512vnni", ...) as feature names.
+std::set<std::string> hidden_names(const char* env) {
+  std::set<std::string> out;
+  std::stringstream items(env ? env : "");
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    if (first == std::string::npos) continue;
+    std::string name = item.substr(first, last - first + 1);
+    for (const auto& [alias, target] : kAliases)
+      if (name == alias) name = target;
+    bool known = false;
+    for (const Feature& x : kFeatures) known = known || name == x.name;
+    if (!known)
+      throw std::invalid_argument("PAGED_CPU_HIDE: expected a comma-separated list of " + known_names() +
+                                  ", got '" + item + "'");
+    out.insert(name);
+  }
+  return out;
+}
+
+// A feature is hidden when it or anything it needs is hidden, or it is absent.
+std::map<std::string, bool> apply_hiding(std::map<std::string, bool> f, const std::set<std::string>& hide) {
+  for (const Feature& x : kFeatures) {  // kFeatures lists each feature after what it needs
+    const bool needs_ok = x.needs == nullptr || f[x.needs];
+    f[x.name] = f[x.name] && needs_ok && hide.count(x.name) == 0;
+  }
+  return f;
+}
+
+struct State {
+  std::map<std::string, bool> hardware = detect();
+  std::set<std::string> hidden = hidden_names(std::getenv("PAGED_CPU_HIDE"));
+  std::map<std::string, bool> visible = apply_hiding(hardware, hidden);
+};
+
+const State& state() {
+  static const State s;  // a bad PAGED_CPU_HIDE throws here, on every call, as a ValueError
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, bool>> cpu_features() {
+  std::vector<std::pair<std::string, bool>> out;
+  for (const Feature& x : kFeatures) out.emplace_back(x.name, state().visible.at(x.name));
+  out.emplace_back("amx", state().visible.at("amx_bf16"));  // kept for callers of the older name
+  return out;
+}
+
+std::vector<std::string> hidden_cpu_features() {
+  std::vector<std::string> out;
+  for (const Feature& x : kFeatures)
+    if (state().hardware.at(x.name) && !state().visible.at(x.name)) out.emplace_back(x.name);
+  return out;
+}
+
+bool cpu_has(const std::string& name) {
+  const auto it = state().visible.find(name);
+  if (it == state().visible.end()) throw std::invalid_argument("cpu_has: unknown feature '" + name + "'");
+  return it->second;
 }
 
 }  // namespace paged::cpu::runtime

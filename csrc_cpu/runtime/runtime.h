@@ -3,6 +3,8 @@
 // bindings.cpp exposes it as paged._C_cpu.*. Errors are thrown as
 // std::invalid_argument (bad input) or std::runtime_error (the OS refused).
 #pragma once
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,7 +59,16 @@ bool libnuma_available();
 
 // ---- CPU features (cpu_features.cpp) ---------------------------------------
 
-// (feature name, present and enabled by the OS) pairs.
+// (feature name, usable) pairs: present, enabled by the OS and not hidden by
+// PAGED_CPU_HIDE (a comma-separated list of feature names; "avx512" and "amx"
+// name their families; hiding a feature hides what needs it). A bad
+// PAGED_CPU_HIDE throws std::invalid_argument from every function here.
 std::vector<std::pair<std::string, bool>> cpu_features();
+
+// Features the hardware has that PAGED_CPU_HIDE hides.
+std::vector<std::string> hidden_cpu_features();
+
+// One feature by name (a name cpu_features() lists).
+bool cpu_has(const std::string& name);
 
 }  // namespace paged::cpu::runtime

@@ -1,0 +1,88 @@
+"""Which SIMD build each CPU kernel family runs, and ISA *levels*: the CPU
+generations the suite and users can select.
+
+Every family (attention, linear, fused ops) names its builds from one
+vocabulary, ranked here; the C++ side (csrc_cpu/isa_select.h) picks the best
+build the CPU feature detector allows. A level caps every family at once:
+
+- in another process, through ``PAGED_CPU_HIDE`` (``hide_env(level)``), which
+  hides the newer features from the detector itself, so dtype choice, `paged
+  env` and every kernel family see the older generation end to end;
+- in this process, through ``use_level(level)``, which sets each family's
+  build directly (the detector's answer cannot change after import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+#: build names, best first; every family's builds are a subset
+RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "scalar")
+#: levels a machine can be run at, best first, and the features hidden for each
+LEVELS = ("avx512", "avx2", "scalar")
+_HIDE = {"avx512": "", "avx2": "avx512,avxvnni", "scalar": "avx2"}
+#: family -> (current build, set build, builds this CPU runs) in paged._C_cpu
+_FAMILIES = {
+    "attention": ("attention_isa", "set_attention_isa", "supported_attention_isas"),
+    "linear": ("linear_isa", "set_linear_isa", "supported_linear_isas"),
+    "fused_ops": ("fused_ops_isa", "set_fused_ops_isa", "supported_fused_ops_isas"),
+}
+
+
+def _ops():
+    from paged import _C_cpu
+
+    return _C_cpu
+
+
+def active_builds() -> dict[str, str]:
+    """family -> the build it runs now."""
+    ops = _ops()
+    return {family: getattr(ops, names[0])() for family, names in _FAMILIES.items()}
+
+
+def supported_levels() -> list[str]:
+    """Levels this machine (as the detector sees it) can run, best first."""
+    features = _ops().cpu_features()
+    usable = {"avx512": features.get("avx512f", False) and features.get("avx512bw", False),
+              "avx2": features.get("avx2", False) and features.get("fma", False), "scalar": True}
+    return [level for level in LEVELS if usable[level]]
+
+
+def hide_env(level: str) -> dict[str, str]:
+    """Environment that runs a child process at ``level`` (PAGED_CPU_HIDE)."""
+    if level not in _HIDE:
+        raise ValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    return {"PAGED_CPU_HIDE": _HIDE[level]}
+
+
+def _rank(build: str) -> int:
+    return RANKED_BUILDS.index(build) if build in RANKED_BUILDS else len(RANKED_BUILDS)
+
+
+def builds_for_level(level: str) -> dict[str, str]:
+    """family -> the best build it has at or below ``level`` on this CPU."""
+    if level not in LEVELS:
+        raise ValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    ops = _ops()
+    cap = _rank(level)
+    chosen = {}
+    for family, (_, _, supported) in _FAMILIES.items():
+        builds = [b for b in getattr(ops, supported)() if _rank(b) >= cap]
+        chosen[family] = builds[0] if builds else "scalar"
+    return chosen
+
+
+@contextlib.contextmanager
+def use_level(level: str) -> Iterator[dict[str, str]]:
+    """Run every kernel family at ``level`` inside the block (back to auto after)."""
+    ops = _ops()
+    chosen = builds_for_level(level)
+    try:
+        for family, build in chosen.items():
+            getattr(ops, _FAMILIES[family][1])(build)
+        yield chosen
+    finally:
+        for family in _FAMILIES:
+            getattr(ops, _FAMILIES[family][1])("auto")

@@ -1,0 +1,91 @@
+"""The one CPU-feature detector (csrc_cpu/runtime/cpu_features.cpp) and its
+PAGED_CPU_HIDE override. Oracles: the kernel's own /proc/cpuinfo flags, and
+what each kernel family selects in a child process run with features hidden."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paged import _C_cpu
+from paged.platforms import cpu_isa
+
+# our feature name -> the Linux /proc/cpuinfo flag
+CPUINFO_FLAG = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avxvnni": "avx_vnni", "avx512f": "avx512f",
+                "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
+                "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
+                "amx_tile": "amx_tile", "amx_bf16": "amx_bf16", "amx_int8": "amx_int8"}
+
+
+def cpuinfo_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    pytest.skip("/proc/cpuinfo has no flags line (not x86 Linux)")
+
+
+def child(code: str, hide: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGED_CPU_HIDE", "PAGED_CPU_ISA")}
+    if hide is not None:
+        env["PAGED_CPU_HIDE"] = hide
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+REPORT = ("import json; from paged import _C_cpu as C; from paged.platforms import cpu_isa; "
+          "print(json.dumps({'features': C.cpu_features(), 'hidden': C.hidden_cpu_features(), "
+          "'builds': cpu_isa.active_builds(), 'levels': cpu_isa.supported_levels()}))")
+
+
+def test_detector_agrees_with_proc_cpuinfo():
+    if os.environ.get("PAGED_CPU_HIDE"):
+        pytest.skip("PAGED_CPU_HIDE is set for this run")
+    flags = cpuinfo_flags()
+    features = _C_cpu.cpu_features()
+    for ours, flag in CPUINFO_FLAG.items():
+        assert features[ours] == (flag in flags), f"{ours}: detector {features[ours]}, /proc/cpuinfo {flag in flags}"
+
+
+@pytest.mark.parametrize("level", cpu_isa.LEVELS)
+def test_hiding_moves_every_family_to_the_level(level):
+    if level not in cpu_isa.supported_levels():
+        pytest.skip(f"this CPU cannot run the {level} level")
+    out = child(REPORT, cpu_isa.hide_env(level)["PAGED_CPU_HIDE"])
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["levels"][0] == level
+    assert seen["builds"] == cpu_isa.builds_for_level(level)
+    if level != "avx512":
+        assert not seen["features"]["avx512f"] and not seen["features"]["avx512bf16"]
+    if level == "scalar":
+        assert set(seen["builds"].values()) == {"scalar"} and not seen["features"]["avx2"]
+
+
+def test_hiding_a_feature_hides_what_needs_it():
+    out = child(REPORT, "avx512f")
+    seen = json.loads(out.stdout)
+    assert not any(v for k, v in seen["features"].items() if k.startswith(("avx512", "amx")))
+    assert set(seen["hidden"]) == {k for k, v in _C_cpu.cpu_features().items()
+                                   if v and k.startswith(("avx512", "amx"))}
+
+
+def test_bad_hide_is_a_one_line_error():
+    out = child("from paged.platforms.cpu import CpuPlatform; print(CpuPlatform().is_available().reason)",
+                "avx512,sse9")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("PAGED_CPU_HIDE: expected a comma-separated list of")
+    assert "got 'sse9'" in out.stdout
+
+
+def test_use_level_sets_and_restores_every_family():
+    before = cpu_isa.active_builds()
+    for level in cpu_isa.supported_levels():
+        with cpu_isa.use_level(level) as chosen:
+            assert cpu_isa.active_builds() == chosen == cpu_isa.builds_for_level(level)
+        assert cpu_isa.active_builds() == before
+    with pytest.raises(ValueError, match="level: expected one of avx512, avx2, scalar, got 'sse'"):
+        cpu_isa.builds_for_level("sse")
