@@ -7,11 +7,17 @@ result does not depend on what else is in the batch. Order of processing:
 2. repetition / presence / frequency penalties (OpenAI / vLLM semantics:
    repetition over prompt + output, presence / frequency over the output);
 3. EOS and stop_token_ids are masked while fewer than min_tokens were generated;
-4. temperature 0 rows take the argmax; the others are divided by their
+4. logit_bias is added (OpenAI semantics: before sampling, so greedy rows see it too);
+5. temperature 0 rows take the argmax; the others are divided by their
    temperature, filtered by top_k, top_p, min_p and sampled with the
    exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
    sequence's own torch.Generator when it has a seed, so a seeded request
    gives the same tokens alone or batched.
+
+A row that cannot be sampled must not take the batch down with it:
+sample_isolated() falls back to one row at a time and reports the rows
+that raise, and every per-row generator exists before any noise is drawn,
+so a failing row leaves the other rows' seeded streams untouched.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from .request import Sequence
 
 @dataclass
 class SamplerOutput:
-    token_ids: list[int]
+    token_ids: list[Optional[int]]  # None only for the failed rows of sample_isolated()
     logprobs: list[Optional[TokenLogprobs]]  # per row: top-k + chosen, or None when not requested
     chosen_logprobs: list[Optional[float]]
 
@@ -58,11 +64,15 @@ class Sampler:
         logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         penalise = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
         masked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
-        if penalise or masked:  # edited in place below; the caller's logits stay as they were
+        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        if penalise or masked or biased:  # edited in place below; the caller's logits stay as they were
             logits = logits.clone()
         if penalise:
             self._apply_penalties(logits, seqs)
         self._mask_until_min_tokens(logits, [seqs[i] for i in masked], masked)
+        for i in biased:
+            bias = params[i].logit_bias
+            logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
 
         temps = [p.temperature for p in params]
         tokens = logits.argmax(dim=-1)
@@ -80,6 +90,26 @@ class Sampler:
                 lp_out[i] = top_logprobs(logprobs[i], params[i].logprobs, token_list[i])
                 chosen[i] = lp_out[i][token_list[i]]
         return SamplerOutput(token_list, lp_out, chosen)
+
+    def sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[SamplerOutput, dict[int, Exception]]:
+        """Like calling the sampler, but a row that raises fails alone: the
+        batch is then sampled row by row (rows are independent) and the
+        failing rows come back as {row: exception}, their token None."""
+        try:
+            return self(logits, seqs), {}
+        except Exception:  # noqa: BLE001 - find the rows at fault below
+            pass
+        out = SamplerOutput([None] * len(seqs), [None] * len(seqs), [None] * len(seqs))
+        errors: dict[int, Exception] = {}
+        for i in range(len(seqs)):
+            try:
+                row = self(logits[i:i + 1], seqs[i:i + 1])
+            except Exception as exc:  # noqa: BLE001 - reported to this row's request only
+                errors[i] = exc
+                continue
+            out.token_ids[i], out.logprobs[i], out.chosen_logprobs[i] = \
+                row.token_ids[0], row.logprobs[0], row.chosen_logprobs[0]
+        return out, errors
 
     # -- logits processors ---------------------------------------------------------
     @staticmethod
@@ -124,9 +154,10 @@ class Sampler:
         if any(min_ps):
             thresh = torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < thresh, 0.0)
+        generators = [self._generator_for(s) for s in seqs]  # all made before any draw
         noise = torch.empty_like(probs)
-        for i, s in enumerate(seqs):
-            noise[i].exponential_(generator=self._generator_for(s))
+        for i, gen in enumerate(generators):
+            noise[i].exponential_(generator=gen)
         return (probs / noise).argmax(dim=-1)
 
     @staticmethod
@@ -149,5 +180,6 @@ class Sampler:
             return self.generator
         if seq.generator is None:
             seq.generator = torch.Generator()
-            seq.generator.manual_seed(seed + seq.index)  # sample i of an n > 1 request: seed + i
+            # sample i of an n > 1 request: seed + i, wrapped into the 64 bits torch takes
+            seq.generator.manual_seed((seed + seq.index) % 2**64)
         return seq.generator

@@ -1,20 +1,46 @@
 """SamplingParams: how one request turns logits into tokens, and when it stops.
 
-Validated once at construction; an invalid value raises ValueError naming
-the field, so the server and CLI can report it without a traceback.
+Validated once at construction; an invalid value raises ValueError in the
+project's one error vocabulary, `name: expected X, got Y`, so the server and
+CLI can report it without a traceback. Everything the sampler later relies
+on (finite numbers, a seed torch accepts, bias entries) is checked here: a
+value that got past this point would fail inside an engine step instead.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
 #: cap on logprobs / prompt_logprobs per token (keeps outputs small)
 MAX_LOGPROBS = 20
+#: torch.Generator.manual_seed takes any 64-bit value, signed or not
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+#: OpenAI's range for a logit_bias value
+MAX_LOGIT_BIAS = 100.0
 
 
-def _bad(name: str, value, rule: str) -> ValueError:
-    return ValueError(f"{name} must be {rule}, got {value!r}")
+def short_repr(value, limit: int = 80) -> str:
+    """repr() cut to `limit` characters: error messages stay one short line."""
+    s = repr(value)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def expected(name: str, what: str, value) -> ValueError:
+    return ValueError(f"{name}: expected {what}, got {short_repr(value)}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _in(x, lo: float, hi: float) -> bool:
+    return _is_finite(x) and lo <= x <= hi
 
 
 @dataclass
@@ -37,6 +63,7 @@ class SamplingParams:
     logprobs: Optional[int] = None  # top-k logprobs per generated token (+ the chosen one)
     prompt_logprobs: Optional[int] = None  # same, for each prompt token
     skip_special_tokens: bool = True
+    logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit (greedy too)
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -48,55 +75,64 @@ class SamplingParams:
         else:
             self.stop_strings = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()}
         if self.top_k == -1:
             self.top_k = 0
 
     def _validate(self) -> None:
-        def is_int(x):
-            return isinstance(x, int) and not isinstance(x, bool)
+        self._validate_sampling()
+        self._validate_lengths()
+        self._validate_stops()
+        self._validate_outputs()
 
-        def is_num(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-        if not is_int(self.n) or self.n < 1:
-            raise _bad("n", self.n, "an integer >= 1")
-        if not is_num(self.temperature) or not 0.0 <= self.temperature or self.temperature != self.temperature:
-            raise _bad("temperature", self.temperature, "a number >= 0")
-        if not is_num(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise _bad("top_p", self.top_p, "in (0, 1]")
-        if not is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
-            raise _bad("top_k", self.top_k, "an integer >= 0 (0 or -1 disables it)")
-        if not is_num(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise _bad("min_p", self.min_p, "in [0, 1]")
-        if not is_num(self.repetition_penalty) or not self.repetition_penalty > 0.0:
-            raise _bad("repetition_penalty", self.repetition_penalty, "a number > 0")
+    def _validate_sampling(self) -> None:
+        if not _in(self.temperature, 0.0, math.inf):
+            raise expected("temperature", "a finite number >= 0", self.temperature)
+        if not _in(self.top_p, 0.0, 1.0) or self.top_p == 0.0:
+            raise expected("top_p", "a number in (0, 1]", self.top_p)
+        if not _is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
+            raise expected("top_k", "an integer >= 0 (0 or -1 disables it)", self.top_k)
+        if not _in(self.min_p, 0.0, 1.0):
+            raise expected("min_p", "a number in [0, 1]", self.min_p)
+        if not _in(self.repetition_penalty, 0.0, math.inf) or self.repetition_penalty == 0.0:
+            raise expected("repetition_penalty", "a finite number > 0", self.repetition_penalty)
         for name in ("presence_penalty", "frequency_penalty"):
-            v = getattr(self, name)
-            if not is_num(v) or not -2.0 <= v <= 2.0:
-                raise _bad(name, v, "in [-2, 2]")
-        if self.seed is not None and not is_int(self.seed):
-            raise _bad("seed", self.seed, "an integer or None")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-            raise _bad("max_tokens", self.max_tokens, "an integer >= 1 or None")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            raise _bad("min_tokens", self.min_tokens, "an integer >= 0")
+            if not _in(getattr(self, name), -2.0, 2.0):
+                raise expected(name, "a number in [-2, 2]", getattr(self, name))
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            raise expected("seed", f"an integer in [{SEED_MIN}, {SEED_MAX}] or None", self.seed)
+        if self.logit_bias is not None and not _valid_bias(self.logit_bias):
+            raise expected("logit_bias", f"a dict of token id -> number in [-{MAX_LOGIT_BIAS:g}, "
+                                         f"{MAX_LOGIT_BIAS:g}]", self.logit_bias)
+
+    def _validate_lengths(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            raise expected("n", "an integer >= 1", self.n)
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise expected("max_tokens", "an integer >= 1 or None", self.max_tokens)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise expected("min_tokens", "an integer >= 0", self.min_tokens)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise _bad("min_tokens", self.min_tokens, f"<= max_tokens ({self.max_tokens})")
+            raise expected("min_tokens", f"at most max_tokens ({self.max_tokens})", self.min_tokens)
+
+    def _validate_stops(self) -> None:
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
-                raise _bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
+                raise expected("stop", "a non-empty string or a list of non-empty strings", self.stop)
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
-                    is_int(t) and t >= 0 for t in self.stop_token_ids):
-                raise _bad("stop_token_ids", self.stop_token_ids, "a list of non-negative integers")
+                    _is_int(t) and t >= 0 for t in self.stop_token_ids):
+                raise expected("stop_token_ids", "a list of non-negative integers", self.stop_token_ids)
+
+    def _validate_outputs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not is_int(v) or not 0 <= v <= MAX_LOGPROBS):
-                raise _bad(name, v, f"an integer in [0, {MAX_LOGPROBS}] or None")
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise expected(name, f"an integer in [0, {MAX_LOGPROBS}] or None", v)
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise _bad(name, getattr(self, name), "a bool")
+                raise expected(name, "a bool", getattr(self, name))
 
     @property
     def greedy(self) -> bool:
@@ -104,6 +140,12 @@ class SamplingParams:
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Checks that need the model: token ids inside the vocabulary."""
-        for t in self.stop_token_ids:
-            if t >= vocab_size:
-                raise _bad("stop_token_ids", self.stop_token_ids, f"ids < vocab size {vocab_size}")
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias))):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise expected(name, f"token ids < the vocabulary size {vocab_size}", bad)
+
+
+def _valid_bias(bias) -> bool:
+    return isinstance(bias, dict) and all(
+        _is_int(t) and t >= 0 and _in(b, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS) for t, b in bias.items())

@@ -151,3 +151,59 @@ def test_logprobs_top_k_plus_chosen():
         assert lp[i] == pytest.approx(v, abs=1e-6)
     assert out.chosen_logprobs[0] == pytest.approx(ref[out.token_ids[0]].item(), abs=1e-6)
     assert out.logprobs[1] is None
+
+
+def test_logit_bias_applies_to_greedy_and_random_rows_alone():
+    torch.manual_seed(7)
+    logits = torch.randn(4, V)
+    top = logits.argmax(-1).tolist()
+    banned = SamplingParams(temperature=0.0, logit_bias={top[0]: -100})
+    forced = SamplingParams(temperature=0.8, logit_bias={5: 100})
+    plain = SamplingParams(temperature=0.0)
+    s = Sampler([EOS], seed=8)
+    out = s(logits, [seq(banned), seq(forced), seq(plain), seq(plain)])
+    ref = logits[0].clone()
+    ref[top[0]] -= 100
+    assert out.token_ids[0] == ref.argmax().item() != top[0]
+    assert out.token_ids[1] == 5
+    assert out.token_ids[2:] == top[2:]  # the biased rows left their neighbours alone
+    assert torch.equal(logits, logits.clone())  # the caller's logits are not edited
+
+
+def test_logit_bias_ban_holds_over_many_random_draws():
+    row = torch.zeros(V)
+    row[2] = 5.0
+    p = SamplingParams(temperature=1.0, logit_bias={2: -100, 9: -100})
+    tokens = Sampler([EOS], seed=9)(row.expand(500, V).contiguous(), [seq(p) for _ in range(500)]).token_ids
+    assert 2 not in tokens and 9 not in tokens
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63), 0])
+def test_extreme_seeds_sample_reproducibly(seed):
+    """The 64-bit edges: sample i of an n > 1 request seeds seed + i, which
+    must wrap instead of overflowing torch's generator."""
+    rows = torch.randn(2, V)
+    p = SamplingParams(temperature=1.0, seed=seed, n=2)
+
+    def draw():
+        req = Request("r", None, [1, 2], p)
+        req.seqs.append(type(req.seqs[0])(req, 1, [1, 2], "r#1"))
+        return Sampler([EOS])(rows, req.seqs).token_ids
+
+    assert draw() == draw()
+
+
+def test_a_row_that_raises_fails_alone():
+    """sample_isolated: the bad row is reported, the others keep the tokens
+    they get without it (the seeded one included)."""
+    torch.manual_seed(10)
+    logits = torch.randn(3, V)
+    bad = SamplingParams(temperature=1.0)
+    bad.logit_bias = {10**6: 1.0}  # past validation, as a bug elsewhere could leave it
+    seeded, greedy = SamplingParams(temperature=1.0, seed=42), SamplingParams(temperature=0.0)
+    expect = Sampler([EOS])(logits[1:], [seq(seeded), seq(greedy)]).token_ids
+    out, errors = Sampler([EOS]).sample_isolated(logits, [seq(bad), seq(seeded), seq(greedy)])
+    assert list(errors) == [0] and out.token_ids[0] is None
+    assert out.token_ids[1:] == expect
+    with pytest.raises(Exception):
+        Sampler([EOS])(logits, [seq(bad), seq(seeded), seq(greedy)])  # what the engine step used to hit

@@ -34,3 +34,27 @@ def test_vocab_check():
     with pytest.raises(ValueError, match="stop_token_ids"):
         SamplingParams(stop_token_ids=[50000]).validate_for_vocab(49152)
     SamplingParams(stop_token_ids=[2]).validate_for_vocab(49152)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", True), ("repetition_penalty", float("inf")),
+    ("temperature", float("inf")), ("min_p", float("nan")), ("presence_penalty", float("-inf")),
+    ("logit_bias", {1: 101}), ("logit_bias", {1: float("nan")}), ("logit_bias", {"1": 2.0}),
+    ("logit_bias", {-1: 2.0}), ("logit_bias", [1, 2]),
+])
+def test_values_the_sampler_cannot_take_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"^{field}: expected .*, got "):
+        SamplingParams(**{field: value})
+
+
+def test_seed_edges_and_logit_bias_accepted():
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63)
+    assert SamplingParams(logit_bias={7: -100, 8: 100.0}).logit_bias == {7: -100.0, 8: 100.0}
+    assert SamplingParams().logit_bias == {}
+
+
+def test_logit_bias_vocab_check():
+    with pytest.raises(ValueError, match="logit_bias: expected token ids < the vocabulary size 100, got 100"):
+        SamplingParams(logit_bias={100: 1.0}).validate_for_vocab(100)
+    SamplingParams(logit_bias={99: 1.0}).validate_for_vocab(100)
