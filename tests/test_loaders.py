@@ -4,6 +4,7 @@ gguf.quants, config/tokenizer metadata, and one clear error per bad input."""
 from __future__ import annotations
 
 import json
+import struct
 
 import gguf
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from paged.core.config import ModelConfig, cpu_has_native_bf16, resolve_dtype
+from paged.core.config import ModelConfig, resolve_dtype
 from paged.core.loaders import ModelLoadError, load_model_files
 from paged.core.loaders.dequant import SUPPORTED_TYPES, dequantize
 from paged.core.loaders.gguf_loader import read_gguf, unpermute_qk
@@ -93,9 +94,11 @@ def test_dequantize_rejects_wrong_size_and_type():
 
 # -- bad inputs: one clear error each ----------------------------------------------
 
-def _tiny_gguf(path, arch="llama", drop=None, qtype=None, n_layers=1):
+def _tiny_gguf(path, arch="llama", drop=None, qtype=None, n_layers=1, alignment=None):
     """A tiny but complete llama GGUF (random weights)."""
     w = gguf.GGUFWriter(str(path), arch)
+    if alignment:
+        w.add_custom_alignment(alignment)
     w.add_block_count(n_layers)
     w.add_context_length(64)
     w.add_embedding_length(32)
@@ -144,6 +147,115 @@ def test_truncated_gguf(default_model_path, tmp_path, keep):
     with pytest.raises(ModelLoadError, match="cut.gguf") as e:
         load_model_files(bad, quiet=True)
     assert any(w in str(e.value) for w in ("truncated", "not a GGUF"))
+
+
+# -- corrupt headers: each field patched in a copy of a good file -----------------
+
+def _string_end(data: bytes, text: str) -> int:
+    """Where the GGUF string ``text`` (u64 length + bytes) ends in ``data``."""
+    encoded = struct.pack("<Q", len(text)) + text.encode()
+    pos = data.find(encoded)
+    assert pos > 0 and data.find(encoded, pos + 1) < 0, text
+    return pos + len(encoded)
+
+
+def _tensor_field(data: bytes, name: str, field: str) -> int:
+    """Position of a tensor info's first dimension ("dim0") or its "offset"."""
+    pos = _string_end(data, name)
+    n_dims = struct.unpack_from("<I", data, pos)[0]
+    return pos + 4 if field == "dim0" else pos + 4 + 8 * n_dims + 4
+
+
+def _patch(data: bytearray, pos: int, fmt: str, value) -> None:
+    struct.pack_into(fmt, data, pos, value)
+
+
+def _offset(data, name):
+    return struct.unpack_from("<Q", data, _tensor_field(data, name, "offset"))[0]
+
+
+def _move(name, delta):
+    def patch(data):
+        _patch(data, _tensor_field(data, name, "offset"), "<Q", _offset(data, name) + delta)
+    return patch
+
+
+def _same_offset(name, as_name):
+    def patch(data):
+        _patch(data, _tensor_field(data, name, "offset"), "<Q", _offset(data, as_name))
+    return patch
+
+
+def _metadata_u32(key, value):
+    def patch(data):
+        _patch(data, _string_end(data, key) + 4, "<I", value)  # after the value type
+    return patch
+
+
+def _rename(old, new):
+    def patch(data):
+        pos = _string_end(data, old) - len(old)
+        data[pos:pos + len(new)] = new.encode()
+    return patch
+
+
+CORRUPTIONS = {
+    "moved_offset": (_move("blk.0.attn_q.weight", 4096),
+                     r"tensor 'blk.0.attn_q.weight' data offset: expected \d+, got \d+ "
+                     r"\(4096 bytes past the end of tensor 'blk.0.ffn_norm.weight'\); the file is corrupt"),
+    "misaligned_offset": (_move("blk.0.attn_v.weight", 4),
+                          r"tensor 'blk.0.attn_v.weight' data offset: .*not a multiple of general.alignment 32"),
+    "overlapping_tensors": (_same_offset("blk.0.attn_k.weight", "blk.0.attn_q.weight"),
+                            r"tensor 'blk.0.attn_k.weight' data offset: .*overlaps tensor 'blk.0.attn_q.weight'"),
+    "head_count_zero": (_metadata_u32("llama.attention.head_count", 0),
+                        r"metadata llama.attention.head_count: expected a positive integer, got 0"),
+    "block_count_zero": (_metadata_u32("llama.block_count", 0),
+                         r"metadata llama.block_count: expected a positive integer, got 0"),
+    "alignment_not_power_of_two": (_metadata_u32("general.alignment", 48),
+                                   r"general.alignment: expected a power of two, got 48"),
+    "huge_tensor_count": (lambda data: _patch(data, 8, "<Q", 2**40),
+                          r"GGUF header tensor count: expected at most \d+ in a file of \d+ bytes, got 1099511627776"),
+    "huge_array_count": (lambda data: _patch(data, _string_end(data, "tokenizer.ggml.tokens") + 8, "<Q", 2**50),
+                         r"metadata 'tokenizer.ggml.tokens' \(1125899906842624 items\): truncated GGUF header"),
+    "row_length_off_block": (lambda data: _patch(data, _tensor_field(data, "blk.0.ffn_up.weight", "dim0"), "<Q", 48),
+                             r"tensor 'blk.0.ffn_up.weight' row length: expected a multiple of Q8_0's block of 32, got 48"),
+    "duplicate_tensor": (_rename("blk.0.attn_k.weight", "blk.0.attn_v.weight"),
+                         r"tensor 'blk.0.attn_v.weight' appears twice"),
+}
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_corrupt_gguf_header(tmp_path, corruption):
+    patch, message = CORRUPTIONS[corruption]
+    good = _tiny_gguf(tmp_path / "good.gguf", qtype=Q.Q8_0, alignment=64 if "alignment" in corruption else None)
+    load_model_files(good, quiet=True)  # the unpatched file loads
+    data = bytearray(good.read_bytes())
+    patch(data)
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"bad.gguf: " + message):
+        load_model_files(bad, quiet=True)
+
+
+def test_moved_offset_in_the_default_model(default_model_path, tmp_path):
+    # the reported case: loaded, and generated empty text
+    data = bytearray(default_model_path.read_bytes())
+    _move("blk.10.ffn_up.weight", 4096)(data)
+    bad = tmp_path / "moved.gguf"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"tensor 'blk.10.ffn_up.weight' data offset: expected \d+, got \d+ "
+                                             r"\(4096 bytes past the end of tensor '.*'\)"):
+        load_model_files(bad, quiet=True)
+
+
+def test_four_byte_file_is_truncated_not_foreign(tmp_path):
+    bad = tmp_path / "four.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(ModelLoadError, match=r"four.gguf: truncated GGUF file: 4 bytes, a GGUF header alone needs 24$"):
+        load_model_files(bad, quiet=True)
+    bad.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match=r"four.gguf: the file is empty \(0 bytes\), expected a GGUF model$"):
+        load_model_files(bad, quiet=True)
 
 
 def test_garbage_file(tmp_path):
@@ -231,17 +343,16 @@ def test_model_config_validation():
         ModelConfig("gpt2", 10, 8, 8, 1, 1, 1, 8)
 
 
-def test_resolve_dtype(tmp_path):
+def test_resolve_dtype():
+    from paged.platforms.cpu import CpuPlatform
+
     assert resolve_dtype("float32") is torch.float32
     assert resolve_dtype("bfloat16") is torch.bfloat16
-    assert resolve_dtype("auto") is (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    # auto is float32 on every CPU generation (bf16 flips near-tie greedy tokens)
+    assert resolve_dtype("auto") is torch.float32
+    assert resolve_dtype("auto", CpuPlatform()) is torch.float32
     with pytest.raises(ValueError, match="unknown dtype 'int3'"):
         resolve_dtype("int3")
-    fake = tmp_path / "cpuinfo"
-    fake.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16\n")
-    assert cpu_has_native_bf16(str(fake))
-    fake.write_text("processor : 0\nflags : fpu avx2\n")
-    assert not cpu_has_native_bf16(str(fake))
 
 
 def test_resolve_model(tmp_path, default_model_path):

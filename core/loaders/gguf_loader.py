@@ -9,21 +9,19 @@ convention of our model holds.
 from __future__ import annotations
 
 import logging
-import mmap
 import re
-import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES
 
 from paged.core.config import ModelConfig
 from paged.core.loaders import LoadedModel, ModelLoadError, check_weights
 from paged.core.loaders.dequant import SUPPORTED_TYPES, dequantize
+from paged.core.loaders.gguf_reader import GGUFTensor, read_gguf
 from paged.core.loaders.packed import PACKABLE, PackedBlocks
 from paged.core.progress import ProgressBar
 
@@ -73,165 +71,79 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
             .transpose(1, 2).reshape(w.shape).contiguous())
 
 
+class _ArchMetadata:
+    """The ``<arch>.*`` keys of one file; counts are checked to be positive
+    integers, since a 0 or a string there would fail later, far from its cause."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], arch: str):
+        self.path, self.meta, self.arch = path, meta, arch
+
+    def get(self, key: str, default: Any = KeyError) -> Any:
+        full = f"{self.arch}.{key}"
+        if full in self.meta:
+            return self.meta[full]
+        if default is KeyError:
+            raise ModelLoadError(self.path, f"missing metadata key {full!r}")
+        return default
+
+    def count(self, key: str, default: Any = KeyError) -> int:
+        value = self.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ModelLoadError(self.path, f"metadata {self.arch}.{key}: expected a positive integer, "
+                                            f"got {value!r}")
+        return value
+
+
 def config_from_metadata(path: Path, meta: dict[str, Any]) -> ModelConfig:
     gguf_arch = meta.get("general.architecture")
     if gguf_arch not in _ARCHITECTURES:
         raise ModelLoadError(path, f"unsupported architecture {gguf_arch!r} "
                                    f"(supported: {', '.join(sorted(_ARCHITECTURES))})")
-
-    def get(key: str, default: Any = KeyError) -> Any:
-        full = f"{gguf_arch}.{key}"
-        if full in meta:
-            return meta[full]
-        if default is KeyError:
-            raise ModelLoadError(path, f"missing metadata key {full!r}")
-        return default
-
+    m = _ArchMetadata(path, meta, gguf_arch)
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab_size = len(tokens) if tokens else get("vocab_size")
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", get("rope.dimension_count", hidden // heads)))
-    rope_scaling = None
-    scaling_type = get("rope.scaling.type", None)
-    if scaling_type not in (None, "none"):
-        rope_scaling = {"rope_type": scaling_type, "factor": float(get("rope.scaling.factor", 1.0))}
-        orig = get("rope.scaling.original_context_length", None)
-        if orig is not None:
-            rope_scaling["original_max_position_embeddings"] = int(orig)
-    window = get("attention.sliding_window", None)
+    vocab_size = len(tokens) if tokens else m.count("vocab_size")
+    hidden = m.count("embedding_length")
+    heads = m.count("attention.head_count")
+    head_dim = m.count("attention.key_length", m.count("rope.dimension_count", hidden // heads))
+    window = m.get("attention.sliding_window", None)
     try:
         return ModelConfig(
             architecture=_ARCHITECTURES[gguf_arch],
-            vocab_size=int(vocab_size),
+            vocab_size=vocab_size,
             hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
+            intermediate_size=m.count("feed_forward_length"),
+            num_layers=m.count("block_count"),
             num_heads=heads,
-            num_kv_heads=int(get("attention.head_count_kv", heads)),
+            num_kv_heads=m.count("attention.head_count_kv", heads),
             head_dim=head_dim,
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(get("context_length", 2048)),
+            rms_norm_eps=float(m.get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(m.get("rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(m),
+            max_position_embeddings=m.count("context_length", 2048),
             tie_word_embeddings=False,  # decided from the tensors present
             qkv_bias=False,  # decided from the tensors present
-            sliding_window=int(window) if window else None,
+            sliding_window=m.count("attention.sliding_window") if window else None,
             bos_token_id=_opt_int(meta.get("tokenizer.ggml.bos_token_id")),
             eos_token_id=_opt_int(meta.get("tokenizer.ggml.eos_token_id")),
         )
-    except (ValueError, TypeError) as e:
+    except ModelLoadError:
+        raise
+    except (ValueError, TypeError) as e:  # a float or token id that is not a number
         raise ModelLoadError(path, f"bad model metadata: {e}") from e
+
+
+def _rope_scaling(m: _ArchMetadata) -> dict[str, Any] | None:
+    scaling_type = m.get("rope.scaling.type", None)
+    if scaling_type in (None, "none"):
+        return None
+    rope_scaling = {"rope_type": scaling_type, "factor": float(m.get("rope.scaling.factor", 1.0))}
+    if m.get("rope.scaling.original_context_length", None) is not None:
+        rope_scaling["original_max_position_embeddings"] = m.count("rope.scaling.original_context_length")
+    return rope_scaling
 
 
 def _opt_int(v) -> int | None:
     return None if v is None else int(v)
-
-
-# -- a small GGUF reader ------------------------------------------------------
-# gguf.GGUFReader builds a numpy view per metadata item, which takes seconds for
-# a 49k-token vocabulary; this reader walks the header with struct instead and
-# memory-maps tensor data.
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
-          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
-_STRING, _ARRAY = 8, 9
-
-
-@dataclass
-class GGUFTensor:
-    name: str
-    shape: tuple[int, ...]  # torch order (rows first)
-    qtype: GGMLQuantizationType
-    data: np.ndarray  # raw uint8 bytes (a view of the memory-mapped file)
-
-
-class _Cursor:
-    def __init__(self, buf, path: Path):
-        self.buf, self.pos, self.path = buf, 0, path
-
-    def unpack(self, fmt: str):
-        size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise ModelLoadError(self.path, f"truncated GGUF header (needed {size} bytes at offset {self.pos})")
-        value = struct.unpack_from(fmt, self.buf, self.pos)[0]
-        self.pos += size
-        return value
-
-    def string(self) -> str:
-        n = self.unpack("<Q")
-        if self.pos + n > len(self.buf):
-            raise ModelLoadError(self.path, f"truncated GGUF header (string of {n} bytes at offset {self.pos})")
-        raw = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return raw.decode("utf-8", errors="replace")
-
-    def value(self, vtype: int):
-        if vtype in _SCALARS:
-            return self.unpack(_SCALARS[vtype])
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            itype, count = self.unpack("<I"), self.unpack("<Q")
-            if itype in _NUMPY:
-                dt = np.dtype(_NUMPY[itype]).newbyteorder("<")
-                if self.pos + count * dt.itemsize > len(self.buf):
-                    raise ModelLoadError(self.path, f"truncated GGUF header (array at offset {self.pos})")
-                arr = np.frombuffer(self.buf, dtype=dt, count=count, offset=self.pos)
-                self.pos += count * dt.itemsize
-                return arr.tolist()
-            return [self.value(itype) for _ in range(count)]
-        raise ModelLoadError(self.path, f"malformed GGUF header: unknown value type {vtype} at offset {self.pos}")
-
-
-def read_gguf(path: Path) -> tuple[dict[str, Any], list[GGUFTensor]]:
-    """Parse a GGUF v2/v3 file: (metadata, tensors with memory-mapped data)."""
-    try:
-        with open(path, "rb") as f:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(path, f"cannot read file ({e})") from e
-    if len(buf) < 24 or bytes(buf[:4]) != b"GGUF":
-        raise ModelLoadError(path, f"not a GGUF file (starts with {bytes(buf[:4])!r}, expected b'GGUF')")
-    cur = _Cursor(buf, path)
-    cur.pos = 4
-    version = cur.unpack("<I")
-    if version not in (2, 3):
-        raise ModelLoadError(path, f"unsupported GGUF version {version} (supported: 2, 3)")
-    n_tensors, n_kv = cur.unpack("<Q"), cur.unpack("<Q")
-    meta: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = cur.string()
-        meta[key] = cur.value(cur.unpack("<I"))
-    infos = []
-    for _ in range(n_tensors):
-        name = cur.string()
-        n_dims = cur.unpack("<I")
-        if n_dims > 8:
-            raise ModelLoadError(path, f"malformed GGUF header: tensor {name!r} has {n_dims} dimensions")
-        dims = [cur.unpack("<Q") for _ in range(n_dims)]
-        qtype, offset = cur.unpack("<I"), cur.unpack("<Q")
-        infos.append((name, dims, qtype, offset))
-    align = int(meta.get("general.alignment", 32))
-    data_start = (cur.pos + align - 1) // align * align
-    tensors = []
-    for name, dims, qtype, offset in infos:
-        try:
-            qt = GGMLQuantizationType(qtype)
-            block, type_size = GGML_QUANT_SIZES[qt]
-        except (ValueError, KeyError):
-            raise ModelLoadError(path, f"tensor {name!r} has unknown GGML type {qtype}") from None
-        numel = int(np.prod(dims)) if dims else 1
-        n_bytes = numel // block * type_size
-        begin = data_start + offset
-        if begin + n_bytes > len(buf):
-            raise ModelLoadError(path, f"truncated: tensor {name!r} needs bytes {begin}..{begin + n_bytes} "
-                                       f"but the file has {len(buf)}")
-        data = np.frombuffer(buf, dtype=np.uint8, count=n_bytes, offset=begin)
-        tensors.append(GGUFTensor(name, tuple(reversed(dims)), qt, data))
-    return meta, tensors
 
 
 def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = False,
@@ -269,8 +181,6 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
                 config.num_layers, str(dtype).removeprefix("torch."), time.perf_counter() - start)
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer,
                        chat_template=tokenizer.chat_template, source_path=path)
-
-
 
 
 def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype,
