@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, AsyncIterator, Optional
 
+from paged.core.engine import StepFailed
+
 log = logging.getLogger("paged.async_engine")
 
 
@@ -36,7 +38,13 @@ class EngineShutdownError(RuntimeError):
 
 
 class EngineStepError(RuntimeError):
-    """Engine.step() raised while this request was in flight (HTTP 500)."""
+    """The engine step failed this request (HTTP 500). Only the requests a
+    failure belongs to get it (Engine.step's StepFailed names them); the
+    others in flight, and those waiting, carry on."""
+
+
+def _step_error(exc: Exception) -> EngineStepError:
+    return EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}")
 
 
 class AsyncEngine:
@@ -149,7 +157,10 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as exc:  # noqa: BLE001 - fail the requests, keep serving
+            except StepFailed as exc:  # only the requests it names failed
+                self._fail_requests(exc.errors)
+                outputs = exc.outputs
+            except Exception as exc:  # noqa: BLE001 - not attributable: fail what is in flight, keep serving
                 self._fail_in_flight(exc)
                 continue
             for out in outputs:
@@ -184,15 +195,23 @@ class AsyncEngine:
         except Exception:  # noqa: BLE001 - unknown / already finished ids are fine
             log.debug("abort of %s ignored", request_id, exc_info=True)
 
+    def _fail_requests(self, errors: dict[str, Exception]) -> None:
+        """The engine failed (and aborted) these requests; the rest run on."""
+        self.num_step_errors += 1
+        first = next(iter(errors.values()))
+        log.error("engine step failed for %d request(s); the others carry on", len(errors),
+                  exc_info=(type(first), first, first.__traceback__))
+        for request_id, exc in errors.items():
+            self._deliver(request_id, _step_error(exc))
+
     def _fail_in_flight(self, exc: Exception) -> None:
         self.num_step_errors += 1
         log.exception("engine step failed; failing the requests in flight")
-        err = EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}")
         with self._streams_lock:
             ids = list(self._streams)
         for request_id in ids:
             self._abort_in_engine(request_id)
-            self._deliver(request_id, err)
+            self._deliver(request_id, _step_error(exc))
 
     def _abort_all(self, err: Exception) -> None:
         self._drain_commands_as_aborts()

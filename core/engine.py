@@ -37,6 +37,16 @@ def resolve_platform(device: str):
     return platform
 
 
+class StepFailed(RuntimeError):
+    """Engine.step() failed some requests and aborted them: `errors` maps
+    their ids to the cause; `outputs` are the step's outputs for the others."""
+
+    def __init__(self, errors: dict[str, Exception], outputs: list[RequestOutput]):
+        first = next(iter(errors.values()))
+        super().__init__(f"{len(errors)} request(s) failed in an engine step: {type(first).__name__}: {first}")
+        self.errors, self.outputs = errors, outputs
+
+
 class Engine:
     def __init__(self, config: Optional[EngineConfig] = None):
         from paged.core.config import resolve_dtype
@@ -144,26 +154,58 @@ class Engine:
 
     # -- one step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Runs one step. A failure stays with the requests it belongs to: a
+        failing forward fails this step's requests, a failing sample or
+        detokenization only its own; StepFailed names them (already aborted)
+        and carries the other requests' outputs."""
         self.platform.bind_thread()  # the server steps from its own thread
         out = self.scheduler.schedule()
         if out.empty:
             return []
-        result = self.runner.execute(out)
+        try:
+            result = self.runner.execute(out)
+        except Exception as exc:  # noqa: BLE001 - the batch is lost, the waiting requests are not
+            raise self._fail({s.seq.group.request_id: exc for s in out.scheduled}, [])
         self.scheduler.advance(out)
         for e in out.prefills:
             self.num_prompt_tokens += e.num_new_tokens
+        failed: dict[str, Exception] = {}
         touched: dict[str, Request] = {}
         for e, logits in result.prompt_logits:
-            self._add_prompt_logprobs(e, logits)
+            self._per_request(failed, e.seq, self._add_prompt_logprobs, e, logits)
         if result.sample_seqs:
             seqs, rows = self._fork_finished_prompts(result.sample_seqs)
             logits = result.logits if len(rows) == len(result.sample_seqs) else result.logits[rows]
-            sampled = self.sampler(logits, seqs)
+            sampled, errors = self.sampler.sample_isolated(logits, seqs)
             now = time.time()
             for i, seq in enumerate(seqs):
-                self._append_token(seq, sampled.token_ids[i], sampled.logprobs[i], sampled.chosen_logprobs[i], now)
-                touched[seq.group.request_id] = seq.group
-        return [req.output() for req in touched.values()]
+                if i in errors:
+                    failed.setdefault(seq.group.request_id, errors[i])
+                elif self._per_request(failed, seq, self._append_token, seq, sampled.token_ids[i],
+                                       sampled.logprobs[i], sampled.chosen_logprobs[i], now):
+                    touched[seq.group.request_id] = seq.group
+        outputs = [req.output() for rid, req in touched.items() if rid not in failed]
+        if failed:
+            raise self._fail(failed, outputs)
+        return outputs
+
+    @staticmethod
+    def _per_request(failed: dict[str, Exception], seq: Sequence, work, *args) -> bool:
+        """work(*args) for one sequence; an exception fails its request only."""
+        rid = seq.group.request_id
+        if rid in failed:
+            return False
+        try:
+            work(*args)
+            return True
+        except Exception as exc:  # noqa: BLE001 - reported to that request's caller
+            failed[rid] = exc
+            return False
+
+    def _fail(self, errors: dict[str, Exception], outputs: list[RequestOutput]) -> "StepFailed":
+        for request_id in errors:
+            self.abort_request(request_id)  # frees its blocks; the others carry on
+        return StepFailed(errors, outputs)
 
     def _fork_finished_prompts(self, sample_seqs: list[Sequence]) -> tuple[list[Sequence], list[int]]:
         """n > 1: once the prompt is computed, the first sequence is forked
