@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import platform as pyplatform
 import sys
 from dataclasses import dataclass
@@ -42,15 +43,28 @@ COMMANDS: dict[str, Command] = {
 #: errors a user can fix; printed as one line with exit status 2
 USER_ERRORS = (ValueError, PlatformUnavailable, FileNotFoundError)
 DEVICE_HELP = "platform: auto (cuda > npu > cpu), cpu, cuda, npu or a plugin's name"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_HELP = "level of paged's own log lines on stderr (other libraries: warning and up)"
 
 
 class CommandUnavailable(Exception):
     """The command's module is not part of this build."""
 
 
-def _fail(message: object) -> int:
+def fail(message: object) -> int:
+    """Print a user error as one line on stderr; returns the exit status, 2."""
     print(f"paged: error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
+
+
+def configure_logging(level: str) -> None:
+    """The one logging set-up of every command: paged's loggers ("paged",
+    "paged.engine", ...) at ``level``, every other library at warning (or
+    ``level`` when higher), on stderr."""
+    numeric = getattr(logging, level.upper())
+    logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("paged").setLevel(numeric)
 
 
 def _load(name: str):
@@ -68,13 +82,22 @@ def _load(name: str):
         raise CommandUnavailable(f"command {name!r} is not available in this build ({e})") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: what is wrong, then where help is
+    (argparse prints the whole usage first, 20 lines for serve)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def _top_parser() -> argparse.ArgumentParser:
     from paged import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="paged", description="Paged-attention LLM serving on CPU, CUDA and Ascend NPU.",
         epilog="Run 'paged <command> --help' for a command's options.")
     parser.add_argument("--device", default=None, help=DEVICE_HELP + " (default: $PAGED_DEVICE, else auto)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="info", help=LOG_HELP + " (default: info)")
     parser.add_argument("--version", action="version", version=f"paged {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, cmd in COMMANDS.items():
@@ -91,6 +114,16 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
     return argv, None, []
 
 
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --log-level are also accepted after the command name."""
+    for flag, extra in (("--device", {"help": DEVICE_HELP}),
+                        ("--log-level", {"choices": LOG_LEVELS, "help": LOG_HELP})):
+        try:
+            parser.add_argument(flag, default=argparse.SUPPRESS, **extra)
+        except argparse.ArgumentError:
+            pass  # the command defines its own
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
 
@@ -102,16 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         add_arguments, run = _load(name)
     except CommandUnavailable as e:
-        return _fail(e)
-    parser = argparse.ArgumentParser(prog=f"paged {name}", description=COMMANDS[name].help)
+        return fail(e)
+    parser = _Parser(prog=f"paged {name}", description=COMMANDS[name].help)
     add_arguments(parser)
-    try:  # --device is also accepted after the command name
-        parser.add_argument("--device", default=argparse.SUPPRESS, help=DEVICE_HELP)
-    except argparse.ArgumentError:
-        pass  # the command defines its own --device
+    _add_global_options(parser)
     args = parser.parse_args(rest)
     args.command = name
     device = getattr(args, "device", None) or top_args.device or os.environ.get("PAGED_DEVICE") or "auto"
+    args.log_level = getattr(args, "log_level", top_args.log_level)
+    configure_logging(args.log_level)
 
     try:
         platform = get_platform(device)
@@ -120,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         args.platform = platform
         return int(run(args) or 0)
     except USER_ERRORS as e:
-        return _fail(e)
+        return fail(e)
     except KeyboardInterrupt:
         return 130
 

@@ -2,19 +2,22 @@
 
 The CLI dispatcher (core/cli.py) calls add_arguments(parser) for the
 subcommand's options and run(args) -> exit code; args.device is the
-global --device.
+global --device, args.log_level the global --log-level (logging is set up).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
-import logging
 import os
 import re
+import socket
 import sys
 import threading
+
+from paged.core.cli import fail
 
 DEFAULT_MAX_WAITING = 1024
 
@@ -39,15 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="on SIGTERM/SIGINT, seconds to let in-flight requests finish before aborting them "
                         "(default: 10)")
-    g.add_argument("--log-level", default="warning", help="uvicorn log level (default: warning)")
-
-
-def _fail(message: str) -> int:
-    print(f"paged serve: {message}", file=sys.stderr)
-    return 2
 
 
 def _check_args(args) -> str | None:
+    if args.api_key is not None and not args.api_key.strip():
+        return f"--api-key: expected a non-empty key, got {args.api_key!r} (leave the option out to serve without one)"
     if not 0 < args.port < 65536:
         return f"--port must be in 1..65535, got {args.port}"
     if args.max_waiting_requests < 1:
@@ -57,6 +56,37 @@ def _check_args(args) -> str | None:
     if args.shutdown_timeout < 0:
         return f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}"
     return None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound as uvicorn would bind it (IPv6 when the host
+    has a colon, SO_REUSEADDR) but before the model loads: uvicorn reports a
+    port in use or a bad host with pages of chained tracebacks, and only
+    after the load."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return (f"--host: expected a name or address that resolves, got {host!r} ({exc.strerror}); "
+                "use e.g. 127.0.0.1 or 0.0.0.0")
+    reasons = {errno.EADDRINUSE: "the port is in use: choose another --port or stop the process using it",
+               errno.EADDRNOTAVAIL: "the address is not one of this machine's: check --host",
+               errno.EACCES: "permission denied: ports below 1024 need privileges, choose another --port"}
+    return f"cannot listen on {host}:{port}: {reasons.get(exc.errno, exc.strerror or exc)}"
+
+
+def _uvicorn_log_level(level: str) -> str:
+    # uvicorn's info lines (started, waiting for start-up, running on) repeat
+    # paged's own "serving on" line
+    return "warning" if level == "info" else level
 
 
 def _served_name(args, engine) -> str:
@@ -109,7 +139,16 @@ def _graceful_server_cls():
 def run(args: argparse.Namespace) -> int:
     error = _check_args(args)
     if error:
-        return _fail(error)
+        return fail(error)
+    try:
+        sock = _listen(args.host, args.port)
+    except OSError as exc:
+        return fail(_listen_error(args.host, args.port, exc))
+    with sock:
+        return _serve(args, sock)
+
+
+def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
     import uvicorn
 
     from paged.core.async_engine import AsyncEngine
@@ -124,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         config = engine_config_from_args(args)
         engine = Engine(config)  # loads the model, sizes the KV cache, warms up
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        return _fail(str(exc))
+        return fail(exc)
 
     name = _served_name(args, engine)
     server_config = ServerConfig(
@@ -143,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(2e-4)
     app = create_app(aengine, engine.tokenizer, server_config, metrics)
     uv_config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level,
+        app, host=args.host, port=args.port, log_level=_uvicorn_log_level(args.log_level),
         # a backstop only: GracefulServer ends the streams itself at the deadline
         timeout_graceful_shutdown=args.shutdown_timeout + 2.0, access_log=False,
     )
@@ -151,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     device = getattr(args, "device", None) or config.device
 
     async def serve() -> None:
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
@@ -160,8 +199,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve())
-    except OSError as exc:  # port in use, bad host
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
     finally:
         started = server.started
         # Free the engine (KV block pool, layer stack) while its extension
@@ -170,17 +207,16 @@ def run(args: argparse.Namespace) -> int:
         del app, server, aengine, engine, uv_config, serve
         gc.collect()
     if not started:
-        return _fail(f"could not start serving on {args.host}:{args.port} (see the log above)")
+        return fail(f"could not start serving on {args.host}:{args.port} (see the log above)")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (`python -m paged.core.server.cli --device cpu ...`)."""
-    parser = argparse.ArgumentParser(prog="paged serve")
-    parser.add_argument("--device", default="auto")
-    add_arguments(parser)
-    logging.basicConfig(level=logging.WARNING)
-    return run(parser.parse_args(argv))
+    """Stand-alone entry (`python -m paged.core.server.cli --device cpu ...`),
+    through the dispatcher so options, logging and errors are the same."""
+    from paged.core.cli import main as paged_main
+
+    return paged_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
