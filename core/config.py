@@ -58,32 +58,17 @@ _DTYPE_NAMES = {"float32": torch.float32, "fp32": torch.float32,
                 "float16": torch.float16, "fp16": torch.float16}
 
 
-def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
-    """True when the CPU flags advertise bf16 arithmetic (AVX512_BF16 or AMX)."""
-    try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return bool(flags & {"avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return False
-
-
 def resolve_dtype(name: str | torch.dtype, platform=None) -> torch.dtype:
     """``--dtype auto|float32|bfloat16|float16`` -> torch dtype.
 
-    auto: the platform's best supported dtype when a platform is given,
-    else bfloat16 where the CPU computes bf16 natively, float32 otherwise.
+    auto: the platform's default dtype (float32 on the CPU, docs/kernels.md
+    "Choosing the CPU path"); float32 when no platform is given.
     """
     if isinstance(name, torch.dtype):
         return name
     key = str(name).strip().lower()
     if key == "auto":
-        if platform is not None:
-            return platform.supported_dtypes()[0]
-        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return platform.default_dtype() if platform is not None else torch.float32
     if key not in _DTYPE_NAMES:
         raise ValueError(f"unknown dtype {name!r} (choose auto, float32, bfloat16 or float16)")
     dtype = _DTYPE_NAMES[key]

@@ -37,6 +37,19 @@ def resolve_platform(device: str):
     return platform
 
 
+def describe_weights(weights: dict, path: str, packed: bool) -> str:
+    """e.g. "GGUF q4_1+q8_0 packed, f32 norms": the file format and what the
+    matrices are kept as."""
+    from paged.core.loaders.packed import PackedBlocks
+
+    quant = sorted({w.kernel_type for w in weights.values() if isinstance(w, PackedBlocks)})
+    dense = sorted({str(w.dtype).removeprefix("torch.") for w in weights.values() if isinstance(w, torch.Tensor)})
+    fmt = "GGUF" if path.endswith(".gguf") else "safetensors"
+    parts = [f"{'+'.join(quant)} {'packed' if packed else 'dequantized'}"] if quant else []
+    parts += [f"{'+'.join(dense)} dense"] if dense else []
+    return f"{fmt} {', '.join(parts)}"
+
+
 class StepFailed(RuntimeError):
     """Engine.step() failed some requests and aborted them: `errors` maps
     their ids to the cause; `outputs` are the step's outputs for the others."""
@@ -78,6 +91,7 @@ class Engine:
             backend_cls = self.platform.attention_backend_cls()
         self.attn_backend = backend_cls(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.block_size,
                                         self.dtype, self.device, sliding_window=mc.sliding_window)
+        self.weight_format = describe_weights(loaded.weights, self.model_path, packed_linear is not None)
         model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend, packed_linear)
         del loaded
 
@@ -94,8 +108,6 @@ class Engine:
                                        config.max_num_seqs)
         # one sequence must always fit on its own, or preemption could not make progress
         self.max_model_len = min(self.max_model_len, num_blocks * self.block_size)
-        log.info("KV cache: %d blocks (%.2f GiB), block size %d", num_blocks,
-                 num_blocks * bytes_per_block / 2**30, self.block_size)
 
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
                                                pool_cls=self.platform.block_pool_cls())
@@ -111,8 +123,12 @@ class Engine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_finished = 0
-        log.info("engine ready: %s on %s, %s, in %.1f s", self.model_path, self.platform.name,
-                 str(self.dtype).removeprefix("torch."), time.perf_counter() - t0)
+        dtype_how = "auto" if str(config.dtype).strip().lower() == "auto" else "--dtype"
+        summary = self.platform.startup_summary()
+        log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %d blocks x %d "
+                 "tokens (%.2f GiB)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
+                 str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format, num_blocks,
+                 self.block_size, num_blocks * bytes_per_block / 2**30, f"; {summary}" if summary else "")
 
     # -- requests ---------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int]], params: Optional[SamplingParams] = None,

@@ -133,6 +133,11 @@ class Platform(abc.ABC):
         return BlockPool
 
     # -- reporting ---------------------------------------------------------
+    def startup_summary(self) -> str:
+        """One line for the engine's start-up log: threads, devices and the
+        kernel builds in use (empty when there is nothing to add)."""
+        return ""
+
     def env_report(self) -> dict:
         """What ``paged env`` prints for this platform (JSON-serialisable)."""
         a = self.is_available()

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from paged.platforms import cpu_isa
 from paged.platforms.base import Availability, MemoryInfo, Platform
 from paged.platforms.cpulist import format_cpulist, parse_cpulist
 from paged.platforms.topology import Topology, read_topology, system_memory
@@ -76,9 +77,11 @@ class CpuPlatform(Platform):
     # -- detection ---------------------------------------------------------
     def is_available(self) -> Availability:
         try:
-            self.ops_module()
+            self.ops_module().cpu_features()
         except ImportError as e:
             return Availability(False, f"paged._C_cpu is not built ({e}); reinstall: pip install -e .")
+        except ValueError as e:  # a bad PAGED_CPU_HIDE
+            return Availability(False, str(e))
         return Availability(True)
 
     def device_count(self) -> int:
@@ -167,16 +170,36 @@ class CpuPlatform(Platform):
         return dict(self.ops_module().cpu_features())
 
     def supported_dtypes(self) -> list:
-        """bfloat16 first where the CPU computes it natively (AVX512_BF16 or
-        AMX), else float32 first; float16 where the CPU converts it (F16C)."""
+        """float32 first on every CPU: it is what ``--dtype auto`` runs. The
+        bf16 path rounds activations and KV to 8 mantissa bits, and on the
+        default model that flips near-tie greedy tokens against HF float32
+        (docs/kernels.md, "Choosing the CPU path"), while GGUF weights stay
+        packed either way, so float32 costs no weight bandwidth. bfloat16 is
+        there to ask for (native where AVX512_BF16/AMX exist, else converted);
+        float16 where the CPU converts it (F16C)."""
         import torch
 
         features = self.cpu_features()
-        native_bf16 = features.get("avx512bf16") or features.get("amx_bf16")
-        dtypes = [torch.bfloat16, torch.float32] if native_bf16 else [torch.float32, torch.bfloat16]
+        dtypes = [torch.float32, torch.bfloat16]
         if features.get("f16c") or features.get("avx512fp16"):
             dtypes.append(torch.float16)
         return dtypes
+
+    def kernel_builds(self) -> dict[str, str]:
+        """Kernel family -> the SIMD build it runs (platforms/cpu_isa.py)."""
+        return cpu_isa.active_builds()
+
+    def startup_summary(self) -> str:
+        import torch
+
+        plan = self.plan
+        if plan is None or not plan.cpus:
+            threads = f"{torch.get_num_threads()} threads, not pinned"
+        else:
+            threads = f"{len(plan.cpus)} threads on CPUs {format_cpulist(plan.cpus)}"
+        builds = ", ".join(f"{family} {build}" for family, build in self.kernel_builds().items())
+        hidden = self.ops_module().hidden_cpu_features()
+        return f"{threads}; kernels: {builds}" + (f" (PAGED_CPU_HIDE hides {', '.join(hidden)})" if hidden else "")
 
     # -- kernels -----------------------------------------------------------
     def packed_linear_cls(self):
@@ -207,6 +230,8 @@ class CpuPlatform(Platform):
         report["memory_policy"] = ops.memory_policy()
         report["libnuma"] = ops.libnuma_available()
         report["cpu_features"] = self.cpu_features()
+        report["cpu_features_hidden"] = ops.hidden_cpu_features()
+        report["kernel_builds"] = self.kernel_builds()
         report["dtypes"] = [str(d).removeprefix("torch.") for d in self.supported_dtypes()]
         mem = self.memory_info()
         report["memory"] = {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}

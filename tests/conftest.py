@@ -24,3 +24,30 @@ def default_model_fp32(default_model_path):
     from paged.core.loaders import load_model_files
 
     return load_model_files(default_model_path, torch.float32, quiet=True)
+
+
+# -- CPU generations ----------------------------------------------------------------
+# Engine, layer-stack and server tests run once per ISA level this machine
+# supports (avx512: Zen 4 / Xeon class; avx2: Zen 3 class), so one machine
+# checks the other generation's dispatch end to end. The scalar level is
+# checked kernel by kernel, bitwise or within tolerance against the SIMD builds
+# (test_kernels, test_quant_linear, test_fused_ops); a whole model at scalar
+# speed is ~40x slower, too slow for the suite.
+ENGINE_LEVELS = ("avx512", "avx2")
+
+
+def skip_unless_level(level: str) -> None:
+    from paged.platforms import cpu_isa
+
+    if level not in cpu_isa.supported_levels():
+        pytest.skip(f"this CPU (as PAGED_CPU_HIDE leaves it) cannot run the {level} kernels")
+
+
+@pytest.fixture(scope="module", params=ENGINE_LEVELS)
+def isa_level(request):
+    """Every CPU kernel family capped at one level for the module's tests."""
+    from paged.platforms import cpu_isa
+
+    skip_unless_level(request.param)
+    with cpu_isa.use_level(request.param):
+        yield request.param

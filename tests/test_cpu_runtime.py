@@ -147,10 +147,11 @@ def test_platform_init_binds_and_reports():
     assert [t["affinity"] for t in report["threads"]] == [[c] for c in platform.plan.cpus]
     assert report["binding"]["node"] == node.id
     assert report["memory_policy"]["nodes"] == [node.id] or report["binding"]["memory_method"].startswith("not bound")
-    features = report["cpu_features"]
     dtypes = platform.supported_dtypes()
-    assert dtypes[0] == (torch.bfloat16 if features["avx512bf16"] or features["amx_bf16"] else torch.float32)
-    assert platform.default_dtype() == dtypes[0]
+    assert dtypes[:2] == [torch.float32, torch.bfloat16]  # auto = float32 on every generation
+    assert platform.default_dtype() == torch.float32
+    assert report["kernel_builds"] == {"attention": _C_cpu.attention_isa(), "linear": _C_cpu.linear_isa(),
+                                       "fused_ops": _C_cpu.fused_ops_isa()}
     assert 0 < report["kv_cache_budget_bytes"] <= report["memory"]["available_bytes"]
 
 

@@ -27,7 +27,7 @@ def one_cpu() -> str:
 
 
 @pytest.fixture(scope="module")
-def engine(default_model_path):
+def engine(default_model_path, isa_level):
     # 16-token blocks (not the CPU default of 128): these short prompts then
     # span several blocks, so preemption, prefix hits and block reuse are
     # exercised. test_engine_parity runs the default block size.

@@ -34,7 +34,7 @@ NEAR_TIE = 1e-3
 
 
 @pytest.fixture(scope="module")
-def ours(default_model_path):
+def ours(default_model_path, isa_level):
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
                                  max_model_len=256, max_num_seqs=8, kv_cache_memory="64MiB",
                                  cpu_threads_bind=str(min(os.sched_getaffinity(0)))))

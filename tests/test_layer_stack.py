@@ -126,7 +126,7 @@ def check_scenario(model, backend, monkeypatch, vocab: int):
 @pytest.mark.parametrize("overrides", [{}, {"architecture": "qwen2", "qkv_bias": True},
                                        {"architecture": "mistral", "sliding_window": 8}],
                          ids=["llama", "qkv-bias", "sliding-window"])
-def test_tiny_model_bitwise_equal_to_python_layers(overrides, monkeypatch):
+def test_tiny_model_bitwise_equal_to_python_layers(overrides, monkeypatch, isa_level):
     config = tiny_config(**overrides)
     model, backend = make_model(config, tiny_weights(config))
     check_scenario(model, backend, monkeypatch, config.vocab_size)
@@ -140,12 +140,12 @@ def default_packed_model(default_model_path):
     return make_model(loaded.config, loaded.weights), loaded.config
 
 
-def test_default_model_bitwise_equal_to_python_layers(default_packed_model, monkeypatch):
+def test_default_model_bitwise_equal_to_python_layers(default_packed_model, monkeypatch, isa_level):
     (model, backend), config = default_packed_model
     check_scenario(model, backend, monkeypatch, config.vocab_size)
 
 
-def test_engine_greedy_tokens_same_with_and_without_stack(default_model_path, monkeypatch):
+def test_engine_greedy_tokens_same_with_and_without_stack(default_model_path, monkeypatch, isa_level):
     from paged.core.engine import Engine
     from paged.core.engine_config import EngineConfig
     from paged.core.llm import LLM

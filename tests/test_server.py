@@ -21,10 +21,13 @@ import time
 
 import httpx
 import pytest
+from conftest import ENGINE_LEVELS, skip_unless_level
 
 STARTUP_TIMEOUT_S = 300
 # small KV cache: 2048-token context, enough blocks for the concurrency tests
-BASE_ARGS = ("--max-model-len", "2048", "--kv-cache-memory", "256MiB", "--max-num-seqs", "32")
+# Settings the assertions depend on are pinned, never left to `auto`.
+BASE_ARGS = ("--max-model-len", "2048", "--kv-cache-memory", "256MiB", "--max-num-seqs", "32",
+             "--dtype", "float32", "--block-size", "128")
 
 
 def free_port() -> int:
@@ -36,7 +39,7 @@ def free_port() -> int:
 class ServerProcess:
     """`paged --device cpu serve ...` in a subprocess on a free loopback port."""
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="paged-serve-", suffix=".log", delete=False)
@@ -45,7 +48,8 @@ class ServerProcess:
                "--device", "cpu", "serve", "--port", str(self.port), *BASE_ARGS, *extra]
         if model:
             cmd += ["--model", model]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
         try:
             self._wait_ready(extra)
         except BaseException:  # never leak a server process
@@ -88,12 +92,17 @@ class ServerProcess:
 _SHARED: dict[tuple, ServerProcess] = {}
 
 
-def shared_server(*extra: str) -> ServerProcess:
-    """One server per argument set for the whole pytest run (modules share it)."""
-    if extra not in _SHARED:
-        _SHARED[extra] = server = ServerProcess(*extra)
+def shared_server(*extra: str, level: str | None = None) -> ServerProcess:
+    """One server per argument set (and ISA level: None = all this CPU has)
+    for the whole pytest run (modules share it)."""
+    from paged.platforms import cpu_isa
+
+    key = (extra, level)
+    if key not in _SHARED:
+        env = cpu_isa.hide_env(level) if level else None
+        _SHARED[key] = server = ServerProcess(*extra, env=env)
         atexit.register(server.stop)
-    return _SHARED[extra]
+    return _SHARED[key]
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -121,9 +130,14 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def server():
-    return shared_server()
+@pytest.fixture(scope="module", params=ENGINE_LEVELS)
+def server(request):
+    """The server at each ISA level this CPU runs (conftest.ENGINE_LEVELS)."""
+    from paged.platforms import cpu_isa
+
+    skip_unless_level(request.param)
+    best = request.param == cpu_isa.supported_levels()[0]  # that one is shared with other modules
+    return shared_server() if best else shared_server(level=request.param)
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed if not isinstance(embed, PackedBlocks) else _param(cast(embed))
         else:
             self.lm_head = _param(cast(weights["lm_head.weight"]))
+        if isinstance(self.lm_head, torch.Tensor) and self.lm_head.dtype != torch.float32:
+            # logits reach the sampler in float32 whatever the model dtype: a
+            # bf16 LM head output ties near-equal tokens (one float32 copy of
+            # the head; packed heads compute in float32 already)
+            self.lm_head = _param(self.lm_head.detach().float())
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, weights, i, cast, attn_backend)
                                     for i in range(config.num_layers))
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
@@ -159,5 +164,6 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] (only the rows that need a next token) -> float32 [N, vocab]."""
-        return linear(hidden, self.lm_head).float()
+        """hidden [N, hidden] (only the rows that need a next token) -> float32 [N, vocab],
+        accumulated and kept in float32."""
+        return linear(hidden.float(), self.lm_head)
