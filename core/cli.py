@@ -241,6 +241,10 @@ def format_env(report: dict) -> str:
     if report.get("cpu_features"):
         feats = report["cpu_features"]
         lines.append("cpu features    " + " ".join(f"{k}{'+' if v else '-'}" for k, v in feats.items()))
+        if report.get("cpu_features_hidden"):
+            lines.append(f"  hidden        {' '.join(report['cpu_features_hidden'])} (PAGED_CPU_HIDE)")
+    if report.get("kernel_builds"):
+        lines.append("kernel builds   " + ", ".join(f"{k} {v}" for k, v in report["kernel_builds"].items()))
     if report.get("dtypes"):
         lines.append(f"dtypes          {', '.join(report['dtypes'])} (default {report['dtypes'][0]})")
     if report.get("memory"):
@@ -249,7 +253,8 @@ def format_env(report: dict) -> str:
     if "kv_cache_budget_bytes" in report:
         lines.append(f"kv cache budget {size(report['kv_cache_budget_bytes'])}")
     known = {"platform", "available", "reason", "paged", "python", "torch", "compiled_modules", "topology", "binding", "threads",
-             "memory_policy", "libnuma", "cpu_features", "dtypes", "memory", "kv_cache_budget_bytes"}
+             "memory_policy", "libnuma", "cpu_features", "cpu_features_hidden", "kernel_builds", "dtypes", "memory",
+             "kv_cache_budget_bytes"}
     lines += [f"{k:<16}{v}" for k, v in report.items() if k not in known]  # other platforms' extras
     return "\n".join(lines)
 

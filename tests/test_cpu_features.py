@@ -89,3 +89,15 @@ def test_use_level_sets_and_restores_every_family():
         assert cpu_isa.active_builds() == before
     with pytest.raises(ValueError, match="level: expected one of avx512, avx2, scalar, got 'sse'"):
         cpu_isa.builds_for_level("sse")
+
+
+def test_env_shows_the_builds_next_to_the_flags():
+    level = "avx2" if "avx2" in cpu_isa.supported_levels() else "scalar"
+    out = subprocess.run([sys.executable, "-c", "import sys; from paged.core.cli import main; sys.exit(main())",
+                          "--device", "cpu", "env"], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **cpu_isa.hide_env(level)})
+    assert out.returncode == 0, out.stderr
+    builds = cpu_isa.builds_for_level(level)
+    assert "kernel builds   " + ", ".join(f"{k} {v}" for k, v in builds.items()) in out.stdout
+    if _C_cpu.cpu_features()["avx512f"]:
+        assert "avx512f-" in out.stdout and "hidden        avx512f" in out.stdout
