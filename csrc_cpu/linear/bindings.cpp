@@ -13,13 +13,17 @@ namespace paged::cpu {
 void register_linear(nb::module_& m) {
   namespace l = linear;
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
-        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks; calls of M <= 2 "
-        "rows quantize x to two-term int16 per 32-block, more rows compute in fp32 (docs/kernels.md).");
+        "activations"_a = "float32",
+        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks. activations='float32': "
+        "calls of M <= 2 rows quantize x to two-term int16 per 32-block, more rows compute in fp32; "
+        "activations='int8': x quantized to int8 per 32-block, integer dot products, bitwise the same for a "
+        "row whatever the call (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
   m.attr("LINEAR_INT16_MAX_ROWS") = l::kInt16MaxRows;  // calls with more rows take the fp32 path
   m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");
-  m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar' (both paths of that build).");
+  m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto' or a build of supported_linear_isas() ('avx512', 'avxvnni', 'avx2', 'scalar'): all "
+        "paths of that build.");
   m.def("supported_linear_isas", &l::supported_isas, "Quantized linear builds this CPU can run, best first.");
 }
 }  // namespace paged::cpu

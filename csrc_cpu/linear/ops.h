@@ -13,9 +13,10 @@ namespace paged::cpu::linear {
 
 using Array = nanobind::ndarray<>;
 
-// out[M, N] = x[M, K] @ W^T with W [N, K] given as GGUF blocks (qs, d, m).
+// out[M, N] = x[M, K] @ W^T with W [N, K] given as GGUF blocks (qs, d, m);
+// activations "float32" (x as given) or "int8" (x quantized per 32-block, int8.h).
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
-                  const std::optional<Array>& m, const Array& out);
+                  const std::optional<Array>& m, const Array& out, const std::string& activations = "float32");
 // out[N, K] = W, exactly as gguf dequantizes it.
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);

@@ -1,6 +1,7 @@
-// Boundary checks, the choice of path by M (int16 or fp32, quant_linear.h), the int16
-// quantization of x, the OpenMP split over weight rows and the ISA choice for the
-// quantized linear; the per-ISA kernels do the arithmetic.
+// Boundary checks, the choice of path (activations "int8", else int16 or fp32
+// by M; quant_linear.h, int8.h), the quantization of x, the OpenMP split over
+// weight rows and the ISA choice for the quantized linear; the per-ISA kernels
+// do the arithmetic.
 #include "linear/ops.h"
 #include "isa_select.h"
 
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "attention/tensor_args.h"
+#include "linear/int8.h"
 
 namespace nb = nanobind;
 
@@ -150,15 +152,53 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
   return q;
 }
 
-// An ISA name selects both kernels of that build.
+// An ISA name selects all kernels of that build. The VNNI builds differ only
+// in the int8 path and reuse the AVX2 float32 kernels (same bits).
 IsaSelector<Kernels>& selector() {
-  static IsaSelector<Kernels> s({{"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows}, cpu_has_avx2},
-                                 {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows}, cpu_always}},
-                                "linear");
+  static IsaSelector<Kernels> s(
+      {{"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avx512vnni},
+       {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avxvnni},
+       {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avx2},
+       {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows}, cpu_always}},
+      "linear");
   return s;
 }
 
+// The int8 path: each row of x quantized (int8.h), then the weight rows in
+// chunks of kI8ChunkRows split over the threads (static: contiguous chunks per
+// thread), each thread building its panels in its own scratch.
+void int8_linear(LinearArgs& a) {
+  const int64_t M = a.M, K = a.K, nb = a.blocks();
+  std::vector<int8_t> codes(size_t(M * K));
+  std::vector<float> scale(size_t(M * nb)), sums(size_t(M * nb));
+  std::vector<int32_t> corr(size_t(M * nb));
+  a.x8 = codes.data();
+  a.x8_scale = scale.data();
+  a.x8_corr = corr.data();
+  a.x8_sum = sums.data();
+  const Int8Kernel kernel = active_kernels().int8_rows;
+  const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
+  const bool parallel = M * a.N * K >= kSerialMacs && (chunks > 1 || M > 1);
+#pragma omp parallel if (parallel)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < M; ++r)
+      quantize_x_row(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb, corr.data() + r * nb,
+                     sums.data() + r * nb);
+    Int8Panel panel;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      kernel(a, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows), panel);
+  }
+}
+
 }  // namespace
+
+Activations parse_activations(const std::string& s) {
+  if (s == "float32") return Activations::Float32;
+  if (s == "int8") return Activations::Int8;
+  fail("activations: expected 'float32' or 'int8', got '" + s + "'");
+}
 
 Kernels active_kernels() { return selector().active().kernel; }
 const char* current_isa() { return selector().active().name; }
@@ -166,7 +206,8 @@ void set_isa(const std::string& name) { selector().set(name); }
 std::vector<std::string> supported_isas() { return selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
-                  const std::optional<Array>& m, const Array& out) {
+                  const std::optional<Array>& m, const Array& out, const std::string& activations) {
+  const Activations act = parse_activations(activations);
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
   const attn::TensorArg tx = matrix("x", x, nb::dtype<float>());
@@ -178,6 +219,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   a.out = static_cast<float*>(to.data);
   a.x = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
+  if (act == Activations::Int8) return int8_linear(a);
   const bool int16_path = a.M <= kInt16MaxRows;
   const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();

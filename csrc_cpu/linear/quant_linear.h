@@ -32,6 +32,10 @@
 // evaluated in this one order whatever M, the row tiling, the thread count or
 // the ISA (the scalar builds emulate the lanes), so a row's bits depend only on
 // its own values and on whether its call had <= kInt16MaxRows rows.
+//
+// Those two are the activations="float32" paths. activations="int8" (int8.h)
+// quantizes x to int8 per 32-block for any M: one arithmetic, bitwise the same
+// for a row alone or in any call.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +61,12 @@ static_assert(kInt16MaxRows <= kDirectMaxRows, "the int16 kernels only have dire
 
 enum class QType { Q4_0, Q4_1, Q8_0 };
 
+// What the kernels multiply the weight codes by: x itself (the float32 paths
+// above) or its int8 quantization (int8.h).
+enum class Activations { Float32, Int8 };
+// "float32" / "int8", else ValueError "activations: expected ..., got '<s>'".
+Activations parse_activations(const std::string& s);
+
 struct LinearArgs {
   QType qtype;
   int64_t M = 0, N = 0, K = 0;
@@ -68,6 +78,11 @@ struct LinearArgs {
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
   const float* xs = nullptr;      // [K/32, M] block sums of x, xs[b * M + r] (block-major:
                                   // a block's sums of consecutive rows are adjacent)
+  // int8 path (int8.h), each [M, ...] row-major:
+  const int8_t* x8 = nullptr;       // [M, K] codes xq
+  const float* x8_scale = nullptr;  // [M, K/32] dx
+  const int32_t* x8_corr = nullptr; // [M, K/32] -offset * sum of the block's codes
+  const float* x8_sum = nullptr;    // [M, K/32] dx * sum of the block's codes (q4_1)
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }
@@ -77,10 +92,15 @@ struct LinearArgs {
 // needed) for codes widened once and reused by many rows of x.
 using RowsKernel = void (*)(const LinearArgs&, int64_t n0, int64_t n1, std::vector<float>& scratch);
 
-// The two kernels of one ISA build.
+// The int8 path's kernels: out[:, n0:n1] with the thread's panel scratch (int8.h).
+struct Int8Panel;
+using Int8Kernel = void (*)(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+
+// The kernels of one ISA build.
 struct Kernels {
-  RowsKernel int16_rows;  // M <= kInt16MaxRows
-  RowsKernel fp32_rows;   // any M
+  RowsKernel int16_rows;  // float32 activations, M <= kInt16MaxRows
+  RowsKernel fp32_rows;   // float32 activations, any M
+  Int8Kernel int8_rows;   // int8 activations, any M
 };
 
 namespace isa_scalar {

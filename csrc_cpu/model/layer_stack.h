@@ -17,11 +17,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "linear/aligned.h"
 
 namespace paged::cpu::model {
 
@@ -37,18 +38,7 @@ struct StackConfig {
 };
 
 // float32 scratch, 64-byte aligned like torch's allocations.
-template <class T>
-struct AlignedAllocator {
-  using value_type = T;
-  AlignedAllocator() = default;
-  template <class U>
-  AlignedAllocator(const AlignedAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
-  bool operator==(const AlignedAllocator&) const { return true; }
-  bool operator!=(const AlignedAllocator&) const { return false; }
-};
-using Scratch = std::vector<float, AlignedAllocator<float>>;
+using Scratch = AlignedVector<float>;
 
 class LayerStack {
  public:

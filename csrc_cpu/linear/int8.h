@@ -1,0 +1,74 @@
+// The int8-activation path of the quantized linear (activations="int8";
+// contract: docs/kernels.md, "Quantized linear (CPU)"): x quantized per
+// 32-block to int8 as llama.cpp's q8 activations, integer dot products with the
+// weight codes, then one fixed float order per output. A row's outputs depend
+// only on that row and the weight, so they are bitwise the same alone or in a
+// call of any M, on any thread count and in every ISA build.
+//
+// Quantization of x, per row r and block b of 32 values (plain C++ shared by
+// every build, quantize_x_row below):
+//   amax     = max_k |x[r, 32b+k]|                       (a NaN sticks)
+//   dx[r,b]  = amax / 127                                  (fp32 division)
+//   xq[r,k]  = round_half_even(clamp(x[r,k] / dx, -127, 127))   (fp32 division)
+// xq is 0 wherever dx == 0 (an all-zero block, or amax < 127 * 2^-150 so the
+// division underflows); such a block adds exactly 0. A block holding a NaN or
+// an inf gets dx = NaN and codes 0, so every output of its row is NaN.
+//
+// Per output (r, n), over b = 0, 1, ... in order, from acc = +0:
+//   isum = sum_k W[n, 32b+k] * xq[r, 32b+k]         exact int32 (any order)
+//   acc  = fma(fl(d[n,b] * dx[r,b]), float(isum), acc)
+//   q4_1: acc = fma(m[n,b], xs[r,b], acc),  xs[r,b] = fl(dx[r,b] * float(sum_k xq[r,32b+k]))
+// and out = acc. W is the integer code: q - 8 (q4_0), q (q4_1: w = d*q + m),
+// the int8 code (q8_0). |isum| <= 32 * 128 * 127 < 2^24 and |sum xq| <= 4064, so
+// both conversions to float are exact. Q4_1's offsets multiply the block sums
+// of the quantized x (as llama.cpp's q8_1), so out is, to fp32 rounding, the
+// dequantized weight times x_hat = dx * xq.
+//
+// The SIMD builds multiply unsigned weight codes by the signed x codes
+// (vpdpbusd, vpmaddubsw): u = q (4-bit) or q8 + 128, so isum = sum u * xq +
+// corr with corr[r,b] = -off * sum_k xq (off 8 for q4_0, 128 for q8_0, 0 for
+// q4_1), computed once per call here and used as the int32 accumulator's
+// starting value.
+#pragma once
+
+#include <cstdint>
+
+#include "linear/aligned.h"
+#include "linear/quant_linear.h"
+
+namespace paged::cpu::linear {
+
+constexpr int32_t kI8Max = 127;  // x codes lie in [-kI8Max, kI8Max]
+// Weight rows per OpenMP work item of the int8 path; a kernel call gets at
+// most this many (a multiple of every build's panel width).
+constexpr int64_t kI8ChunkRows = 32;
+
+// Offset subtracted from the unsigned codes the SIMD builds multiply (see above).
+constexpr int32_t unsigned_offset(QType t) { return t == QType::Q4_0 ? 8 : (t == QType::Q8_0 ? 128 : 0); }
+
+// Row r of x quantized as above into codes[K], and per block dx[K/32],
+// corr[K/32] = -unsigned_offset(t) * sum xq, xs[K/32] = dx * float(sum xq).
+void quantize_x_row(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
+
+// A thread's weight panel: a chunk's codes widened to bytes in the build's
+// interleaved layout, and its scales (and q4_1 offsets) transposed, built once
+// per call and swept by every row of x.
+struct Int8Panel {
+  AlignedVector<uint8_t> codes;
+  AlignedVector<float> d, m;
+};
+
+namespace isa_scalar {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
+namespace isa_avx2 {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
+namespace isa_avxvnni {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
+namespace isa_avx512 {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
+
+}  // namespace paged::cpu::linear

@@ -1,0 +1,82 @@
+// The int8 path's definition in plain C++ (int8.h): the quantization of x that
+// every build uses (compiled for the baseline ISA, so the bits do not depend
+// on the build), and the scalar build of the kernel, which the SIMD builds
+// match bit for bit: per output a signed int32 dot product per block, then the
+// fp32 steps with explicit fma.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "linear/int8.h"
+
+namespace paged::cpu::linear {
+namespace {
+
+// round_half_even(v) for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction
+// bits, so the default rounding mode rounds v to an integer (ties to even);
+// subtracting it back is exact. Vectorizes, unlike lrint.
+constexpr float kRoundMagic = 12582912.f;
+
+}  // namespace
+
+void quantize_x_row(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
+  const int32_t offset = unsigned_offset(t);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    int8_t* q = codes + b * kBlock;
+    float amax = 0.f;
+    for (int k = 0; k < kBlock; ++k) {
+      const float v = std::fabs(xb[k]);
+      amax = (v > amax || v != v) ? v : amax;  // a NaN sticks
+    }
+    float scale = amax / float(kI8Max);
+    int32_t sum = 0;
+    if (!(amax <= FLT_MAX)) {  // NaN or inf: the row's outputs become NaN
+      scale = NAN;
+      std::fill(q, q + kBlock, int8_t(0));
+    } else if (scale == 0.f) {
+      std::fill(q, q + kBlock, int8_t(0));
+    } else {
+      for (int k = 0; k < kBlock; ++k) {
+        float v = xb[k] / scale;
+        v = std::min(std::max(v, -float(kI8Max)), float(kI8Max));  // rounding commutes with integer bounds
+        q[k] = int8_t((v + kRoundMagic) - kRoundMagic);
+        sum += q[k];
+      }
+    }
+    dx[b] = scale;
+    corr[b] = -offset * sum;
+    xs[b] = scale * float(sum);
+  }
+}
+
+namespace isa_scalar {
+
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel&) {
+  const int64_t nb = a.blocks(), K = a.K;
+  std::vector<int8_t> w(static_cast<size_t>(K));  // one weight row's signed codes
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = a.qs + n * a.row_bytes();
+    for (int64_t b = 0; b < nb; ++b)
+      for (int k = 0; k < kBlock; ++k) w[size_t(b * kBlock + k)] = int8_t(block_code(a.qtype, row, b, k));
+    const float* d = a.d + n * nb;
+    const float* m = a.m ? a.m + n * nb : nullptr;
+    for (int64_t r = 0; r < a.M; ++r) {
+      const int8_t* xq = a.x8 + r * K;
+      const float* dx = a.x8_scale + r * nb;
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t isum = 0;
+        for (int k = 0; k < kBlock; ++k) isum += int32_t(w[size_t(b * kBlock + k)]) * int32_t(xq[b * kBlock + k]);
+        const float scale = d[b] * dx[b];  // rounded on its own, as the SIMD multiply
+        acc = std::fma(scale, float(isum), acc);
+        if (m) acc = std::fma(m[b], a.x8_sum[r * nb + b], acc);
+      }
+      a.out[r * a.N + n] = acc;
+    }
+  }
+}
+
+}  // namespace isa_scalar
+}  // namespace paged::cpu::linear
