@@ -156,7 +156,7 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
 // in the int8 path and reuse the AVX2 float32 kernels (same bits).
 IsaSelector<Kernels>& selector() {
   static IsaSelector<Kernels> s(
-      {{"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avx512vnni},
+      {{"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows}, cpu_has_avx512vnni},
        {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avxvnni},
        {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avx2},
        {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows}, cpu_always}},

@@ -1,0 +1,201 @@
+// AVX-512 VNNI build of the int8 path (int8.h), bitwise equal to the scalar
+// build: the same exact int32 block sums, then per output the same fp32 steps
+// (one multiply d * dx, one fma per block, q4_1's fma with m), in vector lanes.
+//
+// Layout: the lanes of a zmm are 16 weight rows, so a block's sum for 16
+// outputs is 8 vpdpbusd (4 codes per lane each) with x's 4 codes broadcast,
+// and no horizontal sum is needed. Per call, a panel of 32 weight rows (the
+// work item, kI8ChunkRows) is widened once into the thread's scratch:
+// nibbles (or q8 codes + 128) to unsigned bytes, interleaved
+// [block][step of 4 codes][16-row column][row][4], and d (and m) transposed to
+// [block][row], via 16 x 16 dword transposes of the packed rows (~40 vector
+// ops per 16 rows x 32 codes). Then register tiles of R x rows x 32 weight
+// rows sweep the panel: each weight vector loaded serves R rows, each x
+// broadcast 2 columns; per block and tile 8*2*R vpdpbusd, then per output
+// vector a convert, a multiply and an fma (two for q4_1).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "linear/int8.h"
+
+#define PAGED_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
+// pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace paged::cpu::linear::isa_avx512 {
+namespace {
+
+constexpr int kLanes = 16;                    // weight rows per zmm (one column)
+constexpr int kCols = 2;                      // columns per panel and tile
+constexpr int64_t kPanel = kLanes * kCols;    // weight rows per panel
+constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 codes each)
+constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
+constexpr int kTileRows = 4;                  // x rows per register tile
+static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
+
+// Transposes a 16 x 16 matrix of dwords held one row per register.
+PAGED_VNNI512 void transpose16(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: (r_i e0, r_i+1 e0, r_i e1, r_i+1 e1), ...
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // v[i + e], lane L: rows i .. i+3, element 4L + e
+    v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // gather lane L of the four row groups
+    const __m512i x0 = _mm512_shuffle_i32x4(v[e], v[4 + e], 0x88), x1 = _mm512_shuffle_i32x4(v[e], v[4 + e], 0xdd);
+    const __m512i x2 = _mm512_shuffle_i32x4(v[8 + e], v[12 + e], 0x88);
+    const __m512i x3 = _mm512_shuffle_i32x4(v[8 + e], v[12 + e], 0xdd);
+    t[e] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+    t[8 + e] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+    t[4 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+    t[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) v[i] = t[i];
+}
+
+// v[i] = the 64 bytes at `offset` of row i (stride bytes apart), `dwords` of
+// them (the rest zero), for i < rows; zero beyond.
+PAGED_VNNI512 void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
+                             __m512i v[16]) {
+  const auto mask = __mmask16(dwords >= 16 ? 0xFFFF : (1u << dwords) - 1);
+  for (int i = 0; i < 16; ++i)
+    v[i] = i < rows ? _mm512_maskz_loadu_epi32(mask, base + i * stride + offset) : _mm512_setzero_si512();
+}
+
+// Rows n0 .. n0 + rows of a [N, nb] float matrix (d or m) transposed into
+// column c of dst [nb][kPanel].
+PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, int rows, int c, float* dst) {
+  __m512i v[16];
+  for (int64_t chunk = 0; chunk * 16 < nb; ++chunk) {
+    load_rows(reinterpret_cast<const uint8_t*>(src + n0 * nb), nb * 4, rows, chunk * 64,
+              std::min<int64_t>(16, nb - chunk * 16), v);
+    transpose16(v);
+    for (int64_t i = 0; i < 16 && chunk * 16 + i < nb; ++i)
+      _mm512_store_si512(dst + (chunk * 16 + i) * kPanel + c * kLanes, v[i]);
+  }
+}
+
+// Column c (rows n0 .. n0 + rows) of the panel: unsigned codes and scales.
+template <QType T>
+PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, Int8Panel& p) {
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
+  const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
+  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
+  __m512i v[16];
+  for (int64_t chunk = 0; chunk * 64 < row_bytes; ++chunk) {
+    load_rows(a.qs + n0 * row_bytes, row_bytes, rows, chunk * 64, std::min<int64_t>(16, (row_bytes - chunk * 64) / 4),
+              v);
+    transpose16(v);  // v[j]: dword j of the chunk, 16 rows
+    for (int64_t i = 0; i < blocks_per_chunk && chunk * blocks_per_chunk + i < nb; ++i) {
+      uint8_t* dst = p.codes.data() + (chunk * blocks_per_chunk + i) * kBlockBytes + c * 64;
+      if constexpr (T == QType::Q8_0) {
+        for (int s = 0; s < kSteps; ++s) _mm512_store_si512(dst + s * kCols * 64, _mm512_xor_si512(v[8 * i + s], bias));
+      } else {  // dword s of a block: low nibbles are codes 4s.., high nibbles 16 + 4s..
+        for (int s = 0; s < 4; ++s) {
+          _mm512_store_si512(dst + s * kCols * 64, _mm512_and_si512(v[4 * i + s], low));
+          _mm512_store_si512(dst + (4 + s) * kCols * 64, _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low));
+        }
+      }
+    }
+  }
+  transpose_scales(a.d, nb, n0, rows, c, p.d.data());
+  if constexpr (T == QType::Q4_1) transpose_scales(a.m, nb, n0, rows, c, p.m.data());
+}
+
+PAGED_VNNI512 inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
+template <QType T, int R>
+PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
+  constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
+  const int64_t nb = a.blocks(), K = a.K;
+  __m512 acc[R][kCols];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i dot[S][R][kCols];
+    for (int r = 0; r < R; ++r) {
+      const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[(r0 + r) * nb + b]);
+      for (int c = 0; c < kCols; ++c) {
+        dot[0][r][c] = init;
+        if constexpr (S == 2) dot[1][r][c] = _mm512_setzero_si512();
+      }
+    }
+    const uint8_t* w = p.codes.data() + b * kBlockBytes;
+    for (int s = 0; s < kSteps; ++s) {
+      __m512i wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
+      for (int r = 0; r < R; ++r) {
+        const __m512i xb = broadcast4(a.x8 + (r0 + r) * K + b * kBlock + 4 * s);
+        for (int c = 0; c < kCols; ++c) dot[s % S][r][c] = _mm512_dpbusd_epi32(dot[s % S][r][c], wv[c], xb);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]);
+      for (int c = 0; c < kCols; ++c) {
+        const __m512i isum = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
+        const __m512 scale = _mm512_mul_ps(_mm512_load_ps(p.d.data() + b * kPanel + c * kLanes), dx);
+        acc[r][c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r][c]);
+        if constexpr (T == QType::Q4_1)
+          acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(p.m.data() + b * kPanel + c * kLanes),
+                                      _mm512_set1_ps(a.x8_sum[(r0 + r) * nb + b]), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kCols; ++c) _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + c * kLanes, mask[c], acc[r][c]);
+}
+
+using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
+template <QType T, int... R>
+constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
+  return {&tile<T, R + 1>...};
+}
+
+template <QType T>
+PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& p) {
+  static constexpr auto tiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
+  const int64_t nb = a.blocks();
+  p.codes.resize(size_t(nb * kBlockBytes));
+  p.d.resize(size_t(nb * kPanel));
+  if (T == QType::Q4_1) p.m.resize(size_t(nb * kPanel));
+  __mmask16 mask[kCols];
+  for (int c = 0; c < kCols; ++c) {
+    const auto rows = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
+    build_column<T>(a, n0 + c * kLanes, rows, c, p);
+    mask[c] = __mmask16((1u << rows) - 1);
+  }
+  for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
+    tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask);
+}
+
+}  // namespace
+
+PAGED_VNNI512 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
+  switch (a.qtype) {
+    case QType::Q4_0: rows<QType::Q4_0>(a, n0, n1, panel); break;
+    case QType::Q4_1: rows<QType::Q4_1>(a, n0, n1, panel); break;
+    case QType::Q8_0: rows<QType::Q8_0>(a, n0, n1, panel); break;
+  }
+}
+
+}  // namespace paged::cpu::linear::isa_avx512
+
+#pragma GCC diagnostic pop
