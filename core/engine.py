@@ -112,7 +112,8 @@ class Engine:
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
                                                pool_cls=self.platform.block_pool_cls())
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_waiting, config.enable_prefix_caching)
+                                   config.max_waiting, config.enable_prefix_caching,
+                                   config.max_prefill_tokens_with_decodes)
         self.runner = ModelRunner(model, self.attn_backend, mc.num_layers, num_blocks, self.block_size,
                                   self.device, self.kv_cache_manager)
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))

@@ -20,6 +20,10 @@ def parse_memory_size(text) -> int:
     return size
 
 
+#: --linear-activations choices; auto = the platform's choice
+LINEAR_ACTIVATIONS = ("auto", "float32", "int8")
+
+
 @dataclass
 class EngineConfig:
     model: Optional[str] = None  # .gguf file or HF folder; None: the default SmolLM2
@@ -28,6 +32,8 @@ class EngineConfig:
     max_model_len: Optional[int] = None  # None: the model's context length
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    # prompt tokens a step may carry while sequences decode (None: no cap)
+    max_prefill_tokens_with_decodes: Optional[int] = 128
     block_size: Optional[int] = None  # None: the platform's default
     kv_cache_memory: Optional[int | str] = None  # int bytes or '4GiB'; None: the platform's share of free memory
     num_kv_blocks: Optional[int] = None  # exact block count (tests); overrides kv_cache_memory
@@ -39,6 +45,9 @@ class EngineConfig:
     # keep GGUF Q4_0/Q4_1/Q8_0 matrices packed where the platform has kernels
     # for them (CPU): same values as dequantizing, a fraction of the bytes
     quantized_weights: bool = True
+    # what packed linears feed their integer dot products (docs/kernels.md,
+    # "Choosing the CPU path"): float32 activations, or int8 per 32-block
+    linear_activations: str = "auto"
     warm_up: bool = True
 
     def __post_init__(self) -> None:
@@ -47,11 +56,15 @@ class EngineConfig:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
 
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_with_decodes",
+                     "block_size",
                      "num_kv_blocks", "max_waiting"):
             positive(name)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
+        if self.linear_activations not in LINEAR_ACTIVATIONS:
+            raise ValueError(f"linear_activations: expected one of {', '.join(LINEAR_ACTIVATIONS)}, "
+                             f"got {self.linear_activations!r}")
         if self.attention_backend not in (None, "reference"):
             raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
 
@@ -69,6 +82,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
                    help=f"token budget of one step; longer prompts are prefilled in chunks "
                         f"(default: {d.max_num_batched_tokens})")
+    g.add_argument("--max-prefill-tokens-with-decodes", type=int, default=d.max_prefill_tokens_with_decodes,
+                   help="prompt tokens a step may carry while sequences decode: bounds the inter-token "
+                        "latency that prefills add, at some cost to time to first token "
+                        f"(default: {d.max_prefill_tokens_with_decodes})")
     g.add_argument("--block-size", type=int, default=None, help="KV cache block size in tokens (default: the platform's: cpu 128, cuda 16, npu 128)")
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size, e.g. 4GiB or 512MiB (default: a share of free memory)")
@@ -80,6 +97,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quantized-weights", action=argparse.BooleanOptionalAction, default=d.quantized_weights,
                    help="run GGUF Q4_0/Q4_1/Q8_0 weights packed on platforms with kernels for them "
                         "(CPU); --no-quantized-weights dequantizes them to --dtype (default: on)")
+    g.add_argument("--linear-activations", choices=LINEAR_ACTIVATIONS, default=d.linear_activations,
+                   help="activations of packed-weight linears: float32 (exact to fp32 rounding), int8 "
+                        "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
+                        "auto = the platform's choice (default: auto)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -91,12 +112,14 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_prefill_tokens_with_decodes=args.max_prefill_tokens_with_decodes,
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
         cpu_threads_bind=args.cpu_threads_bind,
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         quantized_weights=args.quantized_weights,
+        linear_activations=args.linear_activations,
     )
     values.update(overrides)
     return EngineConfig(**values)

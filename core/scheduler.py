@@ -7,7 +7,12 @@ Each step fills a token budget (``max_num_batched_tokens``) with, in order:
 3. new sequences from the waiting queue (FCFS, prefix-cache lookup at
    admission), each taking a chunk of what budget is left.
 
-So a long prompt is split into chunks and never stalls running decodes.
+So a long prompt is split into chunks and never stalls running decodes:
+while any sequence decodes, prompt chunks (2 and 3) share at most
+``max_prefill_tokens_with_decodes`` tokens a step, so a decode's inter-token
+latency is a decode step plus that much prefill, not a whole budget's worth
+(docs/engine.md, "Prefill while decoding"). A step with no decodes uses
+the whole budget for prompts.
 When the KV cache runs out of blocks for a running sequence, the newest
 running sequence is preempted by recompute: its blocks are freed and it goes
 back to the front of the waiting queue with its generated tokens kept, to be
@@ -65,12 +70,17 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv_cache_manager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_waiting: Optional[int] = None, enable_prefix_caching: bool = True):
+                 max_waiting: Optional[int] = None, enable_prefix_caching: bool = True,
+                 max_prefill_tokens_with_decodes: Optional[int] = None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        if max_prefill_tokens_with_decodes is not None and max_prefill_tokens_with_decodes < 1:
+            raise ValueError("max_prefill_tokens_with_decodes: expected an integer >= 1 or None, "
+                             f"got {max_prefill_tokens_with_decodes}")
         self.kv = kv_cache_manager
+        self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -141,6 +151,11 @@ class Scheduler:
                 budget -= 1
                 i += 1
             # else: seq itself was preempted and removed; i now points at the next one
+
+        # prompt chunks below share what is left, capped while decodes run
+        cap = self.max_prefill_tokens_with_decodes
+        if out.decodes and cap is not None:
+            budget = min(budget, cap)
 
         # 2. prompt chunks of running sequences still in prefill
         for seq in list(self.running):

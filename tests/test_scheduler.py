@@ -212,3 +212,27 @@ def test_random_workload_invariants():
         if seq.finish_reason != "abort":
             assert seq.output_token_ids == expected_output(prompts[rid], max_tokens[rid])
     assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_prefill_is_capped_while_decodes_run_and_outputs_are_unchanged():
+    kv = KVCacheManager(64, BS, enable_prefix_caching=True)
+    sched = Scheduler(kv, 8, 32, None, True, max_prefill_tokens_with_decodes=5)
+    prompts = {"a": list(range(1, 4)), "b": list(range(10, 50)), "c": list(range(60, 90))}
+    max_tokens = {rid: 6 for rid in prompts}
+    reqs = {}
+    reqs["a"] = add(sched, "a", prompts["a"], 6)
+    out = step(sched, max_tokens)
+    assert [e.num_new_tokens for e in out.prefills] == [3]  # no decodes yet: the whole budget is open
+    reqs["b"] = add(sched, "b", prompts["b"], 6)
+    reqs["c"] = add(sched, "c", prompts["c"], 6)
+
+    def check(out):
+        prefill = sum(e.num_new_tokens for e in out.prefills)
+        assert prefill <= (5 if out.decodes else 32)
+        assert out.num_tokens <= 32
+
+    run_all(sched, max_tokens, check)
+    for rid, req in reqs.items():
+        assert req.seqs[0].token_ids[len(prompts[rid]):] == expected_output(prompts[rid], 6)
+    with pytest.raises(ValueError, match="max_prefill_tokens_with_decodes: expected an integer >= 1"):
+        Scheduler(kv, 8, 32, max_prefill_tokens_with_decodes=0)
