@@ -59,6 +59,7 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
         self._template = None
+        self._longest: int | None = None
 
     # -- construction ---------------------------------------------------------
     @classmethod
@@ -134,7 +135,9 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise TypeError(f"encode() expects a str, got {type(text).__name__}")
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode holds it: a 7 MB prompt froze
+        # the server's event loop for seconds even from a worker thread)
+        ids = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if add_special_tokens and self.add_bos_token and self.bos_token_id is not None \
                 and (not ids or ids[0] != self.bos_token_id):
             ids.insert(0, self.bos_token_id)
@@ -147,6 +150,14 @@ class Tokenizer:
             if not 0 <= int(i) < vocab:
                 raise ValueError(f"token id {i} is out of range for a vocabulary of {vocab}")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def longest_token_chars(self) -> int:
+        """The most characters one token decodes to: n tokens of text are at
+        most n times this many characters (the server's prompt-length cap)."""
+        if self._longest is None:
+            self._longest = max(len(self.backend.decode([i], skip_special_tokens=False))
+                                for i in range(self.vocab_size))
+        return self._longest
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

@@ -2,31 +2,43 @@
 
     app = create_app(aengine, tokenizer, ServerConfig(model_name=..., max_model_len=...))
 
-Every error leaves as OpenAI's JSON ({"error": {message, type, param,
-code}}); bad input is a 4xx naming the field, never a 422 or a 500.
-Bodies are read by hand so their size can be capped while reading.
+Every error leaves as OpenAI's JSON (server/errors.py); bad input is a 400
+naming the field, never a 422 or a 500. Bodies are read and checked by
+server/body.py and validated by the models of server/protocol.py, which
+/openapi.json publishes (server/openapi.py).
+
+No request can stall the others: tokenizing, chat templates and decoding
+run on a small thread pool (the tokenizer releases the GIL), and a text
+prompt longer than max_model_len x the longest token's characters, which
+can never fit, is refused before any of that work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hmac
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from paged.core.async_engine import AsyncEngine, EngineShutdownError, EngineStepError, QueueFullError
+from paged.core.async_engine import AsyncEngine, EngineShutdownError, QueueFullError
 from paged.core.sampling_params import SamplingParams
-from paged.core.scheduler import WaitingQueueFull
 from paged.core.server import protocol as P
+from paged.core.server.body import read_json
+from paged.core.server.errors import APIError, api_error_from, bad_request, expected, install_handlers
 from paged.core.server.metrics import ServerMetrics
+from paged.core.server.openapi import ERROR_RESPONSES, add_schema_routes
+
+#: tokenizer threads: enough that one long prompt does not hold up the rest,
+#: few enough not to crowd the engine's cores
+TOKENIZER_THREADS = 2
 
 
 @dataclass
@@ -36,61 +48,14 @@ class ServerConfig:
     vocab_size: int
     api_key: Optional[str] = None
     max_body_bytes: int = 8 * 2**20
-    model_root: str = ""
+    model_root: str = ""  # where the model lives: logged by the CLI, never published
     # how often a non-streaming request checks that its client is still there
     disconnect_poll_s: float = 0.2
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code if self.code is not None else self.status}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
-
-
-def _bad_request(message: str, param: Optional[str] = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param, "invalid_parameter")
-
-
-def _validation_error(exc: ValidationError) -> APIError:
-    parts, param = [], None
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        param = param or (str(err["loc"][0]) if err.get("loc") else None)
-        parts.append(f"{loc or 'body'}: {err.get('msg')} (got {_short(err.get('input'))})")
-    return _bad_request("invalid request: " + "; ".join(parts), param)
-
-
-def _short(v: Any, limit: int = 80) -> str:
-    s = repr(v)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def _param_named_in(message: str, model: type[BaseModel]) -> Optional[str]:
-    names = sorted(model.model_fields, key=len, reverse=True)
-    return next((n for n in names if message.startswith(n) or f" {n} " in f" {message} "), None)
-
-
-def api_error_from(exc: BaseException) -> APIError:
-    """The HTTP error a failure maps to (also used inside SSE streams)."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, (QueueFullError, WaitingQueueFull)):
-        return APIError(503, str(exc), "server_overloaded", None, "queue_full")
-    if isinstance(exc, EngineShutdownError):
-        return APIError(503, str(exc), "server_shutting_down", None, "shutting_down")
-    if isinstance(exc, EngineStepError):
-        return APIError(500, str(exc), "internal_error", None, "engine_error")
-    if isinstance(exc, ValueError):  # the engine rejected the request's values
-        return _bad_request(str(exc))
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+def _param_named_in(message: str, model: type) -> Optional[str]:
+    name = message.partition(":")[0]
+    return name if name in model.model_fields else None
 
 
 class OpenAIServer:
@@ -105,68 +70,81 @@ class OpenAIServer:
         if aengine.observer is None:
             aengine.observer = self.metrics
         self.created = int(time.time())
+        self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="paged-tokenize")
+        self.longest_token = tokenizer.longest_token_chars()
+        self.max_prompt_chars = config.max_model_len * self.longest_token
 
     # -- request plumbing ----------------------------------------------------
     def check_auth(self, request: Request) -> None:
         key = self.config.api_key
         if not key:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or token.strip() != key:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # constant time: the comparison must not tell how much of a guess was right
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())):
             raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            "authentication_error", None, "invalid_api_key")
 
-    async def read_json(self, request: Request, model: type[BaseModel]):
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise APIError(413, f"request body of {int(declared)} bytes exceeds the {limit}-byte limit",
-                           "invalid_request_error", None, "request_too_large")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise APIError(413, f"request body exceeds the {limit}-byte limit",
-                               "invalid_request_error", None, "request_too_large")
-            chunks.append(chunk)
-        try:
-            data = json.loads(b"".join(chunks) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _bad_request(f"request body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise _bad_request(f"request body must be a JSON object, got {type(data).__name__}")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise _validation_error(exc) from None
+    async def read(self, request: Request, path: str):
+        return await read_json(request, P.REQUEST_BODIES[path], self.config.max_body_bytes)
+
+    async def off_loop(self, fn, *args, **kwargs):
+        """fn on the tokenizer pool: the event loop keeps serving meanwhile."""
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self.pool, call)
+
+    def check_chars(self, n_chars: int, param: str) -> None:
+        """Text longer than this can never fit max_model_len tokens: refuse it
+        before spending tokenizer time on it."""
+        if n_chars > self.max_prompt_chars:
+            raise expected(param, f"at most {self.max_prompt_chars} characters (max_model_len "
+                                  f"{self.config.max_model_len} x {self.longest_token}, the longest token)",
+                           f"{n_chars}", param)
 
     def check_model(self, name: Optional[str]) -> None:
         if name is not None and name != self.config.model_name:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {self.config.model_name!r}",
+            raise APIError(404, f"model: expected {self.config.model_name!r} (the served model), got {name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
-    def prompt_ids(self, prompt) -> list[int]:
+    def prompt_ids(self, prompt, param: str = "prompt") -> list[int]:
+        """Token ids of a text or token-id prompt (runs on the pool)."""
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt))
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = self.check_token_ids(prompt, param)
+        if not ids:
+            raise expected(param, "a prompt of at least one token", repr(prompt), param)
+        return ids
+
+    def check_token_ids(self, ids: list[int], param: str) -> list[int]:
         vocab = self.config.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise _bad_request(f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
-        return list(prompt)
+            raise expected(param, f"token ids in [0, {vocab})", str(bad), param)
+        return list(ids)
+
+    def check_group(self, prompts: list) -> None:
+        """More prompts than the waiting queue holds could never be admitted:
+        a 400, not the 503 that says retry."""
+        limit = self.aengine.max_waiting
+        if limit is not None and len(prompts) > limit:
+            raise expected("prompt", f"at most {limit} prompts per request (--max-waiting-requests)",
+                           str(len(prompts)), "prompt")
+        for p in prompts:
+            if isinstance(p, str):
+                self.check_chars(len(p), "prompt")
 
     def max_tokens_for(self, n_prompt: int, requested: Optional[int], param: str) -> int:
         max_len = self.config.max_model_len
         if n_prompt >= max_len:
-            raise _bad_request(
-                f"the prompt has {n_prompt} tokens but this model's maximum context length is {max_len} tokens",
-                "prompt" if param == "max_tokens" else "messages")
+            prompt = "prompt" if param == "max_tokens" else "messages"
+            raise expected(prompt, f"fewer than {max_len} tokens (max_model_len; one more is generated)",
+                           f"{n_prompt} tokens", prompt)
         if requested is None:
             return max_len - n_prompt
         if n_prompt + requested > max_len:
-            raise _bad_request(
-                f"this model's maximum context length is {max_len} tokens; the prompt has {n_prompt} tokens "
-                f"and {param} is {requested} ({n_prompt + requested} in all)", param)
+            raise expected(param, f"at most {max_len - n_prompt} (max_model_len {max_len} - {n_prompt} prompt "
+                                  "tokens)", str(requested), param)
         return requested
 
     def sampling_params(self, req: P.SamplingFields, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
@@ -188,10 +166,12 @@ class OpenAIServer:
                 ignore_eos=req.ignore_eos,
                 logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+                logit_bias=req.logit_bias_ids(),
             )
             params.validate_for_vocab(self.config.vocab_size)
         except ValueError as exc:
-            raise _bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
+            raise bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
         return params
 
     def submit(self, requests):
@@ -232,12 +212,11 @@ class OpenAIServer:
 
     # -- /v1/completions -----------------------------------------------------
     async def completions(self, request: Request):
-        req: P.CompletionRequest = await self.read_json(request, P.CompletionRequest)
+        req: P.CompletionRequest = await self.read(request, "/v1/completions")
         self.check_model(req.model)
-        if req.suffix:
-            raise _bad_request("suffix is not supported", "suffix")
         prompts = req.prompts()
-        ids = [self.prompt_ids(p) for p in prompts]
+        self.check_group(prompts)
+        ids = await self.off_loop(lambda: [self.prompt_ids(p) for p in prompts])
         texts = [p if isinstance(p, str) else None for p in prompts]
         base = P.random_id("cmpl")
         requests = []
@@ -312,24 +291,24 @@ class OpenAIServer:
                    "choices": [], "usage": P.usage(n_prompt, n_out)}
 
     # -- /v1/chat/completions ------------------------------------------------
-    def chat_prompt_ids(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        try:
-            conv = [{"role": m.role, "content": m.text()} for m in messages]
-        except ValueError as exc:
-            raise _bad_request(str(exc), "messages") from None
+    async def chat_prompt_ids(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+        self.check_chars(sum(len(m.text()) for m in messages), "messages")
+        return await self.off_loop(self._render_chat, [m.for_template() for m in messages], add_generation_prompt)
+
+    def _render_chat(self, conv: list[dict], add_generation_prompt: bool) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - a template that rejects the conversation
-            raise _bad_request(f"the chat template rejected the messages: {exc}", "messages") from None
+            raise bad_request(f"messages: the chat template rejected them: {exc}", "messages") from None
         # the template writes the special tokens itself
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def chat_completions(self, request: Request):
-        req: P.ChatCompletionRequest = await self.read_json(request, P.ChatCompletionRequest)
+        req: P.ChatCompletionRequest = await self.read(request, "/v1/chat/completions")
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
-            raise _bad_request("top_logprobs requires logprobs: true", "top_logprobs")
-        ids = self.chat_prompt_ids(req.messages, req.add_generation_prompt)
+            raise expected("top_logprobs", "null unless logprobs is true", str(req.top_logprobs), "top_logprobs")
+        ids = await self.chat_prompt_ids(req.messages, req.add_generation_prompt)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.max_tokens_for(len(ids), req.effective_max_tokens(), param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -410,27 +389,31 @@ class OpenAIServer:
 
     # -- small endpoints -----------------------------------------------------
     def models(self) -> dict:
+        # the name only: where the model lives on disk is none of a client's business
+        name = self.config.model_name
         return {"object": "list", "data": [{
-            "id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "paged",
-            "root": self.config.model_root or self.config.model_name, "parent": None,
-            "max_model_len": self.config.max_model_len}]}
+            "id": name, "object": "model", "created": self.created, "owned_by": "paged", "root": name,
+            "parent": None, "max_model_len": self.config.max_model_len}]}
 
     async def tokenize(self, request: Request) -> dict:
-        req: P.TokenizeRequest = await self.read_json(request, P.TokenizeRequest)
+        req: P.TokenizeRequest = await self.read(request, "/tokenize")
         self.check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
-            raise _bad_request("give exactly one of prompt or messages", "prompt")
+            given = "both" if req.prompt is not None else "neither"
+            raise expected("prompt", "exactly one of prompt or messages", given, "prompt")
         if req.prompt is not None:
-            ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+            self.check_chars(len(req.prompt), "prompt")
+            ids = await self.off_loop(self.tokenizer.encode, req.prompt, add_special_tokens=req.add_special_tokens)
         else:
-            ids = self.chat_prompt_ids(req.messages, req.add_generation_prompt)
-        return {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
+            ids = await self.chat_prompt_ids(req.messages, req.add_generation_prompt)
+        return {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": list(ids)}
 
     async def detokenize(self, request: Request) -> dict:
-        req: P.DetokenizeRequest = await self.read_json(request, P.DetokenizeRequest)
+        req: P.DetokenizeRequest = await self.read(request, "/detokenize")
         self.check_model(req.model)
-        ids = self.prompt_ids(req.tokens) if req.tokens else []
-        return {"prompt": self.tokenizer.decode(ids, skip_special_tokens=False)}
+        ids = self.check_token_ids(req.tokens, "tokens")
+        text = await self.off_loop(self.tokenizer.decode, ids, skip_special_tokens=False)
+        return {"prompt": text}
 
 
 def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
@@ -444,45 +427,33 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
             yield
         finally:
             aengine.shutdown()
+            server.pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # redirect_slashes off: Starlette built the redirect's Location from the
+    # Host header, so a forged Host sent clients elsewhere; "/x/" is a 404
+    app = FastAPI(title="paged", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  redirect_slashes=False)
     app.state.server = server
-
-    async def _error_response(request, exc: Exception):
-        return api_error_from(exc).response()
-
-    # expected failures get their own handlers (the catch-all Exception one
-    # is for real bugs: Starlette logs a traceback for those)
-    for cls in (APIError, QueueFullError, WaitingQueueFull, EngineShutdownError, EngineStepError, ValueError,
-                Exception):
-        app.add_exception_handler(cls, _error_response)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request, exc: RequestValidationError):
-        return _bad_request(f"invalid request: {exc.errors()}").response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request, exc: StarletteHTTPException):
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
+    install_handlers(app)
+    guarded_paths = set(P.REQUEST_BODIES) | {"/v1/models"}
 
     def guarded(handler):
         async def endpoint(request: Request):
             server.check_auth(request)
             return await handler(request)
         endpoint.__name__ = handler.__name__
+        endpoint.__doc__ = handler.__doc__
         return endpoint
 
-    app.add_api_route("/v1/completions", guarded(server.completions), methods=["POST"])
-    app.add_api_route("/v1/chat/completions", guarded(server.chat_completions), methods=["POST"])
-    app.add_api_route("/tokenize", guarded(server.tokenize), methods=["POST"])
-    app.add_api_route("/detokenize", guarded(server.detokenize), methods=["POST"])
+    for path, handler in (("/v1/completions", server.completions), ("/v1/chat/completions", server.chat_completions),
+                          ("/tokenize", server.tokenize), ("/detokenize", server.detokenize)):
+        app.add_api_route(path, guarded(handler), methods=["POST"], responses=ERROR_RESPONSES)
 
     async def models(request: Request):
-        server.check_auth(request)
         return server.models()
 
-    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models", guarded(models), methods=["GET"], responses={401: ERROR_RESPONSES[401]})
+    add_schema_routes(app, config.model_name, guarded_paths, server.check_auth, secured=bool(config.api_key))
 
     @app.get("/health")
     async def health():
@@ -496,7 +467,7 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
 
         return {"version": __version__}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics_endpoint():
         text = server.metrics.render(aengine.stats(), aengine.num_in_flight)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
