@@ -157,8 +157,8 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
 IsaSelector<Kernels>& selector() {
   static IsaSelector<Kernels> s(
       {{"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows}, cpu_has_avx512vnni},
-       {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avxvnni},
-       {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_scalar::int8_rows}, cpu_has_avx2},
+       {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows}, cpu_has_avxvnni},
+       {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows}, cpu_has_avx2},
        {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows}, cpu_always}},
       "linear");
   return s;

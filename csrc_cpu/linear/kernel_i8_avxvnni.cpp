@@ -1,0 +1,53 @@
+// AVX-VNNI build of the int8 path (int8.h; shared body and layout in
+// kernel_i8_ymm.inc): a block's exact int32 sums for 8 weight rows per vector
+// from VEX vpdpbusd (unsigned codes, q8 codes + 128, times signed x codes;
+// the accumulator starts at int8.h's corr). Compiled everywhere, selected
+// only where CPUID reports AVX-VNNI (Alder Lake and later, Zen 5); no machine
+// this project tests on has it, so it is compile-only here.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "linear/int8.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+
+namespace paged::cpu::linear::isa_avxvnni {
+namespace {
+
+struct Dot {
+  static constexpr bool kQ8Biased = true;  // q8 codes + 128, corrected by corr
+
+  // isum[r][j] = block sums of x rows x[r] (one block each) with panel
+  // column j at w (block b, the tile's first column; a step's columns are
+  // step_bytes apart); corr[r] as in int8.h.
+  template <QType T, int R, int J>
+  static void block(const uint8_t* w, int64_t step_bytes, const int8_t* const x[R], const int32_t corr[R],
+                    __m256i isum[R][J]) {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) isum[r][j] = T == QType::Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(corr[r]);
+    for (int s = 0; s < kBlock / 4; ++s) {
+      __m256i wv[J];
+      for (int j = 0; j < J; ++j)
+        wv[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + s * step_bytes + j * 32));
+      for (int r = 0; r < R; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, x[r] + 4 * s, sizeof x4);
+        const __m256i xb = _mm256_set1_epi32(x4);
+        for (int j = 0; j < J; ++j) isum[r][j] = _mm256_dpbusd_avx_epi32(isum[r][j], wv[j], xb);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+#include "linear/kernel_i8_ymm.inc"
+
+}  // namespace paged::cpu::linear::isa_avxvnni
+
+#pragma GCC pop_options
