@@ -10,6 +10,7 @@ value that got past this point would fail inside an engine step instead.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -21,9 +22,15 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 MAX_LOGIT_BIAS = 100.0
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
+
+
 def short_repr(value, limit: int = 80) -> str:
-    """repr() cut to `limit` characters: error messages stay one short line."""
-    s = repr(value)
+    """A repr for error messages: one short line, and cheap and safe for any
+    value (reprlib stops at 3 levels and a few items: a client's deeply
+    nested or huge JSON never reaches repr() whole)."""
+    s = _REPR.repr(value)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 

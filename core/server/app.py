@@ -7,10 +7,10 @@ naming the field, never a 422 or a 500. Bodies are read and checked by
 server/body.py and validated by the models of server/protocol.py, which
 /openapi.json publishes (server/openapi.py).
 
-No request can stall the others: tokenizing, chat templates and decoding
-run on a small thread pool (the tokenizer releases the GIL), and a text
-prompt longer than max_model_len x the longest token's characters, which
-can never fit, is refused before any of that work.
+No request can stall the others: parsing bodies, tokenizing, chat
+templates and decoding run on a small thread pool (the tokenizer releases
+the GIL), and a text prompt longer than max_model_len x the longest token's
+characters, which can never fit, is refused before any of that work.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from paged.core.async_engine import AsyncEngine, EngineShutdownError, QueueFullError
 from paged.core.sampling_params import SamplingParams
 from paged.core.server import protocol as P
-from paged.core.server.body import read_json
+from paged.core.server.body import decode, read_body
 from paged.core.server.errors import APIError, api_error_from, bad_request, expected, install_handlers
 from paged.core.server.metrics import ServerMetrics
 from paged.core.server.openapi import ERROR_RESPONSES, add_schema_routes
@@ -86,7 +86,8 @@ class OpenAIServer:
                            "authentication_error", None, "invalid_api_key")
 
     async def read(self, request: Request, path: str):
-        return await read_json(request, P.REQUEST_BODIES[path], self.config.max_body_bytes)
+        raw = await read_body(request, self.config.max_body_bytes)
+        return await self.off_loop(decode, raw, P.REQUEST_BODIES[path])
 
     async def off_loop(self, fn, *args, **kwargs):
         """fn on the tokenizer pool: the event loop keeps serving meanwhile."""

@@ -1,17 +1,21 @@
-"""Request bodies: read under a size cap, parse, check, validate.
+"""Request bodies: read under a size cap (read_body), then parse, check and
+validate (decode).
 
 Bodies are read by hand (not by FastAPI) so the size cap holds while
 reading and any Content-Type is taken as JSON (`curl -d` sends a form
 type). Before pydantic sees the data, the JSON itself is held to what the
-rest of the server can take: standard JSON only (no NaN / Infinity), at
-most MAX_DEPTH levels of nesting (deeper input made json / pydantic raise
-RecursionError, a 500), and valid Unicode text (a lone surrogate such as
-"\\ud800" made the tokenizer raise TypeError, a 500).
+rest of the server can take: standard JSON only (no NaN / Infinity), no
+nesting so deep the parser raises RecursionError (it was a 500), and valid
+Unicode text (a lone surrogate such as "\\ud800" made the tokenizer raise
+TypeError, a 500). Nothing walks the data but for that last check, and only
+when the raw body has a surrogate escape. Deep values never reach repr()
+whole (sampling_params.short_repr).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -19,21 +23,22 @@ from pydantic import BaseModel, ValidationError
 
 from paged.core.server.errors import APIError, expected, field_path, from_validation
 
-#: deeper than any OpenAI request (messages -> parts -> fields is 4)
-MAX_DEPTH = 32
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 M = TypeVar("M", bound=BaseModel)
 
 
-async def read_json(request: Request, model: type[M], limit: int) -> M:
-    data = parse(await _read(request, limit))
+def decode(raw: bytes, model: type[M]) -> M:
+    """Parse, check and validate a body (CPU work: the server runs it off
+    the event loop)."""
+    data = parse(raw)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc) from None
 
 
-async def _read(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, f"{int(declared)} bytes")
@@ -59,39 +64,38 @@ def parse(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw or b"null", parse_constant=_not_json)
     except RecursionError:
-        raise _too_deep() from None
+        raise expected("body", "JSON nested less deeply (the parser stops near 1000 levels)",
+                       "deeper nesting") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity, huge integers
         raise expected("body", "valid JSON", str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
         raise expected("body", "a JSON object", type(data).__name__)
-    check_values(data)
+    _check_text(data, raw)
     return data
 
 
-def _too_deep() -> APIError:
-    return expected("body", f"JSON nested at most {MAX_DEPTH} levels deep", "deeper nesting")
-
-
-def check_values(data: Any) -> None:
-    """Depth and text checks over the parsed JSON, without recursion."""
-    stack: list[tuple[Any, tuple, int]] = [(data, (), 0)]
+def _check_text(data: Any, raw: bytes) -> None:
+    """A lone surrogate can only arrive as a \\uD800-\\uDFFF escape (UTF-8
+    cannot carry one), so bodies without such an escape skip the walk."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    stack: list[tuple[Any, tuple]] = [(data, ())]
     while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise _too_deep()
-        if isinstance(value, str):
-            _check_text(value, path)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                _check_text(key, path)
-                stack.append((item, path + (key,), depth + 1))
+        value, path = stack.pop()
+        if isinstance(value, str) and not _valid_text(value):
+            char = next(c for c in value if 0xD800 <= ord(c) <= 0xDFFF)
+            raise expected(field_path(path), "valid Unicode text", f"a lone surrogate U+{ord(char):04X}",
+                           str(path[0]) if path else None)
+        if isinstance(value, dict):
+            stack.extend((k, path) for k in value)
+            stack.extend((v, path + (k,)) for k, v in value.items())
         elif isinstance(value, list):
-            stack.extend((item, path + (i,), depth + 1) for i, item in enumerate(value))
+            stack.extend((v, path + (i,)) for i, v in enumerate(value))
 
 
-def _check_text(text: str, path: tuple) -> None:
+def _valid_text(text: str) -> bool:
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        bad = f"a lone surrogate U+{ord(text[exc.start]):04X}"
-        raise expected(field_path(path), "valid Unicode text", bad, str(path[0]) if path else None) from None
+        return True
+    except UnicodeEncodeError:
+        return False
