@@ -5,8 +5,9 @@
 // only on that row and the weight, so they are bitwise the same alone or in a
 // call of any M, on any thread count and in every ISA build.
 //
-// Quantization of x, per row r and block b of 32 values (plain C++ shared by
-// every build, quantize_x_row below):
+// Quantization of x, per row r and block b of 32 values (x8_quantize: each
+// build in its own vectors, all bitwise equal: a maximum, an IEEE division,
+// clamping and rounding to nearest even are exact operations):
 //   amax     = max_k |x[r, 32b+k]|                       (a NaN sticks)
 //   dx[r,b]  = amax / 127                                  (fp32 division)
 //   xq[r,k]  = round_half_even(clamp(x[r,k] / dx, -127, 127))   (fp32 division)
@@ -48,7 +49,7 @@ constexpr int32_t unsigned_offset(QType t) { return t == QType::Q4_0 ? 8 : (t ==
 
 // Row r of x quantized as above into codes[K], and per block dx[K/32],
 // corr[K/32] = -unsigned_offset(t) * sum xq, xs[K/32] = dx * float(sum xq).
-void quantize_x_row(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
+// Int8Quantize in quant_linear.h; one per build (namespaces below).
 
 // A thread's weight panel: a chunk's codes widened to bytes in the build's
 // interleaved layout, and its scales (and q4_1 offsets) transposed, built once
@@ -60,15 +61,18 @@ struct Int8Panel {
 
 namespace isa_scalar {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 }
 namespace isa_avx2 {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 }
 namespace isa_avxvnni {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 }
 namespace isa_avx512 {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 }
 
 }  // namespace paged::cpu::linear

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -69,6 +70,49 @@ struct Dot {
 }  // namespace
 
 #include "linear/kernel_i8_ymm.inc"
+
+// x's blocks quantized as int8.h defines (bitwise the scalar build's; the
+// AVX-VNNI build uses it too), 32 values in four vectors: |x| and a
+// finiteness test, the maximum, one scalar division for dx, then per vector a
+// division, clamp, rounding to nearest even and narrowing packs.
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
+  const int32_t offset = unsigned_offset(t);
+  const __m256 limit = _mm256_set1_ps(float(kI8Max)), inf = _mm256_set1_ps(INFINITY);
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    int finite = 0xFF;
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + b * kBlock + 8 * i);
+      const __m256 abs = _mm256_andnot_ps(sign, v[i]);
+      finite &= _mm256_movemask_ps(_mm256_cmp_ps(abs, inf, _CMP_LT_OQ));
+      amax = _mm256_max_ps(amax, abs);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float scale = finite == 0xFF ? _mm_cvtss_f32(m4) / float(kI8Max) : NAN;
+    __m256i q[4], total = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      q[i] = _mm256_setzero_si256();
+      if (scale > 0.f) {
+        const __m256 ratio = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(v[i], _mm256_set1_ps(scale)), -limit), limit);
+        q[i] = _mm256_cvtps_epi32(_mm256_round_ps(ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        total = _mm256_add_epi32(total, q[i]);
+      }
+    }
+    // packs interleave 128-bit lanes: dwords (0, 4, 1, 5, ...) of the result hold codes 0-3, 4-7, ...
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + b * kBlock),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
+    dx[b] = scale;
+    corr[b] = -offset * sum;
+    xs[b] = scale * float(sum);
+  }
+}
 
 }  // namespace paged::cpu::linear::isa_avx2
 

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -39,6 +40,10 @@ constexpr int64_t kPanel = kLanes * kCols;    // weight rows per panel
 constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 codes each)
 constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
 constexpr int kTileRows = 4;                  // x rows per register tile
+// Blocks of K per pass of the tiles over the panel: 16 KB of codes + 4 KB of
+// scales stay in L1 while every row of x sweeps them (the partial sums wait
+// in out between passes, so the order of operations is unchanged).
+constexpr int64_t kPassBlocks = 16;
 static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -66,26 +71,42 @@ PAGED_VNNI512 void transpose16(__m512i v[16]) {
   for (int i = 0; i < 16; ++i) v[i] = t[i];
 }
 
+// Prefetches the line `ahead` bytes past p, computed as an integer: the
+// address may lie past the weight (a prefetch never faults).
+PAGED_VNNI512 inline void prefetch_ahead(const void* p, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T0);
+}
+
 // v[i] = the 64 bytes at `offset` of row i (stride bytes apart), `dwords` of
-// them (the rest zero), for i < rows; zero beyond.
+// them (the rest zero), for i < rows; zero beyond. Each line read is also
+// prefetched kPanel rows further on: the same bytes of the thread's next work
+// item (static schedule: a thread's items are consecutive), which streams
+// from DRAM at decode.
 PAGED_VNNI512 void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
                              __m512i v[16]) {
   const auto mask = __mmask16(dwords >= 16 ? 0xFFFF : (1u << dwords) - 1);
-  for (int i = 0; i < 16; ++i)
-    v[i] = i < rows ? _mm512_maskz_loadu_epi32(mask, base + i * stride + offset) : _mm512_setzero_si512();
+  for (int i = 0; i < 16; ++i) {
+    const uint8_t* p = base + i * stride + offset;
+    prefetch_ahead(p, kPanel * stride);
+    v[i] = i < rows ? _mm512_maskz_loadu_epi32(mask, p) : _mm512_setzero_si512();
+  }
 }
 
 // Rows n0 .. n0 + rows of a [N, nb] float matrix (d or m) transposed into
-// column c of dst [nb][kPanel].
+// column c of dst [nb][kPanel]: 16 blocks per transpose, the last nb % 16 by
+// scalar copies (a transpose costs as much for 2 blocks as for 16).
 PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, int rows, int c, float* dst) {
   __m512i v[16];
-  for (int64_t chunk = 0; chunk * 16 < nb; ++chunk) {
-    load_rows(reinterpret_cast<const uint8_t*>(src + n0 * nb), nb * 4, rows, chunk * 64,
-              std::min<int64_t>(16, nb - chunk * 16), v);
+  int64_t b = 0;
+  for (; b + 16 <= nb; b += 16) {
+    load_rows(reinterpret_cast<const uint8_t*>(src + n0 * nb), nb * 4, rows, b * 4, 16, v);
     transpose16(v);
-    for (int64_t i = 0; i < 16 && chunk * 16 + i < nb; ++i)
-      _mm512_store_si512(dst + (chunk * 16 + i) * kPanel + c * kLanes, v[i]);
+    for (int i = 0; i < 16; ++i) _mm512_store_si512(dst + (b + i) * kPanel + c * kLanes, v[i]);
   }
+  for (; b < nb; ++b)
+    for (int i = 0; i < kLanes; ++i) dst[b * kPanel + c * kLanes + i] = i < rows ? src[(n0 + i) * nb + b] : 0.f;
+  if (nb < 16)  // else their lines were prefetched with the transposed blocks'
+    for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kPanel * nb * 4);
 }
 
 // Column c (rows n0 .. n0 + rows) of the panel: unsigned codes and scales.
@@ -121,15 +142,18 @@ PAGED_VNNI512 inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
+// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) over blocks
+// b0 .. b1 from the panel, continuing the sums in out unless b0 == 0.
 template <QType T, int R>
-PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
+PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols],
+                        int64_t b0, int64_t b1) {
   constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
   const int64_t nb = a.blocks(), K = a.K;
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+    for (int c = 0; c < kCols; ++c)
+      acc[r][c] = b0 ? _mm512_maskz_loadu_ps(mask[c], a.out + (r0 + r) * a.N + n0 + c * kLanes) : _mm512_setzero_ps();
+  for (int64_t b = b0; b < b1; ++b) {
     __m512i dot[S][R][kCols];
     for (int r = 0; r < R; ++r) {
       const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[(r0 + r) * nb + b]);
@@ -163,7 +187,8 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int
     for (int c = 0; c < kCols; ++c) _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + c * kLanes, mask[c], acc[r][c]);
 }
 
-using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
+using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols],
+                        int64_t b0, int64_t b1);
 template <QType T, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
   return {&tile<T, R + 1>...};
@@ -182,11 +207,42 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
     build_column<T>(a, n0 + c * kLanes, rows, c, p);
     mask[c] = __mmask16((1u << rows) - 1);
   }
-  for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
-    tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask);
+  for (int64_t b0 = 0; b0 < nb; b0 += kPassBlocks)
+    for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
+      tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask, b0, std::min(nb, b0 + kPassBlocks));
 }
 
 }  // namespace
+
+// x's blocks quantized as int8.h defines (bitwise the scalar build's), 32
+// values in two vectors: |x| and a finiteness test, the maximum, one scalar
+// division for dx, then per vector a division, clamp, rounding to nearest
+// even (explicitly, whatever MXCSR says) and a narrowing store.
+PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr,
+                               float* xs) {
+  const int32_t offset = unsigned_offset(t);
+  const __m512 limit = _mm512_set1_ps(float(kI8Max)), inf = _mm512_set1_ps(INFINITY);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const __m512 v[2] = {_mm512_loadu_ps(x + b * kBlock), _mm512_loadu_ps(x + b * kBlock + 16)};
+    const __m512 abs[2] = {_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])};
+    const bool finite =
+        (_mm512_cmp_ps_mask(abs[0], inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(abs[1], inf, _CMP_LT_OQ)) == 0xFFFF;
+    float scale = finite ? _mm512_reduce_max_ps(_mm512_max_ps(abs[0], abs[1])) / float(kI8Max) : NAN;
+    int32_t sum = 0;
+    for (int h = 0; h < 2; ++h) {
+      __m512i q = _mm512_setzero_si512();
+      if (scale > 0.f) {
+        const __m512 ratio = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(v[h], _mm512_set1_ps(scale)), -limit), limit);
+        q = _mm512_cvt_roundps_epi32(ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        sum += _mm512_reduce_add_epi32(q);
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + 16 * h), _mm512_cvtepi32_epi8(q));
+    }
+    dx[b] = scale;
+    corr[b] = -offset * sum;
+    xs[b] = scale * float(sum);
+  }
+}
 
 PAGED_VNNI512 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
   switch (a.qtype) {

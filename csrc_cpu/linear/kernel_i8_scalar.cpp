@@ -1,8 +1,7 @@
-// The int8 path's definition in plain C++ (int8.h): the quantization of x that
-// every build uses (compiled for the baseline ISA, so the bits do not depend
-// on the build), and the scalar build of the kernel, which the SIMD builds
-// match bit for bit: per output a signed int32 dot product per block, then the
-// fp32 steps with explicit fma.
+// The int8 path's definition in plain C++ (int8.h), the scalar build the SIMD
+// builds match bit for bit: the quantization of x (one block at a time, the
+// reference for the vector quantizers), and per output a signed int32 dot
+// product per block, then the fp32 steps with explicit fma.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -20,7 +19,9 @@ constexpr float kRoundMagic = 12582912.f;
 
 }  // namespace
 
-void quantize_x_row(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
+namespace isa_scalar {
+
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
   const int32_t offset = unsigned_offset(t);
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float* xb = x + b * kBlock;
@@ -50,8 +51,6 @@ void quantize_x_row(const float* x, int64_t K, QType t, int8_t* codes, float* dx
     xs[b] = scale * float(sum);
   }
 }
-
-namespace isa_scalar {
 
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel&) {
   const int64_t nb = a.blocks(), K = a.K;

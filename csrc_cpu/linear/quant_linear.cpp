@@ -155,11 +155,14 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
 // An ISA name selects all kernels of that build. The VNNI builds differ only
 // in the int8 path and reuse the AVX2 float32 kernels (same bits).
 IsaSelector<Kernels>& selector() {
+  using namespace isa_avx2;  // the float32 kernels of every SIMD build
   static IsaSelector<Kernels> s(
-      {{"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows}, cpu_has_avx512vnni},
-       {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows}, cpu_has_avxvnni},
-       {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows}, cpu_has_avx2},
-       {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows}, cpu_always}},
+      {{"avx512", {int16_rows, fp32_rows, isa_avx512::int8_rows, isa_avx512::x8_quantize}, cpu_has_avx512vnni},
+       {"avxvnni", {int16_rows, fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize}, cpu_has_avxvnni},
+       {"avx2", {int16_rows, fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize}, cpu_has_avx2},
+       {"scalar",
+        {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows, isa_scalar::x8_quantize},
+        cpu_always}},
       "linear");
   return s;
 }
@@ -176,14 +179,15 @@ void int8_linear(LinearArgs& a) {
   a.x8_scale = scale.data();
   a.x8_corr = corr.data();
   a.x8_sum = sums.data();
-  const Int8Kernel kernel = active_kernels().int8_rows;
+  const Kernels kernels = active_kernels();
+  const Int8Kernel kernel = kernels.int8_rows;
   const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = M * a.N * K >= kSerialMacs && (chunks > 1 || M > 1);
 #pragma omp parallel if (parallel)
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r)
-      quantize_x_row(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb, corr.data() + r * nb,
+      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb, corr.data() + r * nb,
                      sums.data() + r * nb);
     Int8Panel panel;
 #pragma omp for schedule(static)

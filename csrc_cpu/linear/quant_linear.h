@@ -95,12 +95,16 @@ using RowsKernel = void (*)(const LinearArgs&, int64_t n0, int64_t n1, std::vect
 // The int8 path's kernels: out[:, n0:n1] with the thread's panel scratch (int8.h).
 struct Int8Panel;
 using Int8Kernel = void (*)(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+// One row of x quantized for the int8 path (int8.h): codes [K], per block dx,
+// corr, xs [K/32].
+using Int8Quantize = void (*)(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 
 // The kernels of one ISA build.
 struct Kernels {
   RowsKernel int16_rows;  // float32 activations, M <= kInt16MaxRows
   RowsKernel fp32_rows;   // float32 activations, any M
   Int8Kernel int8_rows;   // int8 activations, any M
+  Int8Quantize x8_quantize;  // x for int8_rows
 };
 
 namespace isa_scalar {
