@@ -23,7 +23,10 @@
 
 #include "linear/int8.h"
 
-#define PAGED_VNNI512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+#define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
+#define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
+// Helpers that take or fill arrays of vectors: inlined, so the arrays stay in registers.
+#define PAGED_VNNI512_INLINE inline __attribute__((always_inline, target(PAGED_VNNI512_ISA)))
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
 // pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
@@ -40,6 +43,7 @@ constexpr int64_t kPanel = kLanes * kCols;    // weight rows per panel
 constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 codes each)
 constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
 constexpr int kTileRows = 4;                  // x rows per register tile
+constexpr int kDirectRows = 4;                // calls of up to this many rows skip the panel of codes
 // Blocks of K per pass of the tiles over the panel: 16 KB of codes + 4 KB of
 // scales stay in L1 while every row of x sweeps them (the partial sums wait
 // in out between passes, so the order of operations is unchanged).
@@ -47,7 +51,7 @@ constexpr int64_t kPassBlocks = 16;
 static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
-PAGED_VNNI512 void transpose16(__m512i v[16]) {
+PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: (r_i e0, r_i+1 e0, r_i e1, r_i+1 e1), ...
     t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
@@ -73,7 +77,7 @@ PAGED_VNNI512 void transpose16(__m512i v[16]) {
 
 // Prefetches the line `ahead` bytes past p, computed as an integer: the
 // address may lie past the weight (a prefetch never faults).
-PAGED_VNNI512 inline void prefetch_ahead(const void* p, int64_t ahead) {
+PAGED_VNNI512_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T0);
 }
 
@@ -82,13 +86,13 @@ PAGED_VNNI512 inline void prefetch_ahead(const void* p, int64_t ahead) {
 // prefetched kPanel rows further on: the same bytes of the thread's next work
 // item (static schedule: a thread's items are consecutive), which streams
 // from DRAM at decode.
-PAGED_VNNI512 void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
-                             __m512i v[16]) {
+PAGED_VNNI512_INLINE void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
+                                    __m512i v[16]) {
   const auto mask = __mmask16(dwords >= 16 ? 0xFFFF : (1u << dwords) - 1);
-  for (int i = 0; i < 16; ++i) {
-    const uint8_t* p = base + i * stride + offset;
+  const uint8_t* p = base + offset;
+  for (int i = 0; i < 16; ++i, p += stride) {
     prefetch_ahead(p, kPanel * stride);
-    v[i] = i < rows ? _mm512_maskz_loadu_epi32(mask, p) : _mm512_setzero_si512();
+    v[i] = _mm512_maskz_loadu_epi32(i < rows ? mask : 0, p);
   }
 }
 
@@ -109,7 +113,7 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
     for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kPanel * nb * 4);
 }
 
-// Column c (rows n0 .. n0 + rows) of the panel: unsigned codes and scales.
+// Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
 template <QType T>
 PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, Int8Panel& p) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
@@ -132,14 +136,28 @@ PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c
       }
     }
   }
-  transpose_scales(a.d, nb, n0, rows, c, p.d.data());
-  if constexpr (T == QType::Q4_1) transpose_scales(a.m, nb, n0, rows, c, p.m.data());
 }
 
-PAGED_VNNI512 inline __m512i broadcast4(const int8_t* p) {
+// Column c (rows n0 .. n0 + rows) of the panel's scales.
+template <QType T>
+PAGED_VNNI512 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, Int8Panel& p) {
+  transpose_scales(a.d, a.blocks(), n0, rows, c, p.d.data());
+  if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m.data());
+}
+
+PAGED_VNNI512_INLINE __m512i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
   return _mm512_set1_epi32(v);
+}
+
+// One block of 16 outputs: acc = fma(d * dx, float(isum), acc), then q4_1's
+// acc = fma(m, xs, acc); d and m point at the block's 16 panel lanes.
+template <QType T>
+PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d, const float* m, float dx, float xs) {
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum), acc);
+  if constexpr (T == QType::Q4_1) acc = _mm512_fmadd_ps(_mm512_load_ps(m), _mm512_set1_ps(xs), acc);
+  return acc;
 }
 
 // out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) over blocks
@@ -171,20 +189,68 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int
         for (int c = 0; c < kCols; ++c) dot[s % S][r][c] = _mm512_dpbusd_epi32(dot[s % S][r][c], wv[c], xb);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const __m512 dx = _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]);
+    for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
         const __m512i isum = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
-        const __m512 scale = _mm512_mul_ps(_mm512_load_ps(p.d.data() + b * kPanel + c * kLanes), dx);
-        acc[r][c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), acc[r][c]);
-        if constexpr (T == QType::Q4_1)
-          acc[r][c] = _mm512_fmadd_ps(_mm512_load_ps(p.m.data() + b * kPanel + c * kLanes),
-                                      _mm512_set1_ps(a.x8_sum[(r0 + r) * nb + b]), acc[r][c]);
+        const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
+        acc[r][c] = block_step<T>(acc[r][c], isum, p.d.data() + at, p.m.data() + at, a.x8_scale[xb], a.x8_sum[xb]);
       }
-    }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + c * kLanes, mask[c], acc[r][c]);
+}
+
+// Few rows of x (M = R <= kDirectRows): out[0 .. R, n0 .. n0 + 16] of column
+// c (rows valid under `mask`), its codes transposed and multiplied straight
+// from registers; only its scales come from the panel. Each block's sums run
+// in two chains, steps 0-3 and 4-7 (low and high nibbles of one dword).
+template <QType T, int R>
+PAGED_VNNI512 void direct_column(const LinearArgs& a, const Int8Panel& p, int64_t n0, int c, __mmask16 mask) {
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes(), K = a.K;
+  const int64_t chunk_blocks = T == QType::Q8_0 ? 2 : 4;  // blocks per 64 bytes of packed codes
+  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
+  const int rows = __builtin_popcount(mask);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512i v[16];
+  for (int64_t chunk = 0; chunk * 64 < row_bytes; ++chunk) {
+    load_rows(a.qs + n0 * row_bytes, row_bytes, rows, chunk * 64, std::min<int64_t>(16, (row_bytes - chunk * 64) / 4),
+              v);
+    transpose16(v);
+    for (int64_t i = 0; i < chunk_blocks && chunk * chunk_blocks + i < nb; ++i) {
+      const int64_t b = chunk * chunk_blocks + i;
+      __m512i dot[2][R];
+      for (int r = 0; r < R; ++r) {
+        dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[r * nb + b]);
+        dot[1][r] = _mm512_setzero_si512();
+      }
+      for (int s = 0; s < 4; ++s) {
+        __m512i w[2];  // steps s and 4 + s
+        if constexpr (T == QType::Q8_0) {
+          w[0] = _mm512_xor_si512(v[8 * i + s], bias);
+          w[1] = _mm512_xor_si512(v[8 * i + 4 + s], bias);
+        } else {
+          w[0] = _mm512_and_si512(v[4 * i + s], low);
+          w[1] = _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low);
+        }
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h)
+            dot[h][r] = _mm512_dpbusd_epi32(dot[h][r], w[h], broadcast4(a.x8 + r * K + b * kBlock + 16 * h + 4 * s));
+      }
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = b * kPanel + c * kLanes;
+        acc[r] = block_step<T>(acc[r], _mm512_add_epi32(dot[0][r], dot[1][r]), p.d.data() + at, p.m.data() + at,
+                               a.x8_scale[r * nb + b], a.x8_sum[r * nb + b]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
+}
+
+using DirectFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t n0, int c, __mmask16 mask);
+template <QType T, int... R>
+constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<int, R...>) {
+  return {&direct_column<T, R + 1>...};
 }
 
 using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols],
@@ -197,16 +263,22 @@ constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int,
 template <QType T>
 PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& p) {
   static constexpr auto tiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
+  static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
   const int64_t nb = a.blocks();
-  p.codes.resize(size_t(nb * kBlockBytes));
   p.d.resize(size_t(nb * kPanel));
   if (T == QType::Q4_1) p.m.resize(size_t(nb * kPanel));
   __mmask16 mask[kCols];
   for (int c = 0; c < kCols; ++c) {
     const auto rows = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
-    build_column<T>(a, n0 + c * kLanes, rows, c, p);
     mask[c] = __mmask16((1u << rows) - 1);
+    build_scales<T>(a, n0 + c * kLanes, rows, c, p);
   }
+  if (a.M <= kDirectRows) {
+    for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
+    return;
+  }
+  p.codes.resize(size_t(nb * kBlockBytes));
+  for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   for (int64_t b0 = 0; b0 < nb; b0 += kPassBlocks)
     for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
       tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask, b0, std::min(nb, b0 + kPassBlocks));
