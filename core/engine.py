@@ -11,6 +11,7 @@ Not thread-safe: one thread drives it (core/async_engine.py for the server).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Optional, Union
 
@@ -22,9 +23,15 @@ from .outputs import RequestOutput
 from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, WaitingQueueFull
+from .structured.compiler import GrammarCompiler
+from .structured.pending import PendingGrammars
 
 log = logging.getLogger("paged.engine")
+#: guards the lazy creation of Engine.grammars (the server's thread and the engine's may race to it)
+_GRAMMARS_LOCK = threading.Lock()
+#: how long a step with nothing to run waits for a compilation before returning
+GRAMMAR_WAIT_S = 0.05
 
 
 def resolve_platform(device: str):
@@ -139,6 +146,8 @@ class Engine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         vocab = self.model_config.vocab_size
         params.validate_for_vocab(vocab)
+        if self._num_compiling() and request_id in self.grammars:
+            raise ValueError(f"request_id {request_id!r} is already in use")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
@@ -155,19 +164,52 @@ class Engine:
         room = self.max_model_len - len(ids)
         req.max_tokens = min(params.max_tokens or room, room)
         self._init_output_state(req.seqs[0])
+        if params.structured_outputs is not None and self._hold_for_grammar(req):
+            return  # compiling off this thread; a later step() schedules it
         self.scheduler.add_request(req)
+
+    def _hold_for_grammar(self, req: Request) -> bool:
+        """Sets req's matcher when its constraint is compiled (False); else
+        holds req until its compilation ends (True). Held requests count
+        towards max_waiting, and their ids are taken."""
+        if req.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {req.request_id!r} is already in use")
+        limit = self.scheduler.max_waiting
+        if limit is not None and len(self.scheduler.waiting) + len(self.grammars) >= limit:
+            raise WaitingQueueFull(f"the waiting queue is full ({limit} requests)")
+        return self.grammars.hold(req)
+
+    @property
+    def grammars(self) -> PendingGrammars:
+        """Structured output: the grammar compiler and the requests waiting
+        for it. Made on first use (an engine that never sees a constraint
+        never builds llguidance's tokenizer); thread-safe, the server
+        compiles through it too."""
+        with _GRAMMARS_LOCK:
+            if "_grammars" not in self.__dict__:
+                compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, sorted(self.stop_token_ids))
+                self._grammars = PendingGrammars(compiler)
+        return self._grammars
+
+    def _num_compiling(self) -> int:
+        held = self.__dict__.get("_grammars")
+        return 0 if held is None else len(held)
 
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Stops the request and frees its blocks; returns its final output
         (finish_reason 'abort'), or None when it is unknown or already done."""
         req = self.scheduler.abort_request(request_id)
+        if req is None and self._num_compiling():
+            req = self.grammars.abort(request_id)
+            if req is not None:
+                req.seqs[0].finish("abort")
         if req is None:
             return None
         req.metrics.finished_time = time.time()
         return req.output()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._num_compiling() > 0
 
     # -- one step ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -176,17 +218,21 @@ class Engine:
         detokenization only its own; StepFailed names them (already aborted)
         and carries the other requests' outputs."""
         self.platform.bind_thread()  # the server steps from its own thread
+        failed = self._admit_compiled()
         out = self.scheduler.schedule()
         if out.empty:
+            if failed:
+                raise self._fail(failed, [])
+            if self._num_compiling():
+                self.grammars.wait(GRAMMAR_WAIT_S)  # nothing to run until a compilation ends
             return []
         try:
             result = self.runner.execute(out)
         except Exception as exc:  # noqa: BLE001 - the batch is lost, the waiting requests are not
-            raise self._fail({s.seq.group.request_id: exc for s in out.scheduled}, [])
+            raise self._fail({**failed, **{s.seq.group.request_id: exc for s in out.scheduled}}, [])
         self.scheduler.advance(out)
         for e in out.prefills:
             self.num_prompt_tokens += e.num_new_tokens
-        failed: dict[str, Exception] = {}
         touched: dict[str, Request] = {}
         for e, logits in result.prompt_logits:
             self._per_request(failed, e.seq, self._add_prompt_logprobs, e, logits)
@@ -205,6 +251,16 @@ class Engine:
         if failed:
             raise self._fail(failed, outputs)
         return outputs
+
+    def _admit_compiled(self) -> dict[str, Exception]:
+        """Schedules the held requests whose constraint has compiled; returns
+        {request id: error} for those whose constraint failed."""
+        if not self._num_compiling():
+            return {}
+        ready, failed = self.grammars.collect()
+        for req in ready:
+            self.scheduler.add_request(req)
+        return failed
 
     @staticmethod
     def _per_request(failed: dict[str, Exception], seq: Sequence, work, *args) -> bool:
@@ -235,6 +291,8 @@ class Engine:
                     child = Sequence(req, j, list(seq.token_ids), f"{req.request_id}#{j}")
                     child.num_computed_tokens = seq.num_computed_tokens
                     child.prefill_target = seq.prefill_target
+                    # the parent has sampled nothing yet: a copy of its matcher is a fresh one
+                    child.matcher = seq.matcher.deep_copy() if seq.matcher is not None else None
                     self._init_output_state(child)
                     req.seqs.append(child)
                     self.scheduler.fork(seq, child)
@@ -257,6 +315,8 @@ class Engine:
         if seq.logprobs is not None:
             seq.logprobs.append(lp)
             seq.cumulative_logprob += chosen_lp
+        if seq.matcher is not None and not seq.matcher.consume_token(token):
+            raise ValueError(f"structured output: token {token} was rejected: {seq.matcher.get_error()}")
         n_out = seq.num_output_tokens
         can_stop = n_out >= p.min_tokens
         if can_stop and ((token in self.stop_token_ids and not p.ignore_eos) or token in p.stop_token_ids):
@@ -267,6 +327,9 @@ class Engine:
             seq.text += delta
             if can_stop and p.stop_strings and self._check_stop_strings(seq, len(delta)):
                 return
+        if seq.matcher is not None and seq.matcher.is_stopped():
+            self._finish(seq, "stop")  # the grammar is complete: nothing but EOS could follow
+            return
         if n_out >= req.max_tokens:
             self._finish(seq, "length")
 

@@ -5,6 +5,10 @@
     outs = llm.generate(["Hello", "2 + 2 ="], SamplingParams(max_tokens=16))
     print(outs[0].outputs[0].text)
     llm.chat([{"role": "user", "content": "Hi!"}])
+
+    from paged.core.sampling_params import StructuredOutputsParams
+    llm.generate("A person as JSON:", SamplingParams(max_tokens=64,
+                 structured_outputs=StructuredOutputsParams(json={"type": "object"})))
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class LLM:
     def _run(self, prompts: Sequence[Prompt], params: list[SamplingParams],
              on_output: Optional[Callable[[RequestOutput], None]]) -> list[RequestOutput]:
         engine = self.engine
+        self._compile_constraints(params)
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         added: list[str] = []
         try:
@@ -105,4 +110,12 @@ class LLM:
                 engine.abort_request(rid)
             raise
         return [final[rid] for rid in ids]
+
+    def _compile_constraints(self, params: list[SamplingParams]) -> None:
+        """Compiles every structured-output constraint up front (cached per
+        constraint), so a bad schema is a ValueError here, before any request
+        runs, rather than a failed request later."""
+        for p in params:
+            if p.structured_outputs is not None:
+                self.engine.grammars.compiler.compile(p.structured_outputs)
 

@@ -43,6 +43,9 @@ class Sequence:
         self.detok = None  # tokenizer.IncrementalDetokenizer, set by the engine
         self.text = ""  # output text, stop string already cut
         self.generator: Optional[torch.Generator] = None
+        # structured output: an llguidance LLMatcher that has consumed every
+        # output token (kept across preemption: recompute changes no token)
+        self.matcher = None
 
     # -- state ---------------------------------------------------------------
     @property

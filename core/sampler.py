@@ -8,7 +8,10 @@ result does not depend on what else is in the batch. Order of processing:
    repetition over prompt + output, presence / frequency over the output);
 3. EOS and stop_token_ids are masked while fewer than min_tokens were generated;
 4. logit_bias is added (OpenAI semantics: before sampling, so greedy rows see it too);
-5. temperature 0 rows take the argmax; the others are divided by their
+5. structured output: tokens the row's grammar does not allow are set to -inf,
+   all constrained rows in one pass (core/structured/mask.py), last, so no
+   bias or penalty can bring a forbidden token back;
+6. temperature 0 rows take the argmax; the others are divided by their
    temperature, filtered by top_k, top_p, min_p and sampled with the
    exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
    sequence's own torch.Generator when it has a seed, so a seeded request
@@ -29,6 +32,7 @@ import torch
 
 from .outputs import TokenLogprobs
 from .request import Sequence
+from .structured.mask import GrammarMasker
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Sampler:
         self.eos_token_ids = list(eos_token_ids)  # the model's end-of-generation ids
         self.generator = torch.Generator()
         self.generator.manual_seed(seed if seed is not None else torch.seed())
+        self._masker: Optional[GrammarMasker] = None  # made on the first constrained row
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
         """logits: float32 [N, V], row i for seqs[i] (rows may be shared by the
@@ -65,14 +70,17 @@ class Sampler:
         penalise = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
         masked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
         biased = [i for i, p in enumerate(params) if p.logit_bias]
-        if penalise or masked or biased:  # edited in place below; the caller's logits stay as they were
-            logits = logits.clone()
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if penalise or masked or biased or constrained:
+            logits = logits.clone()  # edited in place below; the caller's logits stay as they were
         if penalise:
             self._apply_penalties(logits, seqs)
         self._mask_until_min_tokens(logits, [seqs[i] for i in masked], masked)
         for i in biased:
             bias = params[i].logit_bias
             logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+        if constrained:
+            self._grammar_mask(logits).apply(logits, constrained, [seqs[i].matcher for i in constrained])
 
         temps = [p.temperature for p in params]
         tokens = logits.argmax(dim=-1)
@@ -130,6 +138,11 @@ class Sampler:
         penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits.copy_(torch.where(seen, penalised, logits))
         logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+
+    def _grammar_mask(self, logits: torch.Tensor) -> GrammarMasker:
+        if self._masker is None:
+            self._masker = GrammarMasker(logits.shape[1])
+        return self._masker
 
     def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
         """Forbid stop tokens (and EOS unless ignored) in `rows`, whose

@@ -10,9 +10,11 @@ value that got past this point would fail inside an engine step instead.
 from __future__ import annotations
 
 import math
-import reprlib
 from dataclasses import dataclass, field
 from typing import Optional, Union
+
+from .argcheck import expected, short_repr  # noqa: F401 - short_repr: re-exported for callers
+from .structured.params import StructuredOutputsParams
 
 #: cap on logprobs / prompt_logprobs per token (keeps outputs small)
 MAX_LOGPROBS = 20
@@ -20,22 +22,6 @@ MAX_LOGPROBS = 20
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 #: OpenAI's range for a logit_bias value
 MAX_LOGIT_BIAS = 100.0
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
-
-
-def short_repr(value, limit: int = 80) -> str:
-    """A repr for error messages: one short line, and cheap and safe for any
-    value (reprlib stops at 3 levels and a few items: a client's deeply
-    nested or huge JSON never reaches repr() whole)."""
-    s = _REPR.repr(value)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
-
-def expected(name: str, what: str, value) -> ValueError:
-    return ValueError(f"{name}: expected {what}, got {short_repr(value)}")
 
 
 def _is_int(x) -> bool:
@@ -71,6 +57,8 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None  # same, for each prompt token
     skip_special_tokens: bool = True
     logit_bias: Optional[dict[int, float]] = None  # token id -> added to its logit (greedy too)
+    # the output must match a JSON schema, regex, choice or grammar (core/structured/)
+    structured_outputs: Optional[StructuredOutputsParams] = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -140,6 +128,9 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise expected(name, "a bool", getattr(self, name))
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise expected("structured_outputs", "a StructuredOutputsParams or None", so)
 
     @property
     def greedy(self) -> bool:

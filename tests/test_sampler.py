@@ -7,7 +7,7 @@ import torch
 
 from paged.core.request import Request
 from paged.core.sampler import Sampler
-from paged.core.sampling_params import SamplingParams
+from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 V = 12
 EOS = 3
@@ -207,3 +207,62 @@ def test_a_row_that_raises_fails_alone():
     assert out.token_ids[1:] == expect
     with pytest.raises(Exception):
         Sampler([EOS])(logits, [seq(bad), seq(seeded), seq(greedy)])  # what the engine step used to hit
+
+
+# -- structured output: the grammar mask -------------------------------------------------
+# Real llguidance matchers over the default model's real tokenizer (vocab 49152).
+
+
+@pytest.fixture(scope="module")
+def grammars(default_model_fp32):
+    from paged.core.structured.compiler import GrammarCompiler
+
+    return GrammarCompiler(default_model_fp32.tokenizer, default_model_fp32.config.vocab_size, [2])
+
+
+def constrained_seq(grammars, params):
+    s = seq(params)
+    s.matcher = grammars.compile(params.structured_outputs).deep_copy()
+    return s
+
+
+def allowed(grammars, params, token: int) -> bool:
+    return grammars.compile(params.structured_outputs).deep_copy().validate_tokens([token]) == 1
+
+
+def test_grammar_rows_pick_allowed_tokens_and_free_rows_are_untouched(grammars):
+    vocab = grammars.vocab_size
+    torch.manual_seed(11)
+    logits = torch.randn(4, vocab)
+    digits = StructuredOutputsParams(regex=r"[0-9]{2,4}")
+    greedy_c = SamplingParams(temperature=0.0, structured_outputs=digits)
+    random_c = SamplingParams(temperature=1.0, seed=5, structured_outputs=digits)
+    free_g, free_r = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=6)
+    s = Sampler([2])
+    out = s(logits, [constrained_seq(grammars, greedy_c), seq(free_g), constrained_seq(grammars, random_c),
+                     seq(free_r)])
+    assert allowed(grammars, greedy_c, out.token_ids[0]) and allowed(grammars, random_c, out.token_ids[2])
+    assert not allowed(grammars, greedy_c, logits[0].argmax().item())  # the mask changed something
+    alone = Sampler([2])(logits[[1, 3]], [seq(free_g), seq(free_r)]).token_ids
+    assert [out.token_ids[1], out.token_ids[3]] == alone
+
+
+def test_grammar_mask_is_applied_after_logit_bias(grammars, default_model_fp32):
+    letter = default_model_fp32.tokenizer.encode("a", add_special_tokens=False)[0]
+    p = SamplingParams(temperature=0.0, logit_bias={letter: 100},
+                       structured_outputs=StructuredOutputsParams(regex=r"[0-9]+"))
+    logits = torch.zeros(1, grammars.vocab_size)
+    token = Sampler([2])(logits, [constrained_seq(grammars, p)]).token_ids[0]
+    assert token != letter and allowed(grammars, p, token)
+
+
+def test_a_matcher_in_error_fails_its_row_alone(grammars, default_model_fp32):
+    p = SamplingParams(temperature=0.0, structured_outputs=StructuredOutputsParams(regex=r"[0-9]+"))
+    broken = constrained_seq(grammars, p)
+    letter = default_model_fp32.tokenizer.encode("a", add_special_tokens=False)[0]
+    assert not broken.matcher.consume_token(letter)  # not a digit: the matcher is in its error state for good
+    ok = constrained_seq(grammars, p)
+    logits = torch.randn(2, grammars.vocab_size)
+    out, errors = Sampler([2]).sample_isolated(logits, [broken, ok])
+    assert list(errors) == [0] and "grammar" in str(errors[0])
+    assert allowed(grammars, p, out.token_ids[1])
