@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from fractions import Fraction
+from functools import partial
 
 import numpy as np
 import pytest
@@ -294,3 +295,56 @@ def test_hiding_vnni_falls_back_to_avx2():
     env.pop("PAGED_CPU_ISA", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["avx2", "avx2", "scalar"]
+
+
+# -- the whole-stack runner and the Python layers in int8 mode -------------------------
+
+def int8_model(config, weights):
+    from paged.backends.cpu import CpuBackend
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.core.models import build_model
+    from test_layer_stack import BLOCK
+
+    backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu",
+                         sliding_window=config.sliding_window)
+    packed = partial(CpuPackedLinear, activations="int8")
+    return build_model(config, weights, torch.float32, "cpu", backend, packed), backend
+
+
+def test_layer_stack_int8_bitwise_equal_to_python_layers(monkeypatch):
+    """CpuPackedLinear(activations="int8") on every matrix: the stack takes
+    the setting, runs steps of any size (no dense branch) and stays bitwise
+    equal to the Python layers; int8 hidden states stay close to float32's."""
+    from test_layer_stack import check_scenario, make_model, tiny_config, tiny_weights
+
+    config = tiny_config()
+    weights = tiny_weights(config)
+    model, backend = int8_model(config, weights)
+    assert model.layer_stack is not None and model.layer_stack.activations == "int8"
+    assert model.layer_stack.handles(1 << 20)
+    assert all(layer.qkv.activations == "int8" for layer in model.layers)
+    check_scenario(model, backend, monkeypatch, config.vocab_size)
+
+    f32_model, _ = make_model(config, weights)
+    assert f32_model.layer_stack.activations == "float32"
+    x = torch.randn(9, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    f32, i8 = f32_model.layers[0].gate_up.linear(x), model.layers[0].gate_up.linear(x)
+    assert not torch.equal(f32, i8) and (i8 - f32).abs().max() <= 0.02 * f32.abs().max()
+
+
+def test_layer_stack_mixed_or_bad_activations():
+    from paged.backends.cpu.layer_stack import LayerStack
+    from paged.backends.cpu.quant_linear import CpuPackedLinear, resolve_activations
+    from test_layer_stack import packed, tiny_config, tiny_weights
+
+    config = tiny_config()
+    model, _ = int8_model(config, tiny_weights(config))
+    model.layers[1].down.activations = "float32"
+    assert LayerStack.for_model(model) is None  # mixed settings keep the Python path
+    with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
+        CpuPackedLinear(packed(np.random.default_rng(0), 8, 64), activations="int4")
+    with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
+        C.LayerStack(1, 1, 32, 32, 32, 1e-6, 1.0, 0, torch.ones(32), "int4")
+    assert resolve_activations("auto") == "float32" and resolve_activations("int8") == "int8"
+    with pytest.raises(ValueError, match="'auto', 'float32' or 'int8', got 'fp8'"):
+        resolve_activations("fp8")

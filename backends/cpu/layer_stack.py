@@ -8,9 +8,12 @@ its hidden states and KV caches are bitwise those of the Python path, which
 stays the fallback (and the tests' oracle).
 
 Eligible models: CPU, float32, the fused CPU layer ops, every layer's
-matrices packed (``CpuPackedLinear``) and attention on ``CpuBackend``. Steps
-of ``DENSE_ROWS`` tokens or more keep the Python path (they run a dense GEMM
-there). ``PAGED_LAYER_STACK=0`` turns the stack off (read on every step).
+matrices packed (``CpuPackedLinear``, all with the same ``activations``) and
+attention on ``CpuBackend``. The stack runs the packed kernel with its
+layers' ``activations``: with "float32", steps of ``DENSE_ROWS`` tokens or
+more keep the Python path (they run a dense GEMM there); with "int8" the
+stack runs every step. ``PAGED_LAYER_STACK=0`` turns the stack off (read on
+every step).
 
 Single-threaded: a stack belongs to the engine thread that runs the model.
 """
@@ -47,6 +50,7 @@ class LayerStack:
     def __init__(self, native):
         self._native = native
         self._bound = None  # the kv_caches list last handed to the C++ object
+        self.activations = native.activations  # the packed linear's, as every layer's CpuPackedLinear
 
     @classmethod
     def for_model(cls, model) -> "LayerStack | None":
@@ -62,16 +66,21 @@ class LayerStack:
         backend = layers[0].attn_backend
         if type(backend) is not CpuBackend or backend.dtype != torch.float32:
             return None
+        activations = set()
         for layer in layers:
-            packed = all(isinstance(w, CpuPackedLinear) for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+            mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+            packed = all(isinstance(w, CpuPackedLinear) for w in mats)
             if (not packed or layer.attn_backend is not backend or not _dense_f32(layer.input_norm)
                     or not _dense_f32(layer.post_norm)
                     or not (layer.qkv_bias is None or _dense_f32(layer.qkv_bias))):
                 return None
+            activations.update(w.activations for w in mats)
+        if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
+            return None
         c, first = model.config, layers[0]
         native = _C_cpu.LayerStack(first.num_heads, first.num_kv_heads, first.head_dim, c.hidden_size,
                                    first.inter, float(first.eps), backend.scale, backend.sliding_window,
-                                   dl(model.final_norm))
+                                   dl(model.final_norm), activations.pop())
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
@@ -80,9 +89,11 @@ class LayerStack:
         return cls(native)
 
     def handles(self, num_tokens: int) -> bool:
-        """Whether a step of ``num_tokens`` runs here (the packed kernel's row range, switch on)."""
+        """Whether a step of ``num_tokens`` runs here (switch on; with float32
+        activations, fewer rows than the Python path's dense GEMM takes)."""
         dense_rows = packed_linear.DENSE_ROWS
-        return (dense_rows <= 0 or num_tokens < dense_rows) and enabled()
+        packed_rows = self.activations == "int8" or dense_rows <= 0 or num_tokens < dense_rows
+        return packed_rows and enabled()
 
     def run(self, hidden: torch.Tensor, rope_in, kv_caches, meta) -> torch.Tensor:
         """hidden [T, hidden] embedding rows (overwritten: they become the

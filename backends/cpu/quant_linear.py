@@ -52,6 +52,17 @@ def check_activations(activations: str) -> str:
     return activations
 
 
+def resolve_activations(setting: str) -> str:
+    """An engine setting ("auto", "float32" or "int8") as the mode to build
+    CpuPackedLinear with: "auto" keeps "float32" (today's exact paths and
+    bits; int8 is opt-in, since it changes the numbers)."""
+    if setting == "auto":
+        return "float32"
+    if setting not in ACTIVATIONS:
+        raise ValueError(f"linear activations: expected 'auto', 'float32' or 'int8', got {setting!r}")
+    return setting
+
+
 def available() -> bool:
     try:
         from paged import _C_cpu

@@ -16,10 +16,11 @@ void register_model(nb::module_& m) {
   nb::class_<LayerStack>(m, "LayerStack",
                          "The decoder layers of a float32 Llama-family model on packed GGUF weights, run in "
                          "one call per step with the kernels and arguments of the Python path (bitwise "
-                         "identical). Single-threaded: one engine thread per stack.")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array>(),
+                         "identical). Single-threaded: one engine thread per stack. activations: the packed "
+                         "linear's 'float32' or 'int8' (quant_linear's argument) for every matrix.")
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array, std::string>(),
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
-           "scale"_a, "sliding_window"_a, "final_norm"_a)
+           "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
       .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
            "o_proj"_a, "gate_up"_a, "down"_a,
            "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it.")
@@ -30,6 +31,7 @@ void register_model(nb::module_& m) {
            "All layers and the final add + RMSNorm: hidden [T, hidden] (embedding rows; becomes the "
            "residual) -> out [T, hidden].")
       .def_prop_ro("num_layers", &LayerStack::num_layers)
-      .def_prop_ro("num_bound_caches", &LayerStack::num_bound_caches);
+      .def_prop_ro("num_bound_caches", &LayerStack::num_bound_caches)
+      .def_prop_ro("activations", &LayerStack::activations);
 }
 }  // namespace paged::cpu

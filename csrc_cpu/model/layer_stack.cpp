@@ -41,7 +41,7 @@ attn::TensorArg f32_tensor(const char* name, const Array& a, std::initializer_li
 
 LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
                        int64_t intermediate_size, double eps, double scale, int64_t sliding_window,
-                       Array final_norm)
+                       Array final_norm, std::string activations)
     : cfg_{positive("num_heads", num_heads),
            positive("num_kv_heads", num_kv_heads),
            positive("head_dim", head_dim),
@@ -50,7 +50,9 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
            eps,
            scale,
            sliding_window},
-      final_norm_(std::move(final_norm)) {
+      final_norm_(std::move(final_norm)),
+      activations_(std::move(activations)) {
+  linear::parse_activations(activations_);  // ValueError naming the argument
   if (num_heads % num_kv_heads)
     fail("num_heads (" + str(num_heads) + ") must be a multiple of num_kv_heads (" + str(num_kv_heads) + ")");
   if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + str(sliding_window));
@@ -90,7 +92,8 @@ void LayerStack::reserve(int64_t tokens) {
 // out[rows, n] = x[rows, in] @ W^T through the packed kernel (which checks W against in and n).
 void LayerStack::linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n) const {
   const auto& [qtype, qs, d, m] = w;
-  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}));
+  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
+                       activations_);
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then

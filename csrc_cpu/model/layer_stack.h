@@ -7,6 +7,10 @@
 // CpuFusedLayerOps and CpuBackend), so its results are bitwise identical;
 // what it saves is Python dispatch, DLPack capsules and torch allocations.
 //
+// `activations` is the packed linear's setting for every matrix of the stack
+// ("float32" or "int8", linear/quant_linear.h), the same the Python path's
+// CpuPackedLinear objects carry, so the two stay bitwise equal in both modes.
+//
 // Not thread-safe: one engine thread owns a stack (the scratch and the bound
 // KV caches are shared state). Call run() with the GIL held: the kernels it
 // calls release the GIL themselves.
@@ -43,7 +47,8 @@ using Scratch = AlignedVector<float>;
 class LayerStack {
  public:
   LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t hidden_size,
-             int64_t intermediate_size, double eps, double scale, int64_t sliding_window, Array final_norm);
+             int64_t intermediate_size, double eps, double scale, int64_t sliding_window, Array final_norm,
+             std::string activations = "float32");
 
   // Appends one decoder layer (weights checked by the kernels on every run;
   // the bias, which this class adds itself, is checked here).
@@ -62,6 +67,7 @@ class LayerStack {
 
   size_t num_layers() const { return layers_.size(); }
   size_t num_bound_caches() const { return kv_caches_.size(); }
+  const std::string& activations() const { return activations_; }
 
  private:
   struct Layer {
@@ -77,6 +83,7 @@ class LayerStack {
 
   StackConfig cfg_;
   Array final_norm_;
+  std::string activations_;  // the packed linear's activations, checked at construction
   std::vector<Layer> layers_;
   std::vector<std::tuple<Array, Array>> kv_caches_;
   int64_t capacity_ = 0;               // token rows the scratch holds
