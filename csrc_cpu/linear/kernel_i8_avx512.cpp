@@ -44,10 +44,6 @@ constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 cod
 constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
 constexpr int kTileRows = 4;                  // x rows per register tile
 constexpr int kDirectRows = 4;                // calls of up to this many rows skip the panel of codes
-// Blocks of K per pass of the tiles over the panel: 16 KB of codes + 4 KB of
-// scales stay in L1 while every row of x sweeps them (the partial sums wait
-// in out between passes, so the order of operations is unchanged).
-constexpr int64_t kPassBlocks = 16;
 static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -160,18 +156,15 @@ PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d,
   return acc;
 }
 
-// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) over blocks
-// b0 .. b1 from the panel, continuing the sums in out unless b0 == 0.
+// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
 template <QType T, int R>
-PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols],
-                        int64_t b0, int64_t b1) {
+PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
   constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
   const int64_t nb = a.blocks(), K = a.K;
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kCols; ++c)
-      acc[r][c] = b0 ? _mm512_maskz_loadu_ps(mask[c], a.out + (r0 + r) * a.N + n0 + c * kLanes) : _mm512_setzero_ps();
-  for (int64_t b = b0; b < b1; ++b) {
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
     __m512i dot[S][R][kCols];
     for (int r = 0; r < R; ++r) {
       const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[(r0 + r) * nb + b]);
@@ -253,8 +246,7 @@ constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<
   return {&direct_column<T, R + 1>...};
 }
 
-using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols],
-                        int64_t b0, int64_t b1);
+using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
 template <QType T, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
   return {&tile<T, R + 1>...};
@@ -279,9 +271,8 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
   }
   p.codes.resize(size_t(nb * kBlockBytes));
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
-  for (int64_t b0 = 0; b0 < nb; b0 += kPassBlocks)
-    for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
-      tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask, b0, std::min(nb, b0 + kPassBlocks));
+  for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
+    tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask);
 }
 
 }  // namespace
