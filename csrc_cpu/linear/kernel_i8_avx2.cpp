@@ -26,12 +26,11 @@ namespace {
 struct Dot {
   static constexpr bool kQ8Biased = false;  // q8 codes stay signed (see above)
 
-  // isum[r][j] = block sums of x rows x[r] (one block each) with panel
-  // column j at w (block b, the tile's first column; a step's columns are
-  // step_bytes apart); corr[r] as in int8.h.
-  template <QType T, int R, int J>
-  static void block(const uint8_t* w, int64_t step_bytes, const int8_t* const x[R], const int32_t corr[R],
-                    __m256i isum[R][J]) {
+  // isum[r][j] = block sums of x rows x[r] (one block each) with weight
+  // column j, whose step s (codes 4s .. 4s+3 of 8 rows) is w(s, j); corr[r]
+  // as in int8.h.
+  template <QType T, int R, int J, class W>
+  static void block(W w, const int8_t* const x[R], const int32_t corr[R], __m256i isum[R][J]) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[R][J];
     for (int r = 0; r < R; ++r)
@@ -39,7 +38,7 @@ struct Dot {
     for (int s = 0; s < kBlock / 4; ++s) {
       __m256i wv[J], wabs[J];
       for (int j = 0; j < J; ++j) {
-        wv[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + s * step_bytes + j * 32));
+        wv[j] = w(s, j);
         if constexpr (T == QType::Q8_0) wabs[j] = _mm256_abs_epi8(wv[j]);
       }
       for (int r = 0; r < R; ++r) {

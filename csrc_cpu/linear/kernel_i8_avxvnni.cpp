@@ -22,18 +22,16 @@ namespace {
 struct Dot {
   static constexpr bool kQ8Biased = true;  // q8 codes + 128, corrected by corr
 
-  // isum[r][j] = block sums of x rows x[r] (one block each) with panel
-  // column j at w (block b, the tile's first column; a step's columns are
-  // step_bytes apart); corr[r] as in int8.h.
-  template <QType T, int R, int J>
-  static void block(const uint8_t* w, int64_t step_bytes, const int8_t* const x[R], const int32_t corr[R],
-                    __m256i isum[R][J]) {
+  // isum[r][j] = block sums of x rows x[r] (one block each) with weight
+  // column j, whose step s (codes 4s .. 4s+3 of 8 rows) is w(s, j); corr[r]
+  // as in int8.h.
+  template <QType T, int R, int J, class W>
+  static void block(W w, const int8_t* const x[R], const int32_t corr[R], __m256i isum[R][J]) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < J; ++j) isum[r][j] = T == QType::Q4_1 ? _mm256_setzero_si256() : _mm256_set1_epi32(corr[r]);
     for (int s = 0; s < kBlock / 4; ++s) {
       __m256i wv[J];
-      for (int j = 0; j < J; ++j)
-        wv[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + s * step_bytes + j * 32));
+      for (int j = 0; j < J; ++j) wv[j] = w(s, j);
       for (int r = 0; r < R; ++r) {
         int32_t x4;
         std::memcpy(&x4, x[r] + 4 * s, sizeof x4);
