@@ -187,9 +187,11 @@ void int8_linear(LinearArgs& a) {
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r)
-      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb, corr.data() + r * nb,
-                     sums.data() + r * nb);
-    Int8Panel panel;
+      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb,
+                          corr.data() + r * nb, sums.data() + r * nb);
+    // Each thread's panel keeps its capacity between calls (no allocation and
+    // zeroing per call); OpenMP's worker threads live as long as the process.
+    static thread_local Int8Panel panel;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c)
       kernel(a, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows), panel);
