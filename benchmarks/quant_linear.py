@@ -9,7 +9,10 @@ from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Th
 (30 layers + lm_head) of the matmul time per step at M = 1 and M = 16.
 
     python benchmarks/quant_linear.py [--quick] [--json PATH] [--threads N] [--isa NAME]
-        [--rows M ...] [--baseline OLD_C_CPU_SO ...]
+        [--rows M ...] [--activations float32|int8] [--baseline OLD_C_CPU_SO ...]
+
+(--activations int8 times the int8-activation path; benchmarks/linear_gflops.py
+compares both paths as the engine dispatches them, per M, in GFLOP/s.)
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
     return qs, d, m
 
 
+ACTIVATIONS = "float32"  # the kernel's activations argument (--activations)
+
+
 def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=True) -> dict:
     """Times one call per copy, cycling through `copies` distinct weights (one
     per layer), so dense weights come from DRAM as in a real step."""
@@ -85,9 +91,11 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
     qs, d, m = weights[0]
     packed_bytes = qs.numel() + d.nbytes + (m.nbytes if m is not None else 0)
 
+    extra = () if ACTIVATIONS == "float32" else (ACTIVATIONS,)  # builds before int8 lack the argument
+
     def quant():
         for qs, d, m in weights:
-            C.quant_linear(dl(x), qtype, dl(qs), dl(d), dl(m), dl(out))
+            C.quant_linear(dl(x), qtype, dl(qs), dl(d), dl(m), dl(out), *extra)
 
     t_q = best_time(quant, min_time) / copies
     nan = float("nan")
@@ -134,7 +142,8 @@ def run_baseline(args, path: str) -> list[dict]:
     """This script's measurement of the build at `path`, in a child process."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--extension", path, "--no-torch", "--json", f.name,
-               "--threads", str(args.threads), "--rows", *map(str, args.rows)] + (["--quick"] if args.quick else [])
+               "--threads", str(args.threads), "--activations", args.activations,
+               "--rows", *map(str, args.rows)] + (["--quick"] if args.quick else [])
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return json.load(f)["shapes"]
 
@@ -146,17 +155,21 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--isa", default="auto", help="auto or a build from paged._C_cpu.supported_linear_isas()")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 256])
+    ap.add_argument("--activations", choices=["float32", "int8"], default="float32",
+                    help="the kernel's activations argument (int8: x quantized per 32-block)")
     ap.add_argument("--baseline", nargs="+", default=[],
                     help="other _C_cpu*.so builds to time side by side (child processes, default ISA)")
     ap.add_argument("--extension", help=argparse.SUPPRESS)  # the child's build under test
     ap.add_argument("--no-torch", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global ACTIVATIONS
+    ACTIVATIONS = args.activations
     baselines = [run_baseline(args, path) for path in args.baseline]
     load_extension(args.extension)
     C.set_linear_isa(args.isa)
     min_time = 0.2 if args.quick else 0.6
 
-    print(f"isa={C.linear_isa()} threads={args.threads} torch={torch.__version__}"
+    print(f"isa={C.linear_isa()} activations={args.activations} threads={args.threads} torch={torch.__version__}"
           f" cpu={platform.processor()}")
     rows = measure(args.rows, args.threads, min_time, not args.no_torch, show=not args.no_torch)
     model = {}
