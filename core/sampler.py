@@ -11,7 +11,8 @@ result does not depend on what else is in the batch. Order of processing:
 5. structured output: tokens the row's grammar does not allow are set to -inf,
    all constrained rows in one pass (core/structured/mask.py), last, so no
    bias or penalty can bring a forbidden token back;
-6. temperature 0 rows take the argmax; the others are divided by their
+6. temperature 0 rows (and below 1e-5, as vLLM: dividing by such a
+   temperature overflows float32 into NaN) take the argmax; the others are divided by their
    temperature, filtered by top_k, top_p, min_p and sampled with the
    exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
    sequence's own torch.Generator when it has a seed, so a seeded request
@@ -32,7 +33,11 @@ import torch
 
 from .outputs import TokenLogprobs
 from .request import Sequence
-from .structured.mask import GrammarMasker
+from .structured.mask import GrammarMasker, check_allowed
+
+
+#: temperatures below this sample greedily (1 / 1e-5 keeps float32 logits finite)
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -79,17 +84,20 @@ class Sampler:
         for i in biased:
             bias = params[i].logit_bias
             logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+        bitmask = None
         if constrained:
-            self._grammar_mask(logits).apply(logits, constrained, [seqs[i].matcher for i in constrained])
+            bitmask = self._grammar_mask(logits).apply(logits, constrained, [seqs[i].matcher for i in constrained])
 
         temps = [p.temperature for p in params]
         tokens = logits.argmax(dim=-1)
-        rand_rows = [i for i in range(n) if temps[i] > 0.0]
+        rand_rows = [i for i in range(n) if temps[i] >= MIN_TEMPERATURE]
         if rand_rows:
             sub = logits[rand_rows] if len(rand_rows) < n else logits
             tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows])
             tokens[rand_rows] = tokens_rand
         token_list = tokens.tolist()
+        if bitmask is not None:
+            check_allowed(bitmask, [token_list[i] for i in constrained])
 
         lp_out: list[Optional[TokenLogprobs]] = [None] * n
         chosen: list[Optional[float]] = [None] * n
@@ -183,8 +191,9 @@ class Sampler:
         sorted_logits = sorted_logits.masked_fill(ranks >= ks[:, None], float("-inf"))
         sorted_probs = torch.softmax(sorted_logits, dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        # keep the smallest prefix whose mass reaches top_p (always the first token)
-        sorted_logits = sorted_logits.masked_fill(mass_before >= ps[:, None], float("-inf"))
+        # keep the smallest prefix whose mass reaches top_p, and always the first
+        # token (a top_p that underflows float32 to 0 would otherwise drop them all)
+        sorted_logits = sorted_logits.masked_fill((mass_before >= ps[:, None]) & (ranks > 0), float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
     def _generator_for(self, seq: Sequence) -> torch.Generator:

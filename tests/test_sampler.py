@@ -266,3 +266,13 @@ def test_a_matcher_in_error_fails_its_row_alone(grammars, default_model_fp32):
     out, errors = Sampler([2]).sample_isolated(logits, [broken, ok])
     assert list(errors) == [0] and "grammar" in str(errors[0])
     assert allowed(grammars, p, out.token_ids[1])
+
+
+def test_values_that_underflow_float32_still_sample_a_real_token():
+    """A temperature of 1e-300 or a top_p of 5e-324 is 0 in float32: dividing
+    by it, or keeping no token, made NaN rows that sampled token 0."""
+    torch.manual_seed(12)
+    logits = torch.randn(2, V)
+    out = Sampler([EOS], seed=3)(logits, [seq(SamplingParams(temperature=1e-300)),
+                                          seq(SamplingParams(temperature=0.7, top_p=5e-324))])
+    assert out.token_ids == logits.argmax(-1).tolist()

@@ -21,6 +21,7 @@ from paged.core.engine import Engine, StepFailed
 from paged.core.engine_config import EngineConfig
 from paged.core.llm import LLM
 from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
+from paged.core.structured.compiler import GrammarError
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1, "maxLength": 20},
@@ -217,6 +218,25 @@ def test_a_failing_compilation_fails_only_its_request(engine):
     with pytest.raises(ValueError, match="regular expression"):  # known bad now: refused at once
         engine.add_request("bad-again", "x", SamplingParams(
             structured_outputs=StructuredOutputsParams(regex="[z-a]")))
+
+
+# U+63539 starts with byte 0xF1, which no token of SmolLM2's vocabulary holds
+UNWRITABLE = "\U00063539"
+
+
+def test_a_choice_the_vocabulary_cannot_write_is_refused_up_front(llm):
+    with pytest.raises(ValueError, match="structured_outputs.choice: .*byte 0xF1 .no token holds it."):
+        llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(choice=["ok", UNWRITABLE])))
+
+
+def test_a_grammar_the_vocabulary_cannot_continue_fails_its_request_as_a_grammar_error(engine):
+    engine.add_request("stuck", "x", SamplingParams(structured_outputs=StructuredOutputsParams(
+        regex="a" + UNWRITABLE)))
+    engine.add_request("fine", FREE_PROMPTS[2], GREEDY_FREE)
+    final, failures = run(engine)
+    assert list(failures) == ["stuck"] and isinstance(failures["stuck"], GrammarError)
+    assert "vocabulary" in str(failures["stuck"]) and "\n" not in str(failures["stuck"])
+    assert len(final["fine"].outputs[0].token_ids) == GREEDY_FREE.max_tokens
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -40,8 +40,9 @@ CACHE_SIZE = 256
 
 
 class GrammarError(ValueError):
-    """A constraint that does not compile; the message is one line in the
-    project's vocabulary and names the field (the server's 400)."""
+    """A constraint that does not compile, or that the model's vocabulary
+    cannot continue (found while generating: a byte no token holds). The
+    request's fault either way: one line, the server's 400."""
 
 
 class GrammarCompiler:
@@ -50,6 +51,7 @@ class GrammarCompiler:
         self._vocab_size = vocab_size
         self._eos = list(eos_token_ids)
         self._ll_tokenizer: Optional[llguidance.LLTokenizer] = None
+        self._unwritable: Optional[frozenset[int]] = None
         self._cache: OrderedDict[tuple, Union[llguidance.LLMatcher, GrammarError]] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()  # the cache and the tokenizer: engine, server and compile threads
@@ -110,6 +112,8 @@ class GrammarCompiler:
         return done
 
     def _build(self, params: StructuredOutputsParams, param: str) -> llguidance.LLMatcher:
+        if params.kind == "choice":
+            self._check_writable(params.choice, f"{param}.choice" if param == "structured_outputs" else param)
         grammar = self._grammar_text(params, param)
         limits = llguidance.LLParserLimits(verbose_errors=False)
         matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0, limits=limits)
@@ -132,13 +136,36 @@ class GrammarCompiler:
         except ValueError as exc:  # a JSON value llguidance cannot read, a GBNF that does not convert
             raise _grammar_error(params, param, str(exc)) from None
 
+    def _check_writable(self, texts: list[str], param: str) -> None:
+        """Choices with a byte no token holds can never be written (a
+        vocabulary may lack rare lead bytes such as 0xF1): a clear error now,
+        not a failure halfway through the output."""
+        for text in texts:
+            bad = sorted(set(text.encode("utf-8", "surrogatepass")) & self.unwritable_bytes())
+            if bad:
+                raise GrammarError(f"{param}: expected strings this model's vocabulary can write, got "
+                                   f"{short_repr(text, 40)}, which needs byte 0x{bad[0]:02X} (no token holds it)")
+
+    def unwritable_bytes(self) -> frozenset[int]:
+        """The byte values that no token of the vocabulary contains."""
+        if self._unwritable is None:
+            lt, seen = self.ll_tokenizer(), set()
+            for token in range(self._vocab_size):
+                if not lt.is_special_token(token):
+                    seen.update(lt.decode_bytes([token]))
+            self._unwritable = frozenset(set(range(256)) - seen)
+        return self._unwritable
+
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
-        """llguidance's view of the vocabulary (built once, ~0.5 s)."""
-        with self._lock:
-            if self._ll_tokenizer is None:
-                self._ll_tokenizer = llguidance.LLTokenizer(
-                    self._tokenizer.backend.to_str(), n_vocab=self._vocab_size, eos_token=self._eos)
-            return self._ll_tokenizer
+        """llguidance's view of the vocabulary (built once, ~0.5 s, outside
+        the lock: a cache lookup on the server's event loop never waits for it)."""
+        if self._ll_tokenizer is None:
+            built = llguidance.LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self._vocab_size,
+                                           eos_token=self._eos)
+            with self._lock:
+                if self._ll_tokenizer is None:
+                    self._ll_tokenizer = built
+        return self._ll_tokenizer
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -35,12 +35,24 @@ class GrammarMasker:
                                                self.words * 4, len(matchers))
         return mask
 
-    def apply(self, logits: torch.Tensor, rows: list[int], matchers: list) -> None:
-        """Sets the disallowed tokens of logits[rows] to -inf, in place."""
-        mask = self.bitmask(matchers).to(logits.device)
+    def apply(self, logits: torch.Tensor, rows: list[int], matchers: list) -> torch.Tensor:
+        """Sets the disallowed tokens of logits[rows] to -inf, in place;
+        returns the bitmask (row i for rows[i], on the CPU)."""
+        cpu_mask = self.bitmask(matchers)
+        mask = cpu_mask.to(logits.device)
         vocab = logits.shape[1]
         allowed = ((mask.unsqueeze(-1) >> _SHIFTS.to(logits.device)) & 1).view(len(rows), -1)[:, :vocab]
         if len(rows) == logits.shape[0]:  # every row constrained: no gather / scatter
             logits.masked_fill_(allowed == 0, float("-inf"))
         else:
             logits[rows] = logits[rows].masked_fill(allowed == 0, float("-inf"))
+        return cpu_mask
+
+
+def check_allowed(bitmask: torch.Tensor, tokens: list[int]) -> None:
+    """Raises when a sampled token is one its row's mask forbids: only
+    logits that are NaN can do that (a broken forward, not the request)."""
+    for i, token in enumerate(tokens):
+        if not (int(bitmask[i, token // 32]) >> (token % 32)) & 1:
+            raise RuntimeError(f"structured output: sampled token {token}, which the grammar forbids "
+                               "(NaN logits?)")
