@@ -25,6 +25,7 @@ import time
 from typing import Any, AsyncIterator, Optional
 
 from paged.core.engine import StepFailed
+from paged.core.structured.compiler import GrammarError
 
 log = logging.getLogger("paged.async_engine")
 
@@ -43,7 +44,9 @@ class EngineStepError(RuntimeError):
     others in flight, and those waiting, carry on."""
 
 
-def _step_error(exc: Exception) -> EngineStepError:
+def _step_error(exc: Exception) -> Exception:
+    if isinstance(exc, GrammarError):  # the request's constraint, not the engine: its client's 400
+        return exc
     return EngineStepError(f"engine step failed: {type(exc).__name__}: {exc}")
 
 
@@ -197,10 +200,12 @@ class AsyncEngine:
 
     def _fail_requests(self, errors: dict[str, Exception]) -> None:
         """The engine failed (and aborted) these requests; the rest run on."""
-        self.num_step_errors += 1
-        first = next(iter(errors.values()))
-        log.error("engine step failed for %d request(s); the others carry on", len(errors),
-                  exc_info=(type(first), first, first.__traceback__))
+        engine_errors = {rid: e for rid, e in errors.items() if not isinstance(e, GrammarError)}
+        if engine_errors:
+            self.num_step_errors += 1
+            first = next(iter(engine_errors.values()))
+            log.error("engine step failed for %d request(s); the others carry on", len(engine_errors),
+                      exc_info=(type(first), first, first.__traceback__))
         for request_id, exc in errors.items():
             self._deliver(request_id, _step_error(exc))
 

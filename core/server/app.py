@@ -11,6 +11,13 @@ No request can stall the others: parsing bodies, tokenizing, chat
 templates and decoding run on a small thread pool (the tokenizer releases
 the GIL), and a text prompt longer than max_model_len x the longest token's
 characters, which can never fit, is refused before any of that work.
+Structured-output constraints are compiled on the engine's grammar thread
+before the request is submitted, so a bad schema is a 400 and a slow one
+holds up only its own request.
+
+Tools (chat): rendered by the model's template when it knows them, else in
+the Hermes fallback (core/tools.py); calls are parsed out of the output
+(core/tool_parser.py), streamed as OpenAI tool_call deltas.
 """
 
 from __future__ import annotations
@@ -29,12 +36,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from paged.core.async_engine import AsyncEngine, EngineShutdownError, QueueFullError
-from paged.core.sampling_params import SamplingParams
+from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
 from paged.core.server import protocol as P
 from paged.core.server.body import decode, read_body
 from paged.core.server.errors import APIError, api_error_from, bad_request, expected, install_handlers
 from paged.core.server.metrics import ServerMetrics
 from paged.core.server.openapi import ERROR_RESPONSES, add_schema_routes
+from paged.core.structured.compiler import GrammarError
+from paged.core.tool_parser import ToolCallStream, call_id, parse_tool_calls
+from paged.core.tools import Tool, forced_call_grammar, template_renders_tools
+from paged.core.tools import fallback_messages, native_messages
 
 #: tokenizer threads: enough that one long prompt does not hold up the rest,
 #: few enough not to crowd the engine's cores
@@ -54,7 +65,7 @@ class ServerConfig:
 
 
 def _param_named_in(message: str, model: type) -> Optional[str]:
-    name = message.partition(":")[0]
+    name = message.partition(":")[0].partition(".")[0].partition("[")[0]
     return name if name in model.model_fields else None
 
 
@@ -73,6 +84,7 @@ class OpenAIServer:
         self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="paged-tokenize")
         self.longest_token = tokenizer.longest_token_chars()
         self.max_prompt_chars = config.max_model_len * self.longest_token
+        self.native_tools = template_renders_tools(getattr(tokenizer, "chat_template", None))
 
     # -- request plumbing ----------------------------------------------------
     def check_auth(self, request: Request) -> None:
@@ -148,7 +160,8 @@ class OpenAIServer:
                                   "tokens)", str(requested), param)
         return requested
 
-    def sampling_params(self, req: P.SamplingFields, max_tokens: int, logprobs: Optional[int]) -> SamplingParams:
+    def sampling_params(self, req: P.SamplingFields, max_tokens: int, logprobs: Optional[int],
+                        constraint: Optional[StructuredOutputsParams] = None) -> SamplingParams:
         try:
             params = SamplingParams(
                 n=req.n,
@@ -169,11 +182,49 @@ class OpenAIServer:
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 logit_bias=req.logit_bias_ids(),
+                structured_outputs=constraint,
             )
             params.validate_for_vocab(self.config.vocab_size)
         except ValueError as exc:
             raise bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
         return params
+
+    # -- structured output -------------------------------------------------------
+    async def constraint(self, req: P.SamplingFields, tools: tuple = ()) -> Optional[StructuredOutputsParams]:
+        """The request's one constraint, compiled (a 400 naming the field when
+        it is malformed, does not compile, or comes with another). `tools`:
+        (tools, parallel) when tool_choice forces a call."""
+        try:
+            found = req.constraints()
+        except ValueError as exc:
+            raise bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
+        if tools:
+            found.append(("tool_choice", await self.forced_call(*tools)))
+        if len(found) > 1:
+            names = ", ".join(name for name, _ in found)
+            raise expected(found[1][0], "one output constraint per request", names, found[1][0])
+        if not found:
+            return None
+        param, constraint = found[0]
+        await self.compile(constraint, param)
+        return constraint
+
+    async def compile(self, constraint: StructuredOutputsParams, param: str) -> None:
+        """Compiles on the engine's grammar thread (cached there: the engine
+        then finds it compiled and admits the request at once)."""
+        compiler = self.aengine.engine.grammars.compiler
+        try:
+            await asyncio.wrap_future(compiler.submit(constraint, param))
+        except GrammarError as exc:
+            raise bad_request(str(exc), param.partition(".")[0].partition("[")[0]) from None
+
+    async def forced_call(self, tools: list[Tool], parallel: bool) -> StructuredOutputsParams:
+        """tool_choice "required" or a named function: the output is Hermes
+        calls whose arguments follow each tool's schema (checked one by one
+        first, so a bad schema is named)."""
+        for i, tool in enumerate(tools):
+            await self.compile(StructuredOutputsParams(json=tool.parameters), f"tools[{i}].function.parameters")
+        return StructuredOutputsParams(grammar=forced_call_grammar(tools, parallel))
 
     def submit(self, requests):
         try:
@@ -220,10 +271,11 @@ class OpenAIServer:
         ids = await self.off_loop(lambda: [self.prompt_ids(p) for p in prompts])
         texts = [p if isinstance(p, str) else None for p in prompts]
         base = P.random_id("cmpl")
+        constraint = await self.constraint(req)
         requests = []
         for i, tok in enumerate(ids):
             max_tokens = self.max_tokens_for(len(tok), req.max_tokens, "max_tokens")
-            requests.append((f"{base}-{i}", tok, self.sampling_params(req, max_tokens, req.logprobs)))
+            requests.append((f"{base}-{i}", tok, self.sampling_params(req, max_tokens, req.logprobs, constraint)))
         group = self.submit(requests)
         index_base = {rid: i * req.n for i, (rid, _, _) in enumerate(requests)}
         prompt_text = {rid: texts[i] for i, (rid, _, _) in enumerate(requests)}
@@ -292,13 +344,26 @@ class OpenAIServer:
                    "choices": [], "usage": P.usage(n_prompt, n_out)}
 
     # -- /v1/chat/completions ------------------------------------------------
-    async def chat_prompt_ids(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True) -> list[int]:
+    async def chat_prompt_ids(self, messages: list[P.ChatMessage], add_generation_prompt: bool = True,
+                              tools: Optional[list[Tool]] = None) -> list[int]:
         self.check_chars(sum(len(m.text()) for m in messages), "messages")
-        return await self.off_loop(self._render_chat, [m.for_template() for m in messages], add_generation_prompt)
+        return await self.off_loop(self._render_chat, [m.for_template() for m in messages], add_generation_prompt,
+                                   tools)
 
-    def _render_chat(self, conv: list[dict], add_generation_prompt: bool) -> list[int]:
+    def _with_tools(self, conv: list[dict], tools: Optional[list[Tool]]) -> tuple[list[dict], dict]:
+        """The conversation and template arguments with tools and tool turns
+        rendered: by the template when it knows tools, else the fallback."""
+        if not tools and not any(m.get("tool_calls") or m["role"] == "tool" for m in conv):
+            return conv, {}
+        if self.native_tools:
+            return native_messages(conv), {"tools": [t.openai() for t in tools]} if tools else {}
+        return fallback_messages(conv, tools), {}
+
+    def _render_chat(self, conv: list[dict], add_generation_prompt: bool,
+                     tools: Optional[list[Tool]] = None) -> list[int]:
+        conv, extra = self._with_tools(conv, tools)
         try:
-            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt)
+            text = self.tokenizer.apply_chat_template(conv, add_generation_prompt=add_generation_prompt, **extra)
         except Exception as exc:  # noqa: BLE001 - a template that rejects the conversation
             raise bad_request(f"messages: the chat template rejected them: {exc}", "messages") from None
         # the template writes the special tokens itself
@@ -309,28 +374,48 @@ class OpenAIServer:
         self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise expected("top_logprobs", "null unless logprobs is true", str(req.top_logprobs), "top_logprobs")
-        ids = await self.chat_prompt_ids(req.messages, req.add_generation_prompt)
+        mode, tools = req.tool_mode(), req.tool_list()
+        ids = await self.chat_prompt_ids(req.messages, req.add_generation_prompt, tools if mode != "none" else None)
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self.max_tokens_for(len(ids), req.effective_max_tokens(), param)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        forced = req.forced_tools()  # a named function is called once; "required" may call several
+        parallel = mode == "required" and req.parallel_tool_calls is not False
+        constraint = await self.constraint(req, (forced, parallel) if forced else ())
         rid = P.random_id("chatcmpl")
-        group = self.submit([(rid, ids, self.sampling_params(req, max_tokens, logprobs))])
+        group = self.submit([(rid, ids, self.sampling_params(req, max_tokens, logprobs, constraint))])
+        names = {t.name for t in tools} if mode != "none" else None
         if req.stream:
-            return self.sse(self.chat_chunks(req, rid, group), group)
+            return self.sse(self.chat_chunks(req, rid, group, names), group)
         final = (await self.collect(request, group))[rid]
         choices = []
         for o in final.outputs:
+            message, finish = self.chat_message(o, names)
             choices.append({
                 "index": o.index,
-                "message": {"role": "assistant", "content": o.text},
+                "message": message,
                 "logprobs": {"content": self.chat_logprobs(o.token_ids, o.logprobs, 0, req.top_logprobs or 0)}
                 if req.logprobs else None,
-                "finish_reason": o.finish_reason,
+                "finish_reason": finish,
                 "stop_reason": o.stop_reason,
             })
         n_out = sum(len(o.token_ids) for o in final.outputs)
         return {"id": rid, "object": "chat.completion", "created": P.now(), "model": self.config.model_name,
                 "choices": choices, "usage": P.usage(len(final.prompt_token_ids), n_out)}
+
+    @staticmethod
+    def chat_message(o, names: Optional[set[str]]) -> tuple[dict, Optional[str]]:
+        """The assistant message and finish_reason of one choice; with tools
+        in play, the calls parsed out of the text ("tool_calls" when any)."""
+        if names is None:
+            return {"role": "assistant", "content": o.text}, o.finish_reason
+        parsed = parse_tool_calls(o.text, names, final=True)
+        if not parsed.calls:
+            return {"role": "assistant", "content": parsed.content}, o.finish_reason
+        calls = [{"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for c in parsed.calls]
+        finish = "tool_calls" if o.finish_reason == "stop" else o.finish_reason
+        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, finish
 
     def chat_logprobs(self, token_ids, logprobs, start: int, top: int) -> list[dict]:
         content = []
@@ -344,7 +429,7 @@ class OpenAIServer:
             })
         return content
 
-    async def chat_chunks(self, req, rid, group):
+    async def chat_chunks(self, req, rid, group, names: Optional[set[str]] = None):
         created, model = P.now(), self.config.model_name
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
         for i in range(req.n):
@@ -352,16 +437,17 @@ class OpenAIServer:
                                         "logprobs": None, "finish_reason": None}]}
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
+        streams = [ToolCallStream(names) for _ in range(req.n)] if names is not None else None
         n_prompt = n_out = 0
         async for out in group:
             for o in out.outputs:
                 start_text, start_tok = sent_text.get(o.index, 0), sent_tokens.get(o.index, 0)
-                delta = o.text[start_text:]
+                delta, finish = self.chat_delta(o, start_text, streams[o.index] if streams else None)
                 if not delta and o.finish_reason is None:
                     continue
                 sent_text[o.index], sent_tokens[o.index] = len(o.text), len(o.token_ids)
-                choice = {"index": o.index, "delta": {"content": delta} if delta else {},
-                          "logprobs": None, "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                choice = {"index": o.index, "delta": delta,
+                          "logprobs": None, "finish_reason": finish, "stop_reason": o.stop_reason}
                 if req.logprobs:
                     choice["logprobs"] = {"content": self.chat_logprobs(o.token_ids, o.logprobs, start_tok,
                                                                         req.top_logprobs or 0)}
@@ -371,6 +457,18 @@ class OpenAIServer:
                 n_out = sum(len(o.token_ids) for o in out.outputs)
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": P.usage(n_prompt, n_out)}
+
+    @staticmethod
+    def chat_delta(o, start_text: int, stream: Optional[ToolCallStream]) -> tuple[dict, Optional[str]]:
+        """One choice's delta since `start_text` and its finish_reason; with
+        tools in play, content and tool_call deltas from the parse."""
+        if stream is None:
+            text = o.text[start_text:]
+            return ({"content": text} if text else {}), o.finish_reason
+        content, calls = stream.update(o.text, final=o.finish_reason is not None)
+        delta = ({"content": content} if content else {}) | ({"tool_calls": calls} if calls else {})
+        finish = "tool_calls" if o.finish_reason == "stop" and stream.num_calls else o.finish_reason
+        return delta, finish
 
     # -- streaming ---------------------------------------------------------
     def sse(self, chunks, group) -> StreamingResponse:

@@ -46,6 +46,7 @@ def expected(name: str, what: str, got: str, param: Optional[str] = None) -> API
     return bad_request(f"{name}: expected {what}, got {got}", param)
 
 
+_TOO_SHORT = {"too_short": "item(s)", "string_too_short": "character(s)"}
 _BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
            "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
 
@@ -65,6 +66,8 @@ def _one(err: dict) -> str:
     if err["type"] in _BOUNDS:
         key, op = _BOUNDS[err["type"]]
         what = f"a value {op} {err['ctx'][key]}"
+    elif err["type"] in _TOO_SHORT:
+        what = f"at least {err['ctx']['min_length']} {_TOO_SHORT[err['type']]}"
     else:
         what = err["msg"].removeprefix("Input should be ").removeprefix("expected ")
     return f"{where}: expected {what}, got {short_repr(err.get('input'))}"

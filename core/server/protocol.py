@@ -7,23 +7,30 @@ here, and they are also what /openapi.json publishes.
   numbers must be finite. Failures become 400s in the form
   `field: expected X, got Y` (server/errors.py).
 - An OpenAI or vLLM field we do not support is refused with a 400 naming it
-  unless its value changes nothing (`response_format: {"type": "text"}`,
-  `tool_choice: "none"`, ...): silently ignoring it would change the output
-  the client asked for. Fields that never change the output (`user`,
-  `store`, `metadata`, `parallel_tool_calls`, ...) are accepted; fields
-  nobody declared are ignored (clients add new ones all the time).
+  unless its value changes nothing (`audio: null`, `suffix: ""`, ...):
+  silently ignoring it would change the output the client asked for.
+  Fields that never change the output (`user`, `store`, `metadata`, ...)
+  are accepted; fields nobody declared are ignored (clients add new ones
+  all the time).
+- Structured output (`response_format`, vLLM's `structured_outputs` and its
+  older `guided_*` aliases) and tools are checked for shape here; whether a
+  schema or regex compiles is the grammar compiler's call (a 400 as well,
+  from server/app.py).
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator, field_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator, field_validator,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
-from paged.core.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SEED_MAX, SEED_MIN
+from paged.core.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SEED_MAX, SEED_MIN, StructuredOutputsParams
+from paged.core.tools import Tool
 
 
 def random_id(prefix: str) -> str:
@@ -67,8 +74,7 @@ def _absent_or_empty(value) -> bool:
     return not value
 
 
-_STRUCTURED = "structured output is not supported yet"
-_TOOLS = "tools are not supported yet"
+_TOOLS = "the deprecated functions API is not supported: use tools"
 
 
 class _Request(BaseModel):
@@ -80,9 +86,55 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    name: str = Field(..., min_length=1, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema", description="the JSON schema; absent: any JSON")
+    strict: Optional[bool] = None
+
+
 class ResponseFormat(_Request):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[dict[str, Any]] = None
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_for_json_schema(self):
+        if self.json_schema is None and self.type == "json_schema":
+            raise _expected('a json_schema object ({"name": ..., "schema": {...}}) with type "json_schema"')
+        return self
+
+    def constraint(self) -> Optional[StructuredOutputsParams]:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            schema = self.json_schema.schema_
+            return StructuredOutputsParams(json=schema if schema is not None else {})
+        return None
+
+
+SchemaValue = Annotated[Union[dict[str, Any], str], expect("a JSON schema (an object, or its JSON text)")]
+Choices = Annotated[list[str], Field(min_length=1)]
+
+
+class StructuredOutputs(_Request):
+    """vLLM's structured_outputs object: exactly one constraint."""
+
+    json_: Optional[SchemaValue] = Field(None, alias="json")
+    regex: Optional[str] = Field(None, min_length=1)
+    choice: Optional[Choices] = None
+    grammar: Optional[str] = Field(None, min_length=1)
+    json_object: Optional[bool] = None
+    # accepted, change nothing: one backend (no fallback), JSON never has free whitespace
+    disable_fallback: Optional[bool] = None
+    disable_any_whitespace: Optional[bool] = None
+    disable_additional_properties: Annotated[Optional[bool], only_if(_absent_or_empty, "false (not supported)")] \
+        = None
+    whitespace_pattern: Annotated[Optional[Any], only_if(_absent, "null (not supported)")] = None
+    structural_tag: Annotated[Optional[Any], only_if(_absent, "null (not supported)")] = None
+
+    def constraint(self) -> StructuredOutputsParams:
+        return StructuredOutputsParams(json=self.json_, regex=self.regex, choice=self.choice,
+                                       grammar=self.grammar, json_object=self.json_object or None)
 
 
 Stop = Annotated[Optional[Union[str, list[str]]], expect("a string or a list of strings"),
@@ -105,8 +157,7 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
-    response_format: Annotated[Optional[ResponseFormat], only_if(
-        lambda v: v is None or v.type == "text", f'null or {{"type": "text"}} ({_STRUCTURED})')] = None
+    response_format: Optional[ResponseFormat] = None
     # vLLM extensions
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
@@ -116,11 +167,12 @@ class SamplingFields(_Request):
     stop_token_ids: Optional[list[Annotated[int, Field(ge=0)]]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    guided_json: Annotated[Optional[Any], only_if(_absent, f"null ({_STRUCTURED})")] = None
-    guided_regex: Annotated[Optional[Any], only_if(_absent, f"null ({_STRUCTURED})")] = None
-    guided_choice: Annotated[Optional[Any], only_if(_absent, f"null ({_STRUCTURED})")] = None
-    guided_grammar: Annotated[Optional[Any], only_if(_absent, f"null ({_STRUCTURED})")] = None
-    structured_outputs: Annotated[Optional[Any], only_if(_absent, f"null ({_STRUCTURED})")] = None
+    structured_outputs: Optional[StructuredOutputs] = None
+    # vLLM's older names for structured_outputs' fields
+    guided_json: Optional[SchemaValue] = None
+    guided_regex: Optional[str] = Field(None, min_length=1)
+    guided_choice: Optional[Choices] = None
+    guided_grammar: Optional[str] = Field(None, min_length=1)
     use_beam_search: Annotated[Optional[bool], only_if(_absent_or_empty, "false (no beam search)")] = None
     prompt_logprobs: Annotated[Optional[Any], only_if(_absent, "null (prompt logprobs are not returned)")] = None
 
@@ -139,6 +191,28 @@ class SamplingFields(_Request):
 
     def logit_bias_ids(self) -> Optional[dict[int, float]]:
         return None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()}
+
+    def constraints(self) -> list[tuple[str, StructuredOutputsParams]]:
+        """(field, constraint) for every field that constrains the output;
+        raises ValueError (naming the field) for a malformed one."""
+        found = []
+        for name, make in (("response_format", lambda v: v.constraint()),
+                           ("structured_outputs", lambda v: v.constraint()),
+                           ("guided_json", lambda v: StructuredOutputsParams(json=v)),
+                           ("guided_regex", lambda v: StructuredOutputsParams(regex=v)),
+                           ("guided_choice", lambda v: StructuredOutputsParams(choice=v)),
+                           ("guided_grammar", lambda v: StructuredOutputsParams(grammar=v))):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                constraint = make(value)
+            except ValueError as exc:  # name the request's field, not SamplingParams'
+                where, _, problem = str(exc).partition(": ")
+                raise ValueError(f"{where if name == 'structured_outputs' else name}: {problem}") from None
+            if constraint is not None:
+                found.append((name, constraint))
+        return found
 
 
 PromptType = Annotated[Union[str, list[str], list[int], list[list[int]]],
@@ -184,6 +258,54 @@ class TextPart(_Request):
     text: str
 
 
+_FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _function_name(name: str) -> str:
+    if not _FUNCTION_NAME.fullmatch(name):
+        raise _expected("a name of 1 to 64 letters, digits, '_' or '-'")
+    return name
+
+
+FunctionName = Annotated[str, AfterValidator(_function_name)]
+
+
+class FunctionDefinition(_Request):
+    name: FunctionName
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = Field(None, description="a JSON schema; absent: no parameters")
+    strict: Optional[bool] = None
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def tool(self) -> Tool:
+        fn = self.function
+        return Tool(fn.name, fn.description) if fn.parameters is None else Tool(fn.name, fn.description, fn.parameters)
+
+
+class FunctionChoice(_Request):
+    name: FunctionName
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: FunctionChoice
+
+
+class FunctionCall(_Request):
+    name: str
+    arguments: str = Field(..., description="the arguments as JSON text")
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Annotated[Optional[Union[str, list[TextPart]]],
@@ -191,7 +313,7 @@ class ChatMessage(_Request):
                               "(only text is supported)")] = None
     name: Optional[str] = None
     tool_call_id: Optional[str] = None
-    tool_calls: Annotated[Optional[list[Any]], only_if(_absent_or_empty, f"no tool_calls ({_TOOLS})")] = None
+    tool_calls: Optional[list[ToolCall]] = None
     function_call: Annotated[Optional[Any], only_if(_absent, f"null ({_TOOLS})")] = None
 
     def text(self) -> str:
@@ -200,9 +322,15 @@ class ChatMessage(_Request):
             return self.content or ""
         return "".join(part.text for part in self.content)
 
-    def for_template(self) -> dict[str, str]:
-        msg = {"role": self.role, "content": self.text()}
-        return {**msg, "name": self.name} if self.name is not None else msg
+    def for_template(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            msg["name"] = self.name
+        if self.tool_call_id is not None:
+            msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            msg["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        return msg
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -212,8 +340,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
-    tools: Annotated[Optional[list[dict[str, Any]]], only_if(_absent_or_empty, f"no tools ({_TOOLS})")] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    tools: Optional[list[ToolDefinition]] = None
+    tool_choice: Annotated[Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]],
+                           expect('"none", "auto", "required" or {"type": "function", "function": {"name": ...}}')] \
+        = None
     parallel_tool_calls: Optional[bool] = None
     functions: Annotated[Optional[list[Any]], only_if(_absent_or_empty, f"no functions ({_TOOLS})")] = None
     function_call: Annotated[Optional[Any], only_if(lambda v: v in (None, "none"), f'null or "none" ({_TOOLS})')] \
@@ -228,10 +358,32 @@ class ChatCompletionRequest(SamplingFields):
 
     @field_validator("tool_choice")
     @classmethod
-    def _tool_choice_no_op(cls, choice, info):
-        if choice is None or choice == "none" or (choice == "auto" and not info.data.get("tools")):
-            return choice
-        raise _expected(f'null, "none", or "auto" without tools ({_TOOLS})')
+    def _tool_choice_has_tools(cls, choice, info):
+        names = [t.function.name for t in info.data.get("tools") or ()]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise _expected(f"the name of a function in tools ({', '.join(names) or 'none given'})")
+        if choice == "required" and not names:
+            raise _expected('"none" or "auto" without tools')
+        return choice
+
+    def tool_list(self) -> list[Tool]:
+        return [t.tool() for t in self.tools or ()]
+
+    def forced_tools(self) -> list[Tool]:
+        """The tools a call must go to: all of them for "required", the named
+        one; none otherwise."""
+        mode = self.tool_mode()
+        if mode == "named":
+            return [t for t in self.tool_list() if t.name == self.tool_choice.function.name]
+        return self.tool_list() if mode == "required" else []
+
+    def tool_mode(self) -> str:
+        """"none" (no tools in play), "auto", "required" or "named"."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     def effective_max_tokens(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
