@@ -6,10 +6,13 @@ grammar allows.
 
 One pass for the batch: llguidance fills a packed bitmask (one bit per token,
 int32 words) for every constrained row at once on its own thread pool
-(releasing the GIL), and one masked_fill applies it to the logits. The
-bitmask is unpacked with torch ops, so it runs wherever the logits live:
-nothing here names a device. Cost at 16 JSON rows, vocab 49152, two cores:
-the fill ~0.03 ms, the unpack and fill ~1 ms (benchmarks/structured_outputs.py).
+(releasing the GIL), and one addition applies it to the logits: each mask
+byte looks up its 8 penalties (0 or -inf) in a 256 x 8 table (an embedding
+lookup), so no per-bit shifting. At 16 rows x 49152 tokens on one Zen 4
+core the apply takes 0.4 ms against 3.9 ms for shifting each bit out and
+a masked_fill; the llguidance fill ~0.03 ms (benchmarks/structured_outputs.py).
+Plain torch ops wherever the logits live: nothing here names a device.
+Byte b of a little-endian int32 word holds tokens 8b..8b+7 of that word.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import llguidance
 import torch
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+# row b: the penalty of each of the 8 tokens of a mask byte of value b
+_PENALTY = torch.tensor([[0.0 if (b >> i) & 1 else float("-inf") for i in range(8)] for b in range(256)])
 
 
 class GrammarMasker:
@@ -39,13 +43,13 @@ class GrammarMasker:
         """Sets the disallowed tokens of logits[rows] to -inf, in place;
         returns the bitmask (row i for rows[i], on the CPU)."""
         cpu_mask = self.bitmask(matchers)
-        mask = cpu_mask.to(logits.device)
-        vocab = logits.shape[1]
-        allowed = ((mask.unsqueeze(-1) >> _SHIFTS.to(logits.device)) & 1).view(len(rows), -1)[:, :vocab]
+        mask_bytes = cpu_mask.view(torch.uint8).to(device=logits.device, dtype=torch.int64)
+        table = _PENALTY.to(device=logits.device, dtype=logits.dtype)
+        penalty = torch.nn.functional.embedding(mask_bytes, table).view(len(rows), -1)[:, :logits.shape[1]]
         if len(rows) == logits.shape[0]:  # every row constrained: no gather / scatter
-            logits.masked_fill_(allowed == 0, float("-inf"))
+            logits += penalty
         else:
-            logits[rows] = logits[rows].masked_fill(allowed == 0, float("-inf"))
+            logits[rows] = logits[rows] + penalty
         return cpu_mask
 
 
