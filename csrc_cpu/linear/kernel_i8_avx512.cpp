@@ -18,9 +18,10 @@
 //    output vector a convert, a multiply and an fma (two for q4_1), ~25% of
 //    the time at M=256 (measured by leaving them out). Tiles of 6 rows were
 //    slower (3434 vs 3187 us), as were passes over 16 blocks of K at a time.
-// While an item's rows are read, the same lines of the next item (the
-// thread's next, under the static schedule) are prefetched: at decode the
-// weight streams from DRAM (1 thread, 30 rotating 3072 x 576: 362 -> 259 us).
+// While an item's rows are read, the same lines two items on (the thread's,
+// under the static schedule) are prefetched into L2: at decode the weight
+// streams from DRAM (1 thread, 30 rotating 3072 x 576, M=1: 362 us without,
+// 108 us with).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -55,6 +56,7 @@ constexpr int kTileRows = 4;                  // x rows per register tile
 // 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other way).
 constexpr int kDirectRows = 8;
 static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
+constexpr int64_t kAhead = 2 * kI8ChunkRows;  // weight rows between a line read and its prefetch
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
 PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
@@ -81,23 +83,25 @@ PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
   for (int i = 0; i < 16; ++i) v[i] = t[i];
 }
 
-// Prefetches the line `ahead` bytes past p, computed as an integer: the
-// address may lie past the weight (a prefetch never faults).
+// Prefetches into L2 the line `ahead` bytes past p, computed as an integer:
+// the address may lie past the weight (a prefetch never faults). Into L1 the
+// prefetches held up the loads (1 thread, 30 rotating 3072 x 576, M=1: 151 us
+// to L1, 108 us to L2, 2 items ahead; M=16 353 vs 288 us).
 PAGED_VNNI512_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T1);
 }
 
 // v[i] = the 64 bytes at `offset` of row i (stride bytes apart), `dwords` of
 // them (the rest zero), for i < rows; zero beyond. Each line read is also
-// prefetched kPanel rows further on: the same bytes of the thread's next work
-// item (static schedule: a thread's items are consecutive), which streams
-// from DRAM at decode.
+// prefetched kAhead rows further on: the same bytes of the thread's work item
+// after next (static schedule: a thread's items are consecutive), which
+// streams from DRAM at decode.
 PAGED_VNNI512_INLINE void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
                                     __m512i v[16]) {
   const auto mask = __mmask16(dwords >= 16 ? 0xFFFF : (1u << dwords) - 1);
   const uint8_t* p = base + offset;
   for (int i = 0; i < 16; ++i, p += stride) {
-    prefetch_ahead(p, kPanel * stride);
+    prefetch_ahead(p, kAhead * stride);
     v[i] = _mm512_maskz_loadu_epi32(i < rows ? mask : 0, p);
   }
 }
@@ -116,7 +120,7 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
   for (; b < nb; ++b)
     for (int i = 0; i < kLanes; ++i) dst[b * kPanel + c * kLanes + i] = i < rows ? src[(n0 + i) * nb + b] : 0.f;
   if (nb < 16)  // else their lines were prefetched with the transposed blocks'
-    for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kPanel * nb * 4);
+    for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kAhead * nb * 4);
 }
 
 // Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
