@@ -39,13 +39,12 @@ from paged.core.async_engine import AsyncEngine, EngineShutdownError, QueueFullE
 from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
 from paged.core.server import protocol as P
 from paged.core.server.body import decode, read_body
-from paged.core.server.errors import APIError, api_error_from, bad_request, expected, install_handlers
+from paged.core.server.errors import APIError, api_error_from, bad_request, expected, install_handlers, param_named_in
 from paged.core.server.metrics import ServerMetrics
 from paged.core.server.openapi import ERROR_RESPONSES, add_schema_routes
-from paged.core.structured.compiler import GrammarError
-from paged.core.tool_parser import ToolCallStream, call_id, parse_tool_calls
-from paged.core.tools import Tool, forced_call_grammar, template_renders_tools
-from paged.core.tools import fallback_messages, native_messages
+from paged.core.server.structured import chat_delta, chat_message, request_constraint
+from paged.core.tool_parser import ToolCallStream
+from paged.core.tools import Tool, fallback_messages, native_messages, template_renders_tools
 
 #: tokenizer threads: enough that one long prompt does not hold up the rest,
 #: few enough not to crowd the engine's cores
@@ -62,11 +61,6 @@ class ServerConfig:
     model_root: str = ""  # where the model lives: logged by the CLI, never published
     # how often a non-streaming request checks that its client is still there
     disconnect_poll_s: float = 0.2
-
-
-def _param_named_in(message: str, model: type) -> Optional[str]:
-    name = message.partition(":")[0].partition(".")[0].partition("[")[0]
-    return name if name in model.model_fields else None
 
 
 class OpenAIServer:
@@ -186,45 +180,13 @@ class OpenAIServer:
             )
             params.validate_for_vocab(self.config.vocab_size)
         except ValueError as exc:
-            raise bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
+            raise bad_request(str(exc), param_named_in(str(exc), type(req))) from None
         return params
 
-    # -- structured output -------------------------------------------------------
-    async def constraint(self, req: P.SamplingFields, tools: tuple = ()) -> Optional[StructuredOutputsParams]:
-        """The request's one constraint, compiled (a 400 naming the field when
-        it is malformed, does not compile, or comes with another). `tools`:
-        (tools, parallel) when tool_choice forces a call."""
-        try:
-            found = req.constraints()
-        except ValueError as exc:
-            raise bad_request(str(exc), _param_named_in(str(exc), type(req))) from None
-        if tools:
-            found.append(("tool_choice", await self.forced_call(*tools)))
-        if len(found) > 1:
-            names = ", ".join(name for name, _ in found)
-            raise expected(found[1][0], "one output constraint per request", names, found[1][0])
-        if not found:
-            return None
-        param, constraint = found[0]
-        await self.compile(constraint, param)
-        return constraint
-
-    async def compile(self, constraint: StructuredOutputsParams, param: str) -> None:
-        """Compiles on the engine's grammar thread (cached there: the engine
-        then finds it compiled and admits the request at once)."""
-        compiler = self.aengine.engine.grammars.compiler
-        try:
-            await asyncio.wrap_future(compiler.submit(constraint, param))
-        except GrammarError as exc:
-            raise bad_request(str(exc), param.partition(".")[0].partition("[")[0]) from None
-
-    async def forced_call(self, tools: list[Tool], parallel: bool) -> StructuredOutputsParams:
-        """tool_choice "required" or a named function: the output is Hermes
-        calls whose arguments follow each tool's schema (checked one by one
-        first, so a bad schema is named)."""
-        for i, tool in enumerate(tools):
-            await self.compile(StructuredOutputsParams(json=tool.parameters), f"tools[{i}].function.parameters")
-        return StructuredOutputsParams(grammar=forced_call_grammar(tools, parallel))
+    def grammar_compiler(self):
+        """The engine's (compiling here, before submitting, puts the result in
+        the cache the engine admits requests from)."""
+        return self.aengine.engine.grammars.compiler
 
     def submit(self, requests):
         try:
@@ -271,7 +233,7 @@ class OpenAIServer:
         ids = await self.off_loop(lambda: [self.prompt_ids(p) for p in prompts])
         texts = [p if isinstance(p, str) else None for p in prompts]
         base = P.random_id("cmpl")
-        constraint = await self.constraint(req)
+        constraint = await request_constraint(self.grammar_compiler(), req)
         requests = []
         for i, tok in enumerate(ids):
             max_tokens = self.max_tokens_for(len(tok), req.max_tokens, "max_tokens")
@@ -381,7 +343,7 @@ class OpenAIServer:
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         forced = req.forced_tools()  # a named function is called once; "required" may call several
         parallel = mode == "required" and req.parallel_tool_calls is not False
-        constraint = await self.constraint(req, (forced, parallel) if forced else ())
+        constraint = await request_constraint(self.grammar_compiler(), req, forced, parallel)
         rid = P.random_id("chatcmpl")
         group = self.submit([(rid, ids, self.sampling_params(req, max_tokens, logprobs, constraint))])
         names = {t.name for t in tools} if mode != "none" else None
@@ -390,7 +352,7 @@ class OpenAIServer:
         final = (await self.collect(request, group))[rid]
         choices = []
         for o in final.outputs:
-            message, finish = self.chat_message(o, names)
+            message, finish = chat_message(o, names)
             choices.append({
                 "index": o.index,
                 "message": message,
@@ -402,20 +364,6 @@ class OpenAIServer:
         n_out = sum(len(o.token_ids) for o in final.outputs)
         return {"id": rid, "object": "chat.completion", "created": P.now(), "model": self.config.model_name,
                 "choices": choices, "usage": P.usage(len(final.prompt_token_ids), n_out)}
-
-    @staticmethod
-    def chat_message(o, names: Optional[set[str]]) -> tuple[dict, Optional[str]]:
-        """The assistant message and finish_reason of one choice; with tools
-        in play, the calls parsed out of the text ("tool_calls" when any)."""
-        if names is None:
-            return {"role": "assistant", "content": o.text}, o.finish_reason
-        parsed = parse_tool_calls(o.text, names, final=True)
-        if not parsed.calls:
-            return {"role": "assistant", "content": parsed.content}, o.finish_reason
-        calls = [{"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                 for c in parsed.calls]
-        finish = "tool_calls" if o.finish_reason == "stop" else o.finish_reason
-        return {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}, finish
 
     def chat_logprobs(self, token_ids, logprobs, start: int, top: int) -> list[dict]:
         content = []
@@ -442,7 +390,7 @@ class OpenAIServer:
         async for out in group:
             for o in out.outputs:
                 start_text, start_tok = sent_text.get(o.index, 0), sent_tokens.get(o.index, 0)
-                delta, finish = self.chat_delta(o, start_text, streams[o.index] if streams else None)
+                delta, finish = chat_delta(o, start_text, streams[o.index] if streams else None)
                 if not delta and o.finish_reason is None:
                     continue
                 sent_text[o.index], sent_tokens[o.index] = len(o.text), len(o.token_ids)
@@ -457,18 +405,6 @@ class OpenAIServer:
                 n_out = sum(len(o.token_ids) for o in out.outputs)
         if req.stream_options and req.stream_options.include_usage:
             yield {**head, "choices": [], "usage": P.usage(n_prompt, n_out)}
-
-    @staticmethod
-    def chat_delta(o, start_text: int, stream: Optional[ToolCallStream]) -> tuple[dict, Optional[str]]:
-        """One choice's delta since `start_text` and its finish_reason; with
-        tools in play, content and tool_call deltas from the parse."""
-        if stream is None:
-            text = o.text[start_text:]
-            return ({"content": text} if text else {}), o.finish_reason
-        content, calls = stream.update(o.text, final=o.finish_reason is not None)
-        delta = ({"content": content} if content else {}) | ({"tool_calls": calls} if calls else {})
-        finish = "tool_calls" if o.finish_reason == "stop" and stream.num_calls else o.finish_reason
-        return delta, finish
 
     # -- streaming ---------------------------------------------------------
     def sse(self, chunks, group) -> StreamingResponse:

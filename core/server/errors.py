@@ -73,6 +73,13 @@ def _one(err: dict) -> str:
     return f"{where}: expected {what}, got {short_repr(err.get('input'))}"
 
 
+def param_named_in(message: str, model: type) -> Optional[str]:
+    """The request field an error message starts with ('guided_json: ...',
+    'tools[0].function.name: ...'), when the model has it."""
+    name = message.partition(":")[0].partition(".")[0].partition("[")[0]
+    return name if name in model.model_fields else None
+
+
 def from_validation(exc: ValidationError) -> APIError:
     """pydantic's errors as one line naming the fields (param: the first)."""
     errors = exc.errors()
