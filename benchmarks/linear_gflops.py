@@ -13,7 +13,9 @@ o_proj 576x576, gate_up 3072x576, down 576x1536, plus the q8_0 lm_head
   fp32     torch.matmul(x, W.T)
 
 Up to M = 16 each layer has its own weights (cycled), so weights stream from
-DRAM as in decoding; above, one weight per shape (compute-bound). GFLOP/s =
+DRAM as in decoding; above, one weight per shape (compute-bound). The four
+paths are timed in alternating rounds (best round each), so a ratio within a
+row holds even while other processes load the machine. GFLOP/s =
 2 * M * (weights of a step) / time. The peak printed is cores x GHz x int8
 MACs per cycle x 2, with the assumptions printed beside it.
 
@@ -25,11 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import time
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from timing import best_time
 
 from paged import _C_cpu as C
 from paged.backends.cpu import quant_linear as packed_linear
@@ -96,7 +98,23 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
         "bf16": lambda: [torch.matmul(x_bf16, w.T) for w in dense_bf16],
         "fp32": lambda: [torch.matmul(x, w.T) for w in dense],
     }
-    return {path: best_time(fn, min_time) / copies for path, fn in calls.items()}
+    return {path: t / copies for path, t in interleaved_best(calls, min_time).items()}
+
+
+def interleaved_best(calls: dict, min_time: float, min_rounds: int = 3) -> dict:
+    """Best seconds per call of each function, timed in alternating rounds
+    (one call of each per round) so that other processes' load, which comes
+    and goes on a shared machine, falls on all of them alike."""
+    for fn in calls.values():  # warm-up
+        fn()
+    times = {name: [] for name in calls}
+    start = time.perf_counter()
+    while len(times[next(iter(calls))]) < min_rounds or time.perf_counter() - start < min_time * len(calls):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(ts) for name, ts in times.items()}
 
 
 def main() -> None:

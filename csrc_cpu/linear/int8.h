@@ -28,8 +28,8 @@
 // The SIMD builds multiply unsigned weight codes by the signed x codes
 // (vpdpbusd, vpmaddubsw): u = q (4-bit) or q8 + 128, so isum = sum u * xq +
 // corr with corr[r,b] = -off * sum_k xq (off 8 for q4_0, 128 for q8_0, 0 for
-// q4_1), computed once per call here and used as the int32 accumulator's
-// starting value.
+// q4_1), computed with the quantization, once per call, and used as the int32
+// accumulator's starting value.
 #pragma once
 
 #include <cstdint>

@@ -167,9 +167,12 @@ IsaSelector<Kernels>& selector() {
   return s;
 }
 
-// The int8 path: each row of x quantized (int8.h), then the weight rows in
-// chunks of kI8ChunkRows split over the threads (static: contiguous chunks per
-// thread), each thread building its panels in its own scratch.
+// The int8 path: the rows of x quantized (int8.h; split over the threads by
+// rows), then the weight rows in chunks of kI8ChunkRows split over the
+// threads (static: a thread's chunks are consecutive, which the kernels'
+// prefetch of the chunk after next relies on), each thread building its
+// panels in its own scratch. Splitting N only: every model matrix has >= 18
+// chunks, enough for the threads, and no panel is built twice.
 void int8_linear(LinearArgs& a) {
   const int64_t M = a.M, K = a.K, nb = a.blocks();
   std::vector<int8_t> codes(size_t(M * K));
