@@ -44,15 +44,16 @@ def resolve_platform(device: str):
     return platform
 
 
-def describe_weights(weights: dict, path: str, packed: bool) -> str:
-    """e.g. "GGUF q4_1+q8_0 packed, f32 norms": the file format and what the
-    matrices are kept as."""
+def describe_weights(weights: dict, path: str, activations: str | None) -> str:
+    """e.g. "GGUF q4_1+q8_0 packed (float32 activations), float32 dense":
+    the file format, what the matrices are kept as and what they multiply."""
     from paged.core.loaders.packed import PackedBlocks
 
     quant = sorted({w.kernel_type for w in weights.values() if isinstance(w, PackedBlocks)})
     dense = sorted({str(w.dtype).removeprefix("torch.") for w in weights.values() if isinstance(w, torch.Tensor)})
     fmt = "GGUF" if path.endswith(".gguf") else "safetensors"
-    parts = [f"{'+'.join(quant)} {'packed' if packed else 'dequantized'}"] if quant else []
+    kept = f"packed ({activations} activations)" if activations else "dequantized"
+    parts = [f"{'+'.join(quant)} {kept}"] if quant else []
     parts += [f"{'+'.join(dense)} dense"] if dense else []
     return f"{fmt} {', '.join(parts)}"
 
@@ -84,7 +85,13 @@ class Engine:
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
-        packed_linear = self.platform.packed_linear_cls() if config.quantized_weights else None
+        packed_linear = self.platform.packed_linear_cls(config.linear_activations) \
+            if config.quantized_weights else None
+        self.linear_activations = self.platform.linear_activations(config.linear_activations) \
+            if packed_linear is not None else None
+        if config.linear_activations != "auto" and self.linear_activations is None:
+            raise ValueError(f"--linear-activations {config.linear_activations}: {self.platform.name} runs no "
+                             "packed-weight linears here (quantized weights are dequantized to --dtype)")
         loaded = load_model_files(str(path), self.dtype, keep_packed=packed_linear is not None)
         self.model_path = str(path)
         self.model_config = mc = loaded.config
@@ -98,7 +105,7 @@ class Engine:
             backend_cls = self.platform.attention_backend_cls()
         self.attn_backend = backend_cls(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.block_size,
                                         self.dtype, self.device, sliding_window=mc.sliding_window)
-        self.weight_format = describe_weights(loaded.weights, self.model_path, packed_linear is not None)
+        self.weight_format = describe_weights(loaded.weights, self.model_path, self.linear_activations)
         model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend, packed_linear)
         del loaded
 

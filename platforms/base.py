@@ -119,10 +119,17 @@ class Platform(abc.ABC):
         """The compiled ops module (e.g. paged._C_cpu), or None."""
         return None
 
-    def packed_linear_cls(self):
-        """A class wrapping a loader's PackedBlocks (GGUF Q4_0/Q4_1/Q8_0) as a
-        weight with ``linear(x, bias)``, or None when this platform has no
-        kernels for packed weights (they are then dequantized at load)."""
+    def packed_linear_cls(self, activations: str = "auto"):
+        """A callable wrapping a loader's PackedBlocks (GGUF Q4_0/Q4_1/Q8_0)
+        as a weight with ``linear(x, bias)`` whose activations are
+        ``activations`` (--linear-activations: auto picks the platform's
+        choice), or None when this platform has no kernels for packed weights
+        (they are then dequantized at load)."""
+        return None
+
+    def linear_activations(self, setting: str = "auto") -> str | None:
+        """What --linear-activations ``setting`` runs here ("float32",
+        "int8"), or None without packed-weight kernels."""
         return None
 
     def block_pool_cls(self):

@@ -7,6 +7,7 @@ topology (platforms/topology.py). See docs/platforms.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -202,10 +203,18 @@ class CpuPlatform(Platform):
         return f"{threads}; kernels: {builds}" + (f" (PAGED_CPU_HIDE hides {', '.join(hidden)})" if hidden else "")
 
     # -- kernels -----------------------------------------------------------
-    def packed_linear_cls(self):
+    def packed_linear_cls(self, activations: str = "auto"):
         from paged.backends.cpu import quant_linear
 
-        return quant_linear.CpuPackedLinear if quant_linear.available() else None
+        if not quant_linear.available():
+            return None
+        return functools.partial(quant_linear.CpuPackedLinear, activations=self.linear_activations(activations))
+
+    def linear_activations(self, setting: str = "auto") -> str | None:
+        """auto = float32 (docs/kernels.md, "Choosing the CPU path")."""
+        from paged.backends.cpu import quant_linear
+
+        return quant_linear.resolve_activations(setting) if quant_linear.available() else None
 
     def attention_backend_cls(self):
         from paged.backends.cpu import CpuBackend
