@@ -13,9 +13,9 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 from paged.platforms.base import Availability, MemoryInfo, Platform, PlatformUnavailable  # noqa: E402
 from paged.platforms.registry import (  # noqa: E402
-    AUTO_ORDER,
-    BUILTIN_PLATFORMS,
     ENTRY_POINT_GROUP,
+    auto_order,
+    builtin_names,
     current_platform,
     get_platform,
     list_platforms,
@@ -24,7 +24,7 @@ from paged.platforms.registry import (  # noqa: E402
 )
 
 __all__ = [
-    "AUTO_ORDER", "Availability", "BUILTIN_PLATFORMS", "ENTRY_POINT_GROUP", "MemoryInfo", "Platform",
-    "PlatformUnavailable", "current_platform", "get_platform", "list_platforms", "load_platform_class",
+    "Availability", "ENTRY_POINT_GROUP", "MemoryInfo", "Platform", "PlatformUnavailable", "auto_order",
+    "builtin_names", "current_platform", "get_platform", "list_platforms", "load_platform_class",
     "set_current_platform",
 ]

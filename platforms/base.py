@@ -42,6 +42,9 @@ class Platform(abc.ABC):
     dist_backend: str = "gloo"
     #: default KV block size in tokens
     default_block_size: int = 16
+    #: built-ins only: "auto" tries the highest first (cuda 30 > npu 20 > cpu 10);
+    #: 0 = used only when named (every plugin: auto never picks a third party)
+    auto_priority: int = 0
 
     # -- detection ---------------------------------------------------------
     @abc.abstractmethod

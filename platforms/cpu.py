@@ -62,6 +62,7 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
+    auto_priority = 10
     # Decode attention streams each block's K and V rows of one head as one
     # contiguous run; at 16 tokens that run is 2 KB (bf16, head 64), too
     # short for the hardware prefetcher. 128 streams ~15-25% faster at long

@@ -57,6 +57,7 @@ class CudaPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
+    auto_priority = 30
     default_block_size = 16
 
     def __init__(self) -> None:

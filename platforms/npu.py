@@ -47,6 +47,7 @@ class NpuPlatform(Platform):
     name = "npu"
     device_type = "npu"
     dist_backend = "hccl"
+    auto_priority = 20
     # npu_fused_infer_attention_score needs a multiple of 128 for paged
     # prefill (and prefix caching hits), so 128 is the only safe default.
     default_block_size = 128

@@ -79,7 +79,8 @@ def test_cpu_builtin():
 def test_auto_picks_first_available_in_order():
     chosen = platforms.get_platform("auto")
     expected = None
-    for name in platforms.AUTO_ORDER:  # the oracle: walk the order by hand
+    assert platforms.auto_order() == ["cuda", "npu", "cpu"]  # from each class's auto_priority
+    for name in platforms.auto_order():  # the oracle: walk the order by hand
         cls = platforms.list_platforms()[name]
         if isinstance(cls, type) and cls().is_available().ok:
             expected = name
@@ -110,8 +111,25 @@ def test_unavailable_platform_is_one_line(plugin, name, message):
     assert "\n" not in str(info.value)
 
 
+def test_builtins_are_entry_points_of_paged_itself():
+    """No central list: cpu, cuda and npu come from paged's own entry points,
+    as a plugin's do (pyproject.toml)."""
+    from importlib import metadata
+
+    eps = {ep.name: ep.value for ep in metadata.entry_points(group=platforms.ENTRY_POINT_GROUP)
+           if ep.dist is not None and ep.dist.metadata["Name"] == "paged"}
+    assert eps == {"cpu": "paged.platforms.cpu:CpuPlatform", "cuda": "paged.platforms.cuda:CudaPlatform",
+                   "npu": "paged.platforms.npu:NpuPlatform"}
+    assert platforms.builtin_names() == ["cpu", "cuda", "npu"]
+    assert not hasattr(registry, "BUILTIN_PLATFORMS")
+
+
 def test_missing_builtin_module_is_one_line(monkeypatch):
-    monkeypatch.setitem(registry.BUILTIN_PLATFORMS, "cuda", "paged.platforms.no_such_module:CudaPlatform")
+    real = registry.registered()
+    ep = real["cuda"].entry_point
+    broken = registry.Registered("cuda", "paged.platforms.no_such_module:CudaPlatform", True,
+                                 type(ep)("cuda", "paged.platforms.no_such_module:CudaPlatform", ep.group))
+    monkeypatch.setattr(registry, "registered", lambda: {**real, "cuda": broken})
     with pytest.raises(PlatformUnavailable, match=r"^platform 'cuda' is not part of this build") as info:
         platforms.get_platform("cuda")
     assert "\n" not in str(info.value)
