@@ -1,0 +1,54 @@
+"""The batch-invariance guarantee of each CPU compute path, exactly as
+docs/kernels.md ("Batch invariance, per path") states it:
+
+- int8 linear activations: a sequence's logits are bitwise the same alone
+  and batched with others (any row count per call, chunked or whole prefill);
+  checked here through the logprobs of every generated token.
+- float32 activations (the default): equal greedy tokens alone and batched
+  (tests/test_engine.py and tests/test_server.py check it under batching,
+  chunked prefill and preemption); logits agree to float32 rounding only,
+  because a row's linear arithmetic depends on its call's row count.
+
+Oracle: the same engine running each prompt alone.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from paged.core.engine import Engine
+from paged.core.engine_config import EngineConfig
+from paged.core.llm import LLM
+from paged.core.sampling_params import SamplingParams
+
+PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "List three colors:",
+           "1, 2, 3, 4,", "The quick brown fox", "Water boils at", "In 1492, Columbus",
+           "A long prompt that spans more than one small prefill chunk so that batching splits it "
+           "differently from running it alone: " + "words and more words " * 12]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=3)
+
+
+def run(llm, prompts):
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, PARAMS)]
+
+
+@pytest.fixture(scope="module")
+def int8_llm(default_model_path, isa_level):
+    engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
+                                 linear_activations="int8", max_model_len=512, max_num_seqs=16,
+                                 max_num_batched_tokens=48, max_prefill_tokens_with_decodes=16,
+                                 kv_cache_memory="128MiB", block_size=16,
+                                 cpu_threads_bind=str(min(os.sched_getaffinity(0)))))
+    assert engine.linear_activations == "int8"
+    return LLM.from_engine(engine)
+
+
+def test_int8_logprobs_bitwise_alone_and_batched(int8_llm):
+    alone = [run(int8_llm, [p])[0] for p in PROMPTS]
+    batched = run(int8_llm, PROMPTS * 2)
+    for i, (tokens, logprobs) in enumerate(batched):
+        want_tokens, want_logprobs = alone[i % len(PROMPTS)]
+        assert tokens == want_tokens, f"prompt {i}"
+        assert logprobs == want_logprobs, f"prompt {i}: logprobs differ from the run alone"
