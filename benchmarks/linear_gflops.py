@@ -151,8 +151,9 @@ def main() -> None:
               + f" | {ms['bf16'] / ms['int8']:9.2f} {ms['float32'] / ms['int8']:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"isa": isa, "threads": args.threads, "ghz": ghz, "peak_GOPs": peak, "peak_assumption": assumption,
-                       "dense_rows": packed_linear.DENSE_ROWS, "rows": table}, f, indent=1)
+            json.dump({"isa": isa, "threads": args.threads, "ghz": ghz, "peak_GOPs": peak,
+                       "peak_assumption": assumption, "dense_rows": packed_linear.DENSE_ROWS, "rows": table},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
