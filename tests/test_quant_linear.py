@@ -8,7 +8,8 @@ for real blocks, and in float64 x @ W^T: for the int16 path within the error
 bound of the two-term activations plus fp32 rounding, and an independent torch
 emulation of that quantization times W^T within fp32 rounding; for the fp32
 path within fp32 rounding of |x| @ |W|. Bitwise invariance (threads, tilings,
-ISAs) holds within each path.
+ISAs) holds within each path. These are the activations="float32" paths; the
+int8-activation path is tested in test_quant_linear_int8.py.
 """
 
 from __future__ import annotations
