@@ -32,11 +32,12 @@ from timing import best_time
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.worker import prepare_model
 from paged.core.loaders import load_model_files
 from paged.core.model_files import default_model_path
 from paged.core.models import build_model
 from paged.core.models import llama
-from paged.core.models.layers import TorchLayerOps, layer_ops, linear
+from paged.core.models.layers import TorchLayerOps, linear
 from paged.platforms.cpu import CpuPlatform
 
 BLOCK = 16
@@ -158,10 +159,11 @@ def main(argv=None) -> int:
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype, "cpu",
                          sliding_window=c.sliding_window)
     model = build_model(c, loaded.weights, dtype, "cpu", backend, packed_linear)
+    prepare_model(model)  # the CPU worker's choice: fused layer ops, the stack where eligible
     # (layer ops, layer stack on): "stack" is the engine's default path (all
     # layers in one C++ call, so it has no matmul/attention split), "fused" the
     # same kernels called layer by layer from Python, "torch" torch's own ops.
-    fused = layer_ops("cpu", dtype)
+    fused = model.ops
     variants = {"fused": (fused, "0"), "torch": (TorchLayerOps(), "0")}
     if getattr(model, "layer_stack", None) is not None:
         variants = {"stack": (fused, "1"), **variants}

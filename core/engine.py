@@ -1,6 +1,6 @@
 """Engine: schedule -> run -> sample -> update, one step at a time.
 
-    engine = Engine(EngineConfig(...))   # loads the model, sizes the KV cache, warms up
+    engine = Engine(EngineConfig(...))   # the platform's Worker loads the model, sizes the KV cache, warms up
     engine.add_request("r1", "Hello", SamplingParams(max_tokens=8))
     while engine.has_unfinished_requests():
         for out in engine.step(): ...   # RequestOutput, cumulative text / token ids
@@ -18,7 +18,6 @@ from typing import Optional, Union
 import torch
 
 from .engine_config import EngineConfig
-from .model_runner import ModelRunner, size_kv_cache
 from .outputs import RequestOutput
 from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
@@ -73,25 +72,19 @@ class Engine:
         from paged.core.config import resolve_dtype
         from paged.core.kv_cache_manager import KVCacheManager
         from paged.core.loaders import load_model_files
-        from paged.core.models import build_model
+        from paged.core.model_files import resolve_model
 
         self.config = config = config or EngineConfig()
         self.platform = resolve_platform(config.device)
-        self.platform.init(threads_bind=config.cpu_threads_bind)
-        self.device = self.platform.torch_device()
+        # everything device-specific from here on is the worker's (core/worker.py)
+        self.worker = self.platform.worker_cls()(self.platform)
+        self.worker.init_device(threads_bind=config.cpu_threads_bind)
+        self.device = self.worker.device
         self.dtype = resolve_dtype(config.dtype, self.platform)
-
-        from paged.core.model_files import resolve_model
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
-        packed_linear = self.platform.packed_linear_cls(config.linear_activations) \
-            if config.quantized_weights else None
-        self.linear_activations = self.platform.linear_activations(config.linear_activations) \
-            if packed_linear is not None else None
-        if config.linear_activations != "auto" and self.linear_activations is None:
-            raise ValueError(f"--linear-activations {config.linear_activations}: {self.platform.name} runs no "
-                             "packed-weight linears here (quantized weights are dequantized to --dtype)")
+        packed_linear = self._packed_linear(config)
         loaded = load_model_files(str(path), self.dtype, keep_packed=packed_linear is not None)
         self.model_path = str(path)
         self.model_config = mc = loaded.config
@@ -99,42 +92,32 @@ class Engine:
         self.chat_template = loaded.chat_template
 
         self.block_size = config.block_size or self.platform.default_block_size
-        if config.attention_backend == "reference":
-            from paged.backends.reference import ReferenceBackend as backend_cls
-        else:
-            backend_cls = self.platform.attention_backend_cls()
-        self.attn_backend = backend_cls(mc.num_heads, mc.num_kv_heads, mc.head_dim, self.block_size,
-                                        self.dtype, self.device, sliding_window=mc.sliding_window)
         self.weight_format = describe_weights(loaded.weights, self.model_path, self.linear_activations)
-        model = build_model(mc, loaded.weights, self.dtype, self.device, self.attn_backend, packed_linear)
+        self.worker.load_model(mc, loaded.weights, self.dtype, self.block_size, packed_linear,
+                               self.platform.select_attention_backend(config.attention_backend))
+        self.attn_backend = self.worker.backend
         del loaded
 
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"--max-model-len {self.max_model_len} exceeds the model's context length "
                              f"({mc.max_position_embeddings})")
-        bytes_per_block = self.attn_backend.bytes_per_block(mc.num_layers)
-        if config.num_kv_blocks is not None:
-            num_blocks = config.num_kv_blocks
-        else:
-            budget = self.platform.kv_cache_budget_bytes(config.kv_cache_memory)
-            num_blocks = size_kv_cache(budget, bytes_per_block, self.block_size, self.max_model_len,
-                                       config.max_num_seqs)
+        num_blocks = config.num_kv_blocks or self.worker.determine_num_blocks(
+            config.kv_cache_memory, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens)
         # one sequence must always fit on its own, or preemption could not make progress
         self.max_model_len = min(self.max_model_len, num_blocks * self.block_size)
+        self.worker.init_kv_cache(num_blocks)
 
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
                                                pool_cls=self.platform.block_pool_cls())
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_waiting, config.enable_prefix_caching,
                                    config.max_prefill_tokens_with_decodes)
-        self.runner = ModelRunner(model, self.attn_backend, mc.num_layers, num_blocks, self.block_size,
-                                  self.device, self.kv_cache_manager)
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
         self.eos_token_id = mc.eos_token_id
         self.sampler = Sampler(sorted(self.stop_token_ids), config.seed)
         if config.warm_up:
-            self.runner.warm_up()
+            self.worker.warm_up()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_finished = 0
@@ -143,7 +126,24 @@ class Engine:
         log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %d blocks x %d "
                  "tokens (%.2f GiB)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
                  str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format, num_blocks,
-                 self.block_size, num_blocks * bytes_per_block / 2**30, f"; {summary}" if summary else "")
+                 self.block_size, num_blocks * self.worker.bytes_per_block / 2**30, f"; {summary}" if summary else "")
+
+    def _packed_linear(self, config: EngineConfig):
+        """The platform's wrapper for weights kept packed (GGUF Q4/Q8), or None
+        (they are dequantized at load); sets ``linear_activations``."""
+        packed_linear = self.platform.packed_linear_cls(config.linear_activations) \
+            if config.quantized_weights else None
+        self.linear_activations = self.platform.linear_activations(config.linear_activations) \
+            if packed_linear is not None else None
+        if config.linear_activations != "auto" and self.linear_activations is None:
+            raise ValueError(f"--linear-activations {config.linear_activations}: {self.platform.name} runs no "
+                             "packed-weight linears here (quantized weights are dequantized to --dtype)")
+        return packed_linear
+
+    @property
+    def runner(self):
+        """The worker's step runner (its model, KV caches, step inputs)."""
+        return self.worker.runner
 
     # -- requests ---------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int]], params: Optional[SamplingParams] = None,
@@ -234,7 +234,8 @@ class Engine:
                 self.grammars.wait(GRAMMAR_WAIT_S)  # nothing to run until a compilation ends
             return []
         try:
-            result = self.runner.execute(out)
+            tables = [self.kv_cache_manager.block_table(e.seq.seq_id) for e in out.scheduled]
+            result = self.worker.execute(out, tables)
         except Exception as exc:  # noqa: BLE001 - the batch is lost, the waiting requests are not
             raise self._fail({**failed, **{s.seq.group.request_id: exc for s in out.scheduled}}, [])
         self.scheduler.advance(out)

@@ -27,24 +27,6 @@ from .scheduler import ScheduledSeq, SchedulerOutput
 log = logging.getLogger("paged.engine")
 
 
-def size_kv_cache(budget_bytes: int, bytes_per_block: int, block_size: int,
-                  max_model_len: int, max_num_seqs: int) -> int:
-    """Number of KV blocks: what the byte budget holds, but no more than
-    every running sequence at full context length could ever use."""
-    from paged.core.kv_cache_manager import num_blocks_for_budget
-
-    fit = num_blocks_for_budget(budget_bytes, bytes_per_block)
-    per_seq = -(-max_model_len // block_size)
-    useful = per_seq * max_num_seqs
-    num_blocks = int(min(fit, useful))
-    if num_blocks < per_seq:
-        raise ValueError(
-            f"the KV cache budget ({budget_bytes / 2**30:.3f} GiB) holds {fit} blocks of {block_size} tokens, "
-            f"fewer than one sequence of max_model_len={max_model_len} needs ({per_seq}); "
-            "raise --kv-cache-memory or lower --max-model-len")
-    return num_blocks
-
-
 @dataclass
 class StepInputs:
     input_ids: torch.Tensor
@@ -64,23 +46,23 @@ class StepResult:
 
 
 class ModelRunner:
+    """The step's flat inputs and the model call over one KV cache; made by
+    the Worker (core/worker.py) once it has sized and allocated the cache."""
+
     def __init__(self, model, attn_backend, num_layers: int, num_blocks: int, block_size: int,
-                 device: torch.device, kv_cache_manager):
+                 device: torch.device):
         self.model = model
         self.backend = attn_backend
         self.block_size = block_size
         self.device = torch.device(device)
-        self.kv = kv_cache_manager
         self.num_blocks = num_blocks
         self.kv_caches = attn_backend.allocate_kv_cache(num_layers, num_blocks)
         self._key_caches = [k for k, _ in self.kv_caches]
         self._value_caches = [v for _, v in self.kv_caches]
 
     # -- inputs -------------------------------------------------------------------
-    def build_inputs(self, out: SchedulerOutput) -> StepInputs:
-        entries = out.scheduled
-        tables = [self.kv.block_table(e.seq.seq_id) for e in entries]
-        return self._build(entries, tables, len(out.decodes))
+    def build_inputs(self, out: SchedulerOutput, tables: list[list[int]]) -> StepInputs:
+        return self._build(out.scheduled, tables, len(out.decodes))
 
     def _build(self, entries: list[ScheduledSeq], tables: list[list[int]], num_decodes: int) -> StepInputs:
         bs = self.block_size
@@ -136,11 +118,11 @@ class ModelRunner:
 
     # -- one step -------------------------------------------------------------------
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, out: SchedulerOutput, tables: list[list[int]]) -> StepResult:
         if out.copies:
             mapping = torch.tensor(out.copies, dtype=torch.int64, device=self.device)
             self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
-        inp = self.build_inputs(out)
+        inp = self.build_inputs(out, tables)
         hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
         logits = None
         if inp.sample_seqs:

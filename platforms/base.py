@@ -94,26 +94,44 @@ class Platform(abc.ABC):
     #: share of available memory the KV cache takes when no size is requested
     default_kv_cache_fraction: float = 0.25
 
-    def kv_cache_budget_bytes(self, requested: int | str | None = None) -> int:
-        """Bytes for the KV cache: ``requested`` (bytes or a size like
-        "2GiB") if it fits, else ``default_kv_cache_fraction`` of available
-        memory. Raises ValueError with the numbers when it does not fit."""
-        from paged.platforms.sizes import format_size, parse_size
+    def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None) -> int:
+        """Bytes for the KV cache (the Worker's sizing asks, core/worker.py):
+        ``requested`` (--kv-cache-memory, bytes, parsed once by EngineConfig)
+        if it fits, else ``default_kv_cache_fraction`` of available memory.
+        ``profiled_peak_bytes``: a worst-case step's peak where the worker
+        measured one; host memory is read after loading, so the default
+        ignores it. Raises ValueError with the numbers when it does not fit."""
+        from paged.platforms.sizes import format_size
 
         avail = self.memory_info().available_bytes
         if requested is None:
             return int(avail * self.default_kv_cache_fraction)
-        wanted = parse_size(requested)
-        if wanted <= 0:
-            raise ValueError(f"--kv-cache-memory {requested!r} must be more than 0 bytes")
-        if wanted > avail:
+        if not isinstance(requested, int) or requested <= 0:
+            raise ValueError(f"--kv-cache-memory: expected a positive number of bytes, got {requested!r}")
+        if requested > avail:
             raise ValueError(
-                f"--kv-cache-memory {format_size(wanted)} exceeds the "
-                f"{format_size(avail)} available on {self.name}"
-            )
-        return wanted
+                f"--kv-cache-memory: expected at most the {format_size(avail)} available on {self.name}, "
+                f"got {format_size(requested)}")
+        return requested
 
-    # -- kernels -----------------------------------------------------------
+    # -- the worker and kernels ---------------------------------------------
+    def worker_cls(self):
+        """The Worker subclass (core/worker.py) that runs models here: loads
+        the model, picks its layer ops, sizes and allocates the KV memory and
+        runs steps. The default runs the plain torch model."""
+        from paged.core.worker import Worker
+
+        return Worker
+
+    def select_attention_backend(self, choice: str | None = None):
+        """The attention backend class for --attention-backend ``choice``:
+        None = this platform's own, "reference" = the pure-torch oracle."""
+        if choice == "reference":
+            from paged.backends.reference import ReferenceBackend
+
+            return ReferenceBackend
+        return self.attention_backend_cls()
+
     @abc.abstractmethod
     def attention_backend_cls(self):
         """The AttentionBackend subclass (backends/base.py) for this device."""

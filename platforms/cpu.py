@@ -217,6 +217,11 @@ class CpuPlatform(Platform):
 
         return quant_linear.resolve_activations(setting) if quant_linear.available() else None
 
+    def worker_cls(self):
+        from paged.backends.cpu.worker import CpuWorker
+
+        return CpuWorker
+
     def attention_backend_cls(self):
         from paged.backends.cpu import CpuBackend
 

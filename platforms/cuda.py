@@ -124,10 +124,10 @@ class CudaPlatform(Platform):
         non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self._device_index))
         return int(torch.cuda.max_memory_allocated(self._device_index) + non_torch)
 
-    def kv_cache_budget_bytes(self, requested: int | None = None, utilization: float = 0.9,
-                              profiled_peak_bytes: int | None = None) -> int:
-        """See kv_cache_budget(); ``profiled_peak_bytes`` defaults to
-        used_after_profiling_bytes()."""
+    def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None,
+                              utilization: float = 0.9) -> int:
+        """See kv_cache_budget(); ``profiled_peak_bytes`` (the Worker's
+        profiling, core/worker.py) defaults to used_after_profiling_bytes()."""
         used = self.used_after_profiling_bytes() if profiled_peak_bytes is None else int(profiled_peak_bytes)
         return kv_cache_budget(self.memory_info().total_bytes, used, utilization, requested)
 

@@ -194,9 +194,10 @@ def test_bad_arguments_raise_naming_the_value():
 def test_layer_ops_match_torch_ops(dtype):
     """CpuFusedLayerOps (capsule plumbing, float32 cos/sin table) against
     TorchLayerOps (torch ops over RotaryTable's cos/sin) on one layer's worth."""
-    from paged.core.models.layers import RotaryTable, TorchLayerOps, layer_ops
+    from paged.backends.cpu.layer_ops import fused_layer_ops
+    from paged.core.models.layers import RotaryTable, TorchLayerOps
 
-    fused, plain = layer_ops("cpu", dtype), TorchLayerOps()
+    fused, plain = fused_layer_ops(dtype), TorchLayerOps()
     assert fused.name == "cpu-fused"
     t, n, inter, h, hkv, d = 5, 96, 40, 4, 2, 16
     rope = RotaryTable(d, 512, 10000.0, {"rope_type": "llama3", "factor": 8.0,

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType  # noqa: E402
 
 from paged.backends.cpu import CpuBackend  # noqa: E402
 from paged.backends.cpu.quant_linear import CpuPackedLinear, available  # noqa: E402
+from paged.backends.cpu.worker import prepare_model  # noqa: E402
 
 if not (available() and hasattr(_C, "LayerStack")):
     pytest.skip("paged._C_cpu built without the LayerStack", allow_module_level=True)
@@ -70,6 +71,7 @@ def make_model(config: ModelConfig, weights: dict):
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32,
                          "cpu", sliding_window=config.sliding_window)
     model = build_model(config, weights, torch.float32, "cpu", backend, CpuPackedLinear)
+    prepare_model(model)  # what the CPU worker does: fused ops, the stack where eligible
     return model, backend
 
 
@@ -169,9 +171,12 @@ def test_not_eligible_keeps_python_path():
     weights = tiny_weights(config)
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32)
     dense_model = build_model(config, weights, torch.float32, "cpu", backend, None)  # dequantized weights
+    prepare_model(dense_model)
     assert dense_model.layer_stack is None
     bf16 = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.bfloat16)
-    assert build_model(config, weights, torch.bfloat16, "cpu", bf16, CpuPackedLinear).layer_stack is None
+    bf16_model = build_model(config, weights, torch.bfloat16, "cpu", bf16, CpuPackedLinear)
+    prepare_model(bf16_model)
+    assert bf16_model.layer_stack is None
 
 
 def test_bad_arguments_are_value_errors():

@@ -302,13 +302,16 @@ def test_hiding_vnni_falls_back_to_avx2():
 def int8_model(config, weights):
     from paged.backends.cpu import CpuBackend
     from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.backends.cpu.worker import prepare_model
     from paged.core.models import build_model
     from test_layer_stack import BLOCK
 
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu",
                          sliding_window=config.sliding_window)
     packed = partial(CpuPackedLinear, activations="int8")
-    return build_model(config, weights, torch.float32, "cpu", backend, packed), backend
+    model = build_model(config, weights, torch.float32, "cpu", backend, packed)
+    prepare_model(model)  # the CPU worker's layer ops and stack
+    return model, backend
 
 
 def test_layer_stack_int8_bitwise_equal_to_python_layers(monkeypatch):

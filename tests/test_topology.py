@@ -101,9 +101,10 @@ def test_platform_memory_from_bound_node(tmp_path):
     mem = platform.memory_info()
     assert (mem.total_bytes, mem.available_bytes) == (4000 * 1024, 3000 * 1024)
     assert platform.kv_cache_budget_bytes() == int(3000 * 1024 * platform.default_kv_cache_fraction)
-    assert platform.kv_cache_budget_bytes("1MiB") == 2**20
-    with pytest.raises(ValueError, match=r"--kv-cache-memory 4\.00 MiB exceeds the 2\.93 MiB available on cpu"):
-        platform.kv_cache_budget_bytes("4MiB")
+    assert platform.kv_cache_budget_bytes(2**20) == 2**20
+    with pytest.raises(ValueError, match=r"--kv-cache-memory: expected at most the 2\.93 MiB available on cpu, "
+                                         r"got 4\.00 MiB"):
+        platform.kv_cache_budget_bytes(4 * 2**20)
 
 
 def test_real_machine_matches_lscpu_and_affinity():

@@ -7,7 +7,9 @@ same arguments in the same order from C++ (csrc_cpu/model/layer_stack.h), so
 its hidden states and KV caches are bitwise those of the Python path, which
 stays the fallback (and the tests' oracle).
 
-Eligible models: CPU, float32, the fused CPU layer ops, every layer's
+The CPU worker attaches it to the model (backends/cpu/worker.py), which
+describes itself through ``decoder_stack()``. Eligible models: CPU, float32,
+the fused CPU layer ops (``accepts``), every layer's
 matrices packed (``CpuPackedLinear``, all with the same ``activations``) and
 attention on ``CpuBackend``. The stack runs the packed kernel with its
 layers' ``activations``: with "float32", steps of ``DENSE_ROWS`` tokens or
@@ -26,6 +28,7 @@ import torch
 
 from paged.backends.cpu import CpuBackend, dl
 from paged.backends.cpu import quant_linear as packed_linear
+from paged.backends.cpu.layer_ops import CpuFusedLayerOps
 from paged.backends.cpu.quant_linear import CpuPackedLinear
 
 __all__ = ["LayerStack", "enabled"]
@@ -54,14 +57,16 @@ class LayerStack:
 
     @classmethod
     def for_model(cls, model) -> "LayerStack | None":
-        """The stack for ``model``, or None when it is not eligible (see the module docstring)."""
+        """The stack for ``model`` (anything with ``decoder_stack()``), or None
+        when it is not eligible (see the module docstring)."""
         try:
             from paged import _C_cpu
         except ImportError:
             return None
-        layers = list(model.layers)
-        if (not hasattr(_C_cpu, "LayerStack") or not layers or model.device.type != "cpu"
-                or model.dtype != torch.float32 or not _dense_f32(model.final_norm)):
+        spec = model.decoder_stack()
+        layers = spec.layers
+        if (not hasattr(_C_cpu, "LayerStack") or not layers or spec.device.type != "cpu"
+                or spec.dtype != torch.float32 or not _dense_f32(spec.final_norm)):
             return None
         backend = layers[0].attn_backend
         if type(backend) is not CpuBackend or backend.dtype != torch.float32:
@@ -77,16 +82,22 @@ class LayerStack:
             activations.update(w.activations for w in mats)
         if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
             return None
-        c, first = model.config, layers[0]
-        native = _C_cpu.LayerStack(first.num_heads, first.num_kv_heads, first.head_dim, c.hidden_size,
-                                   first.inter, float(first.eps), backend.scale, backend.sliding_window,
-                                   dl(model.final_norm), activations.pop())
+        native = _C_cpu.LayerStack(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size,
+                                   spec.intermediate_size, spec.rms_norm_eps, backend.scale, backend.sliding_window,
+                                   dl(spec.final_norm), activations.pop())
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
                              _matrix(layer.down))
         return cls(native)
+
+    @staticmethod
+    def accepts(ops) -> bool:
+        """Whether the model's current layer ops are the fused CPU ops, whose
+        rotary inputs (int64 positions, float32 cos/sin table) the stack takes
+        (benchmarks swap in torch's ops to compare)."""
+        return isinstance(ops, CpuFusedLayerOps)
 
     def handles(self, num_tokens: int) -> bool:
         """Whether a step of ``num_tokens`` runs here (switch on; with float32

@@ -1,16 +1,16 @@
 """Building blocks shared by the Llama-family models: the matmul dispatch,
-rotary embedding tables and the elementwise ops of a layer (torch ops on any
-device, fused C++ kernels of paged._C_cpu on the CPU)."""
+rotary embedding tables and the elementwise ops of a layer as torch ops (any
+device). A platform's Worker may hand the model faster ops with the same
+interface (``TorchLayerOps``), e.g. backends/cpu/layer_ops.py; the model
+never asks which device it is on."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import torch.nn.functional as F
-from torch.utils.dlpack import to_dlpack
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,14 +62,14 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 class RotaryTable:
     """Rotary tables over [max_positions] computed once, on first use, in the
-    form the chosen ops need (``LayerOps``):
+    form the chosen ops need (``TorchLayerOps`` or a platform's):
 
     - ``cos`` / ``sin`` [max_positions, head_dim] in the model dtype for the
       torch path. Half rotation (HF Llama / neox): out = x * cos + cat(x2, x1)
       * sin_signed, where sin_signed = cat(-sin, sin), so one step costs a cat
       and an addcmul.
     - ``cos_sin_cache`` float32 [max_positions, head_dim] = cat(cos, sin) of
-      the half angles, for the fused CPU kernel.
+      the half angles, for fused kernels (the CPU's).
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
@@ -111,8 +111,9 @@ class RotaryTable:
 class TorchLayerOps:
     """The elementwise part of a decoder layer as torch ops (any device).
 
-    Convention shared with ``CpuFusedLayerOps``: callers use only the returned
-    tensors; the fused version may have updated its inputs in place.
+    The interface every platform's layer ops keep (the CPU's fused C++ ops in
+    backends/cpu/layer_ops.py): callers use only the returned tensors, since
+    a fused version may have updated its inputs in place.
     """
 
     name = "torch"
@@ -143,62 +144,3 @@ class TorchLayerOps:
         rotated = rope.apply(qkv[:, :qk].view(t, num_heads + num_kv_heads, head_dim), cos, sin)
         return (rotated[:, :num_heads].contiguous(), rotated[:, num_heads:].contiguous(),
                 qkv[:, qk:].view(t, num_kv_heads, head_dim).contiguous())
-
-
-class CpuFusedLayerOps(TorchLayerOps):
-    """The same ops as single C++ passes (paged._C_cpu, csrc_cpu/ops) on CPU
-    tensors of float32 / bfloat16. ``add_rms_norm`` and the rotation work in
-    place (x becomes the normed rows, residual the sum; qkv is rotated).
-
-    Tensors cross as DLPack capsules (``to_dlpack``): handing nanobind the
-    tensor itself goes through torch's Python-level ``__dlpack__`` and costs
-    ~8 us per tensor, more than the kernels at decode sizes. The C++ side
-    checks the capsules' dtype, shape and contiguity as usual.
-    """
-
-    name = "cpu-fused"
-
-    def __init__(self, ops_module):
-        self._C = ops_module
-
-    def rms_norm(self, x, weight, eps):
-        out = torch.empty_like(x)
-        self._C.rms_norm(to_dlpack(out), to_dlpack(x), to_dlpack(weight), eps)
-        return out
-
-    def add_rms_norm(self, x, residual, weight, eps):
-        self._C.fused_add_rms_norm(to_dlpack(x), to_dlpack(residual), to_dlpack(weight), eps)
-        return x, residual
-
-    def silu_and_mul(self, gate_up):
-        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
-        self._C.silu_and_mul(to_dlpack(out), to_dlpack(gate_up))
-        return out
-
-    def rope_inputs(self, rope, positions):
-        return positions.to(torch.int64).contiguous(), rope.cos_sin_cache
-
-    def rope_split_qkv(self, qkv, rope, rope_in, num_heads, num_kv_heads, head_dim):
-        positions, cos_sin = rope_in
-        self._C.rotary_embedding(to_dlpack(positions), to_dlpack(qkv), to_dlpack(cos_sin),
-                                 num_heads, num_kv_heads, head_dim)
-        t = qkv.shape[0]
-        q = torch.empty(t, num_heads, head_dim, dtype=qkv.dtype)
-        k = torch.empty(t, num_kv_heads, head_dim, dtype=qkv.dtype)
-        v = torch.empty_like(k)
-        self._C.split_qkv(to_dlpack(qkv), to_dlpack(q), to_dlpack(k), to_dlpack(v))
-        return q, k, v
-
-
-def layer_ops(device: torch.device | str, dtype: torch.dtype) -> TorchLayerOps:
-    """The fused CPU ops where they apply (a CPU model in float32/bfloat16 and
-    a built extension; ``PAGED_FUSED_OPS=0`` turns them off), else torch's."""
-    if (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and os.environ.get("PAGED_FUSED_OPS", "1") != "0"):
-        try:
-            from paged import _C_cpu
-        except ImportError:
-            return TorchLayerOps()
-        if hasattr(_C_cpu, "fused_add_rms_norm"):
-            return CpuFusedLayerOps(_C_cpu)
-    return TorchLayerOps()

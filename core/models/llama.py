@@ -5,10 +5,15 @@ Q/K/V are one matmul, gate/up one matmul (every matmul goes through
 ``layers.linear``, which also takes packed quantized weights), attention is the
 platform backend's ``forward`` over the paged KV cache, and the elementwise
 rest (residual add + RMSNorm, RoPE + Q/K/V split, SiLU-and-mul) is a
-``LayerOps``: single fused C++ passes on the CPU, torch ops elsewhere.
+``TorchLayerOps`` the platform's Worker may replace with its own (single
+fused C++ passes on the CPU), and the Worker may attach a runner that takes
+every decoder layer of a step at once (``layer_stack``, described to it by
+``decoder_stack()``). The model never asks which device it runs on.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +21,40 @@ from torch import nn
 
 from paged.core.config import ModelConfig
 from paged.core.loaders.packed import PackedBlocks, cat_rows
-from paged.core.models.layers import CpuFusedLayerOps, RotaryTable, TorchLayerOps, layer_ops, linear
+from paged.core.models.layers import RotaryTable, TorchLayerOps, linear
+
+
+@dataclass(frozen=True)
+class DecoderLayerWeights:
+    """One decoder layer's parameters, as a stack runner reads them. Matrices
+    are dense tensors or the platform's packed weight objects."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: object  # rows q, k, v fused
+    qkv_bias: torch.Tensor | None
+    o_proj: object
+    gate_up: object  # rows gate, up fused
+    down: object
+    attn_backend: object
+
+
+@dataclass(frozen=True)
+class DecoderStack:
+    """The public description of a model's decoder stack for a platform's
+    whole-stack runner (e.g. backends/cpu/layer_stack.py): shapes, the final
+    norm and every layer's weights, so no runner reads private attributes."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    rms_norm_eps: float
+    dtype: torch.dtype
+    device: torch.device
+    final_norm: torch.Tensor
+    layers: list[DecoderLayerWeights]
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -140,14 +178,17 @@ class LlamaForCausalLM(nn.Module):
                                     for i in range(config.num_layers))
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                 config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
-        # elementwise ops of every layer; replaceable (benchmarks compare the two)
-        self.ops = layer_ops(self.device, dtype)
-        # every decoder layer of a step in one C++ call where eligible (backends/cpu/layer_stack.py)
+        # elementwise ops of every layer and the whole-stack runner: the
+        # platform's Worker replaces them (core/worker.py prepare_model)
+        self.ops: TorchLayerOps = TorchLayerOps()
         self.layer_stack = None
-        if self.device.type == "cpu" and isinstance(self.ops, CpuFusedLayerOps):
-            from paged.backends.cpu.layer_stack import LayerStack
 
-            self.layer_stack = LayerStack.for_model(self)
+    def decoder_stack(self) -> DecoderStack:
+        c = self.config
+        layers = [DecoderLayerWeights(layer.input_norm, layer.post_norm, layer.qkv, layer.qkv_bias, layer.o_proj,
+                                      layer.gate_up, layer.down, layer.attn_backend) for layer in self.layers]
+        return DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
+                            float(c.rms_norm_eps), self.dtype, self.device, self.final_norm, layers)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
@@ -155,7 +196,7 @@ class LlamaForCausalLM(nn.Module):
         hidden = F.embedding(input_ids, self.embed)
         rope_in = self.ops.rope_inputs(self.rope, positions)
         stack = self.layer_stack
-        if stack is not None and isinstance(self.ops, CpuFusedLayerOps) and stack.handles(hidden.shape[0]):
+        if stack is not None and stack.accepts(self.ops) and stack.handles(hidden.shape[0]):
             return stack.run(hidden, rope_in, kv_caches, meta)  # all layers in one C++ call
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):

@@ -1,0 +1,151 @@
+"""The Worker: the one object between the device-agnostic engine and a device.
+
+A platform makes it (``Platform.worker_cls()``); the engine drives it through
+these calls, in this order, and nothing else:
+
+    worker = platform.worker_cls()(platform, rank=0, world_size=1)
+    worker.init_device(threads_bind=...)        # bind threads / pick the device
+    worker.load_model(config, weights, dtype, block_size, packed_linear, backend_cls)
+    n = worker.determine_num_blocks(requested_bytes, max_model_len, max_num_seqs, max_num_batched_tokens)
+    worker.init_kv_cache(n)                     # KV memory, through the attention backend
+    worker.warm_up()
+    result = worker.execute(scheduler_output, block_tables)   # every step
+
+What differs per platform is a handful of hooks: ``layer_ops`` (faster
+elementwise ops for the model), ``stack_runner`` (a whole-stack runner), and
+``profile_peak_bytes`` (a worst-case step's memory, where the device can
+measure it). The sizing itself, profile -> budget -> blocks, lives here once.
+
+Tensor parallelism (later): each rank has a worker and a KV pool of its own;
+``agree_num_blocks`` makes every rank use the smallest count any rank can
+hold (one rank: the count itself), so block ids mean the same on every rank.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from paged.core.model_runner import ModelRunner, StepResult
+from paged.core.models.layers import TorchLayerOps
+from paged.core.scheduler import SchedulerOutput
+
+log = logging.getLogger("paged.engine")
+
+
+def blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
+    """How many KV blocks fit in ``budget_bytes``; ValueError naming the
+    values when not even one does."""
+    if bytes_per_block <= 0:
+        raise ValueError(f"bytes_per_block: expected > 0, got {bytes_per_block}")
+    if budget_bytes < bytes_per_block:
+        raise ValueError(f"KV cache budget: expected at least one block ({bytes_per_block} bytes), "
+                         f"got {budget_bytes} bytes")
+    return budget_bytes // bytes_per_block
+
+
+def cap_num_blocks(fit: int, block_size: int, max_model_len: int, max_num_seqs: int,
+                   budget_bytes: int | None = None) -> int:
+    """What the budget holds (``fit`` blocks), but no more than every running
+    sequence at full context length could ever use; ValueError when one
+    sequence of max_model_len does not fit (preemption could not progress)."""
+    per_seq = -(-max_model_len // block_size)
+    num_blocks = int(min(fit, per_seq * max_num_seqs))
+    if num_blocks < per_seq:
+        budget = "" if budget_bytes is None else f" ({budget_bytes / 2**30:.3f} GiB)"
+        raise ValueError(
+            f"the KV cache budget{budget} holds {fit} blocks of {block_size} tokens, "
+            f"fewer than one sequence of max_model_len={max_model_len} needs ({per_seq}); "
+            "raise --kv-cache-memory or lower --max-model-len")
+    return num_blocks
+
+
+class Worker:
+    """Runs the model on one device (one rank). Generic: torch layer ops, no
+    stack runner, no profiling; a platform subclasses it to change that."""
+
+    def __init__(self, platform, rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
+        self.platform = platform
+        self.rank, self.world_size = rank, world_size
+        self.device = platform.torch_device(rank)
+        self.model = self.backend = self.runner = None
+        self.num_layers = 0
+
+    # -- hooks a platform's worker overrides ---------------------------------
+    def layer_ops(self, dtype: torch.dtype) -> TorchLayerOps:
+        """The elementwise ops the model runs (same interface as TorchLayerOps)."""
+        return TorchLayerOps()
+
+    def stack_runner(self, model):
+        """An object with ``accepts(ops)``, ``handles(num_tokens)`` and
+        ``run(hidden, rope_in, kv_caches, meta)`` that runs every decoder
+        layer of a step at once, or None."""
+        return None
+
+    def profile_peak_bytes(self, num_tokens: int) -> int | None:
+        """Device memory a worst-case step of ``num_tokens`` needs at its peak
+        (weights included), or None where the platform reads what is in use
+        when it sizes the budget (the CPU: host memory after loading)."""
+        return None
+
+    def agree_num_blocks(self, num_blocks: int) -> int:
+        """The count every rank uses: the minimum over ranks (tensor
+        parallelism reduces it over the group; one rank keeps its own)."""
+        if self.world_size == 1:
+            return num_blocks
+        raise NotImplementedError(f"world_size: expected 1 until tensor parallelism lands, got {self.world_size}")
+
+    # -- lifecycle ------------------------------------------------------------
+    def init_device(self, **options) -> None:
+        """Prepare this rank's device (the CPU binds threads and memory)."""
+        self.platform.init(rank=self.rank, **options)
+
+    def load_model(self, config, weights: dict, dtype: torch.dtype, block_size: int,
+                   packed_linear=None, backend_cls=None):
+        """Builds the attention backend and the model from loaded weights,
+        then picks the layer ops and the stack runner."""
+        from paged.core.models import build_model
+
+        backend_cls = backend_cls or self.platform.attention_backend_cls()
+        self.backend = backend_cls(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
+                                   dtype, self.device, sliding_window=config.sliding_window)
+        self.model = build_model(config, weights, dtype, self.device, self.backend, packed_linear)
+        self.num_layers = config.num_layers
+        self.prepare_model(self.model)
+        return self.model
+
+    def prepare_model(self, model) -> None:
+        """Hands ``model`` this worker's layer ops and stack runner."""
+        model.ops = self.layer_ops(model.dtype)
+        model.layer_stack = self.stack_runner(model)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.backend.bytes_per_block(self.num_layers)
+
+    def determine_num_blocks(self, requested_bytes: int | None, max_model_len: int, max_num_seqs: int,
+                             max_num_batched_tokens: int) -> int:
+        """Profile -> budget -> blocks: the peak of a worst-case step (where
+        measured), the platform's budget for the KV cache given that peak
+        and ``requested_bytes`` (--kv-cache-memory), the blocks it holds
+        agreed across ranks, capped at what the sequences can use."""
+        peak = self.profile_peak_bytes(max_num_batched_tokens)
+        budget = self.platform.kv_cache_budget_bytes(requested_bytes, profiled_peak_bytes=peak)
+        fit = self.agree_num_blocks(blocks_for_budget(budget, self.bytes_per_block))
+        return cap_num_blocks(fit, self.backend.block_size, max_model_len, max_num_seqs, budget)
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        """Allocates the KV memory (through the attention backend, which
+        decides where it lives) and the step runner over it."""
+        self.runner = ModelRunner(self.model, self.backend, self.num_layers, num_blocks,
+                                  self.backend.block_size, self.device)
+
+    def warm_up(self) -> None:
+        self.runner.warm_up()
+
+    def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepResult:
+        """One step: ``block_tables`` holds each scheduled sequence's blocks."""
+        return self.runner.execute(out, block_tables)
