@@ -16,6 +16,7 @@ from typing import Any
 
 from paged.platforms import cpu_isa
 from paged.platforms.base import Availability, MemoryInfo, Platform
+from paged.platforms.cpu_load import LoadWatch
 from paged.platforms.cpulist import format_cpulist, parse_cpulist
 from paged.platforms.topology import Topology, read_topology, system_memory
 
@@ -113,6 +114,8 @@ class CpuPlatform(Platform):
         ops = self.ops_module()
         self.plan = plan
         self._bound_tid = None
+        # auto gives up cores other processes keep busy (see bind_thread)
+        self._load_watch = LoadWatch(plan.cpus) if plan.spec == "auto" else None
         self.bind_thread()
         if plan.node is not None:
             try:
@@ -129,17 +132,25 @@ class CpuPlatform(Platform):
         workers inheriting its creator's single-CPU affinity, i.e. every
         thread on one core. The previously bound thread (pinned to the first
         CPU as OpenMP thread 0) is released to all allowed CPUs so it does not
-        compete with the new one."""
+        compete with the new one.
+
+        Under ``auto`` it is also where the team adapts (the engine calls it
+        before every step): a core other processes keep busy would make every
+        parallel region wait for its thread, so LoadWatch drops it, and
+        restores it once free (platforms/cpu_load.py)."""
         if self.plan is None or not self.plan.cpus:
             return
         tid = threading.get_native_id()
-        if tid == self._bound_tid:
+        cpus = self._load_watch.poll(self.plan.cpus) if self._load_watch else None
+        if cpus:
+            self.plan.cpus = cpus
+        elif tid == self._bound_tid:
             return
         import torch
 
         torch.set_num_threads(len(self.plan.cpus))
         self.ops_module().bind_threads(self.plan.cpus)
-        if self._bound_tid is not None:
+        if self._bound_tid not in (None, tid):
             try:
                 os.sched_setaffinity(self._bound_tid, self._process_cpus())
             except OSError:  # that thread has exited
