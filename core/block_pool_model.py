@@ -1,4 +1,4 @@
-"""Pure-Python model of the block pool rules (csrc_cpu/shared/block_allocator.h).
+"""Pure-Python model of the block pool rules (csrc_shared/block_allocator.h).
 
 Same API and same observable behaviour as ``paged._C_cpu.BlockPool``: it is
 the oracle of the stateful tests, the fallback the conformance suite and the

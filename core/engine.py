@@ -109,7 +109,7 @@ class Engine:
         self.worker.init_kv_cache(num_blocks)
 
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
-                                               pool_cls=self.platform.block_pool_cls())
+                                               self.platform.block_pool_cls(), self.platform.block_hash_fn())
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_waiting, config.enable_prefix_caching,
                                    config.max_prefill_tokens_with_decodes)

@@ -2,7 +2,7 @@
 
 API (docs/interfaces.md):
 
-    mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=True, pool_cls=None)
+    mgr = KVCacheManager(num_blocks, block_size, enable_prefix_caching=True, pool_cls=None, hash_fn=None)
     mgr.get_computed_tokens(req_id, token_ids, extra_key=None) -> int
     mgr.allocate_slots(req_id, token_ids, num_computed_tokens, num_new_tokens) -> list[(src, dst)] | None
     mgr.block_table(req_id) -> list[int]
@@ -10,7 +10,9 @@ API (docs/interfaces.md):
     mgr.num_free_blocks, mgr.num_blocks, mgr.block_size, mgr.can_allocate(num_tokens), mgr.stats()
 
 The accounting (ref counts, LRU eviction, prefix hash map, copy-on-write)
-lives in the pool (C++, shared by every platform); this module only decides
+lives in the pool: the engine passes the platform's (``Platform.block_pool_cls``,
+the one C++ implementation); the default is its pure-Python twin with the
+same rules (core/block_pool_model.py). This module only decides
 which blocks a request holds and which full blocks get hashed. A block is
 registered in the prefix cache as soon as a request's slots cover it fully:
 its K/V is written by the next forward before any layer reads it, so a
@@ -23,32 +25,7 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 
-def _default_pool_cls():
-    try:
-        from paged._C_cpu import BlockPool
-    except ImportError:  # extension not built: the pure-Python twin follows the same rules
-        from paged.core.block_pool_model import BlockPoolModel as BlockPool
-    return BlockPool
-
-
-def _hash_fn():
-    try:
-        from paged._C_cpu import hash_block
-    except ImportError:
-        from paged.core.block_pool_model import hash_block
-    return hash_block
-
-
-def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
-    """How many KV blocks fit in ``budget_bytes`` (bytes_per_block from
-    AttentionBackend.bytes_per_block). Raises ValueError naming the values
-    when not even one block fits."""
-    if bytes_per_block <= 0:
-        raise ValueError(f"bytes_per_block must be > 0, got {bytes_per_block}")
-    if budget_bytes < bytes_per_block:
-        raise ValueError(
-            f"KV cache budget of {budget_bytes} bytes is smaller than one block ({bytes_per_block} bytes)")
-    return budget_bytes // bytes_per_block
+from paged.core.block_pool_model import BlockPoolModel, hash_block
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -64,15 +41,16 @@ class _RequestBlocks:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, pool_cls=None):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, pool_cls=None,
+                 hash_fn=None):
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be > 0, got {num_blocks}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._pool = (pool_cls or _default_pool_cls())(num_blocks)
-        self._hash_block = _hash_fn()
+        self._pool = (pool_cls or BlockPoolModel)(num_blocks)
+        self._hash_block = hash_fn or hash_block
         self._reqs: dict[Hashable, _RequestBlocks] = {}
 
     # -- capacity --------------------------------------------------------------

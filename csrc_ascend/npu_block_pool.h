@@ -1,4 +1,4 @@
-// The NPU block pool: the shared accounting (csrc_cpu/shared/block_allocator.h)
+// The NPU block pool: the shared accounting (csrc_shared/block_allocator.h)
 // plus, once reserved, one device arena from aclrtMalloc holding every block
 // at a kDeviceAlignment-aligned stride.
 #pragma once

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "block_pool_bindings.h"
 #include "ops.h"
 
 namespace nb = nanobind;
@@ -303,18 +302,10 @@ nb::ndarray<nb::pytorch> arena_view(pc::DeviceArena& arena, size_t offset, const
                                   nb::find(&arena), nullptr, dt, kDLCUDA, arena.device());
 }
 
-// The shared block accounting (csrc_cpu/shared/block_allocator.h) under a
-// type of its own, so _C_cpu and _C_cuda can both be loaded. Block memory is
-// the DeviceArena behind the KV cache tensors (CudaBackend.allocate_kv_cache).
-class CudaBlockPool : public paged::BlockAllocator {
- public:
-  using paged::BlockAllocator::BlockAllocator;
-};
-
 }  // namespace
 
 NB_MODULE(_C_cuda, m) {
-  m.doc() = "paged CUDA kernels and device block pool (importable without a GPU or driver)";
+  m.doc() = "paged CUDA kernels and the KV device arena (importable without a GPU or driver); block accounting is the host's (paged._C_cpu.BlockPool)";
 #ifdef PAGED_CUDA_ARCHS
   m.attr("built_archs") = PAGED_CUDA_ARCHS;
 #else
@@ -338,8 +329,6 @@ NB_MODULE(_C_cuda, m) {
         nb::arg("stream"));
   m.def("swap_blocks", &swap_blocks, nb::arg("src_cache"), nb::arg("dst_cache"), nb::arg("block_mapping"),
         nb::arg("stream"));
-  paged::bind_block_pool<CudaBlockPool>(m, "BlockPool");
-  paged::bind_block_hash(m);
   nb::class_<pc::DeviceArena>(m, "DeviceArena", "One cudaMalloc'd region, freed when the last view goes.")
       .def(nb::init<size_t, int>(), nb::arg("nbytes"), nb::arg("device") = 0)
       .def_prop_ro("nbytes", &pc::DeviceArena::size)

@@ -154,11 +154,23 @@ class Platform(abc.ABC):
         return None
 
     def block_pool_cls(self):
-        """The block pool class for this device (accounting is shared C++;
-        the class decides where block memory lives)."""
-        from paged._C_cpu import BlockPool  # shared accounting
-
+        """The block accounting (ids, ref counts, LRU, prefix hashes): one
+        class for every platform, since block ids never touch device memory
+        (docs/architecture.md, "Block accounting"). The C++ pool of _C_cpu,
+        or its pure-Python twin where the extension is not built."""
+        try:
+            from paged._C_cpu import BlockPool
+        except ImportError:
+            from paged.core.block_pool_model import BlockPoolModel as BlockPool
         return BlockPool
+
+    def block_hash_fn(self):
+        """hash_block(parent, tokens, extra=None) -> int, matching block_pool_cls."""
+        try:
+            from paged._C_cpu import hash_block
+        except ImportError:
+            from paged.core.block_pool_model import hash_block
+        return hash_block
 
     # -- reporting ---------------------------------------------------------
     def startup_summary(self) -> str:

@@ -156,11 +156,6 @@ class CudaPlatform(Platform):
             return None
         return _C_cuda
 
-    def block_pool_cls(self):
-        from paged._C_cuda import BlockPool  # the shared accounting, bound in _C_cuda
-
-        return BlockPool
-
     # -- reporting ---------------------------------------------------------
     def env_report(self) -> dict:
         report = super().env_report()

@@ -102,15 +102,6 @@ class NpuPlatform(Platform):
 
         return NpuBackend
 
-    def block_pool_cls(self):
-        try:
-            from paged._C_ascend import BlockPool
-        except ImportError as e:
-            raise PlatformUnavailable(
-                "paged._C_ascend was not built (torch-npu headers not found at build time; see docs/ascend.md)"
-            ) from e
-        return BlockPool
-
     def env_report(self) -> dict:
         report = super().env_report()
         report.update({

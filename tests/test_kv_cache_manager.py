@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from paged.core.block_pool_model import BlockPoolModel
-from paged.core.kv_cache_manager import KVCacheManager, num_blocks_for_budget
+from paged.core.kv_cache_manager import KVCacheManager
+from paged.core.worker import blocks_for_budget as num_blocks_for_budget
 
 C = pytest.importorskip("paged._C_cpu")
 BS = 4
@@ -132,7 +133,8 @@ def test_capacity_math():
     per_block = backend.bytes_per_block(num_layers=24)
     assert per_block == 2 * 24 * 16 * 2 * 64 * 2
     assert num_blocks_for_budget(10 * per_block + per_block - 1, per_block) == 10
-    with pytest.raises(ValueError, match=f"{per_block - 1} bytes is smaller than one block \\({per_block}"):
+    with pytest.raises(ValueError, match=f"KV cache budget: expected at least one block \\({per_block} bytes\\), "
+                                         f"got {per_block - 1} bytes"):
         num_blocks_for_budget(per_block - 1, per_block)
     with pytest.raises(ValueError, match="bytes_per_block"):
         num_blocks_for_budget(100, 0)

@@ -1,4 +1,4 @@
-// Exercises csrc_cpu/shared/block_allocator.h directly (no Python): the
+// Exercises csrc_shared/block_allocator.h directly (no Python): the
 // allocation / free / prefix / CoW rules, every misuse path, and a threaded
 // stress. Built with ASan+UBSan by tests/test_block_pool_sanitizers.py; exits
 // non-zero on the first failed check.
