@@ -2,7 +2,8 @@
 pure-torch reference attention backend as its kernels.
 
 It needs no change anywhere in paged: it subclasses Platform, names an
-attention backend, keeps the shared block pool, and registers through the
+attention backend and the Worker that runs models on it, keeps the shared
+block accounting, and registers through the
 ``paged.platforms`` entry point (see pyproject.toml). Certify it with
 ``paged conformance --device reference-cpu``.
 """
@@ -41,4 +42,11 @@ class ReferenceCpuPlatform(Platform):
 
         return ReferenceBackend
 
-    # block_pool_cls(): the base class's shared C++ pool (paged._C_cpu.BlockPool).
+    def worker_cls(self):
+        # the generic Worker: torch layer ops, no stack runner, no profiling;
+        # a device with fused ops or a memory peak to measure subclasses it
+        from paged.core.worker import Worker
+
+        return Worker
+
+    # block_pool_cls(): the one block accounting every platform shares (base class).
