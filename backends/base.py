@@ -19,12 +19,18 @@ a pair of tensors (key_cache, value_cache) whose layout the backend chooses
 Index tensors: slot_mapping int64; block_tables, seq_lens, query_start_loc int32.
 sliding_window: 0 or None = unlimited; else key j is visible to query i iff
 i - window < j <= i. scale multiplies q.k before softmax.
+
+Per step (vLLM's AttentionBackend.get_builder_cls): the model runner builds the
+common AttentionMetadata, then calls ``build_metadata`` once; every layer's
+``forward`` receives what it returns. A backend that derives something per
+step (CUDA: launch sizes, the split-K workspace; NPU: host-side length lists
+and masks) does it there, never per layer.
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 
 import torch
@@ -49,6 +55,11 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    def common_fields(self) -> dict:
+        """The common fields only, for a backend's metadata subclass to extend
+        (cached halves are not copied: the subclass computes its own once)."""
+        return {f.name: getattr(self, f.name) for f in fields(AttentionMetadata)}
 
     # The decode / prefill halves of the batch, computed once per step (not
     # per layer): every layer's forward splits the batch the same way.
@@ -121,25 +132,40 @@ class AttentionBackend(abc.ABC):
     @abc.abstractmethod
     def read_kv(self, key_cache, value_cache, slot_mapping) -> tuple[torch.Tensor, torch.Tensor]: ...
 
+    # -- per-step metadata -------------------------------------------------
+    def build_metadata(self, common: AttentionMetadata) -> AttentionMetadata:
+        """Called once per step, after the flat inputs are built; every
+        layer's ``forward`` gets the result. The default adds nothing (the
+        CPU and reference hot path pays one call per step, nothing per layer)."""
+        return common
+
     # -- one attention layer of a mixed batch --------------------------------
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         """query [T, H, D], key/value [T, Hkv, D] for this step's tokens.
-        Writes the new K/V into the cache, then attends: decodes through
-        paged_attention, the rest through prefill_attention."""
-        key_cache, value_cache = kv_cache
-        self.reshape_and_cache(key, value, key_cache, value_cache, meta.slot_mapping)
+        Writes the new K/V into the cache (``_forward_write``), then attends:
+        decodes through ``_forward_decode``, the rest through
+        ``_forward_prefill``. By default these are the contract's ops; a
+        backend overrides them to use what its ``build_metadata`` derived."""
+        self._forward_write(key, value, kv_cache, meta)
         out = torch.empty_like(query)
         nd, ns = meta.num_decodes, meta.num_seqs
         if nd == ns:  # all decodes: no slicing
-            self.paged_attention(out, query, key_cache, value_cache, meta.block_tables, meta.seq_lens,
-                                 self.scale, self.sliding_window)
+            self._forward_decode(out, query, kv_cache, meta, meta.block_tables, meta.seq_lens)
             return out
         if nd:
-            tables, lens = meta.decode_part
-            self.paged_attention(out[:nd], query[:nd], key_cache, value_cache, tables, lens,
-                                 self.scale, self.sliding_window)
-        qsl, lens, tables = meta.prefill_part
-        self.prefill_attention(out[nd:] if nd else out, query[nd:] if nd else query, key_cache, value_cache,
-                               qsl, lens, tables, self.scale, self.sliding_window)
+            self._forward_decode(out[:nd], query[:nd], kv_cache, meta, *meta.decode_part)
+        self._forward_prefill(out[nd:] if nd else out, query[nd:] if nd else query, kv_cache, meta)
         return out
+
+    def _forward_write(self, key, value, kv_cache, meta) -> None:
+        self.reshape_and_cache(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
+
+    def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
+        self.paged_attention(out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens,
+                             self.scale, self.sliding_window)
+
+    def _forward_prefill(self, out, query, kv_cache, meta) -> None:
+        qsl, lens, tables = meta.prefill_part
+        self.prefill_attention(out, query, kv_cache[0], kv_cache[1], qsl, lens, tables,
+                               self.scale, self.sliding_window)

@@ -2,7 +2,8 @@
 
 Per step it builds the flat inputs once, with numpy (no per-token Python
 loops): token ids, positions, slot_mapping (slot = block_table[pos // bs] * bs
-+ pos % bs), padded int32 block tables, seq_lens, query_start_loc; performs
++ pos % bs), padded int32 block tables, seq_lens, query_start_loc, then the
+attention backend's per-step metadata from them (``build_metadata``); performs
 the step's copy-on-write block copies; runs the model under
 torch.inference_mode(); and computes logits only for the rows that sample
 (the last token of every sequence whose step reaches its last known token),
@@ -98,7 +99,7 @@ class ModelRunner:
                      if i >= num_decodes and e.seq.group.params.prompt_logprobs is not None]
 
         dev = self.device
-        meta = AttentionMetadata(
+        common = AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
             seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
@@ -107,6 +108,9 @@ class ModelRunner:
             max_query_len=int(lens.max()) if num_seqs else 0,
             max_seq_len=int(seq_lens.max()) if num_seqs else 0,
         )
+        # Once per step: what the backend derives from it (launch sizes, host
+        # lists, masks) is shared by every layer.
+        meta = self.backend.build_metadata(common)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
             positions=torch.from_numpy(positions).to(dev),

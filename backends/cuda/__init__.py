@@ -25,9 +25,11 @@ import os
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from paged.backends.base import AttentionMetadata
 from paged.backends.reference import ReferenceBackend, check_distinct_destinations
 from paged.backends.reference import validation as v
 from paged.backends.cuda.id_checks import CheckedOnce
+from paged.backends.cuda.metadata import CudaMetadata, split_workspace
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -63,7 +65,6 @@ class CudaBackend(ReferenceBackend):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "1") != "0") if check_ids is None else bool(check_ids)
         self._checked = CheckedOnce()
-        self._max_query_len_hint: int | None = None
 
     # -- cache allocation --------------------------------------------------
     def allocate_kv_cache(self, num_layers: int, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -95,41 +96,65 @@ class CudaBackend(ReferenceBackend):
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
         window = int(sliding_window or 0)
+        splits = _ops().decode_max_splits(block_tables.shape[1], self.block_size, window) \
+            if isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2 else 1
+        num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() else 0
+        num_heads = query.shape[1] if isinstance(query, torch.Tensor) and query.dim() == 3 else 0
+        workspace = split_workspace(num_seqs, num_heads, splits, self.head_size, self.device)
+        self._decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace)
+
+    def _decode(self, out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace):
         v.check_caches(self, key_cache, value_cache)
         self._check_tables(block_tables, seq_lens, key_cache)
-        ops = _ops()
-        splits = ops.decode_max_splits(block_tables.shape[1], self.block_size, window) if block_tables.dim() == 2 else 1
-        num_seqs, num_heads = seq_lens.shape[0], query.shape[1] if query.dim() == 3 else 0
-        ws = (num_seqs, num_heads, splits) if splits > 1 else (0, 0, 0)
-        split_out = torch.empty((*ws, self.head_size if splits > 1 else 0), dtype=torch.float32, device=key_cache.device)
-        split_max_sum = torch.empty((*ws, 2 if splits > 1 else 0), dtype=torch.float32, device=key_cache.device)
-        ops.paged_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
-                            to_dlpack(block_tables), to_dlpack(seq_lens), float(scale), window,
-                            to_dlpack(split_out), to_dlpack(split_max_sum), _stream(key_cache.device))
+        split_out, split_max_sum = workspace
+        _ops().paged_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
+                               to_dlpack(block_tables), to_dlpack(seq_lens), float(scale), window,
+                               to_dlpack(split_out), to_dlpack(split_max_sum), _stream(key_cache.device))
 
     def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
                           block_tables, scale: float, sliding_window: int = 0) -> None:
+        # Called directly, the step's longest query is unknown: launch a tile
+        # for every row (extra CTAs exit at once); forward() passes the real one.
+        rows = int(query.shape[0]) if isinstance(query, torch.Tensor) and query.dim() else 0
+        self._prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                      scale, sliding_window, rows)
+
+    def _prefill(self, out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                 scale, sliding_window, max_query_len: int) -> None:
         v.check_caches(self, key_cache, value_cache)
         self._check_tables(block_tables, seq_lens, key_cache)
         if self.check_ids:
             self._checked.run("query_start_loc", (query_start_loc, seq_lens), (query.shape[0],),
                               lambda: v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens))
-        # Row tiles to launch per sequence: the step's max query length when
-        # forward() knows it, else every row (extra CTAs exit at once); no sync.
         rows = int(query.shape[0]) if query.dim() else 0
-        max_query_len = min(self._max_query_len_hint or rows, rows)
         if rows == 0:
             return
         _ops().prefill_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
                                  to_dlpack(query_start_loc), to_dlpack(seq_lens), to_dlpack(block_tables),
-                                 max_query_len, float(scale), int(sliding_window or 0), _stream(key_cache.device))
+                                 min(max_query_len, rows), float(scale), int(sliding_window or 0),
+                                 _stream(key_cache.device))
+
+    # -- once per step, then every layer ---------------------------------------
+    def build_metadata(self, common: AttentionMetadata) -> CudaMetadata:
+        splits = _ops().decode_max_splits(common.block_tables.shape[1], self.block_size, self.sliding_window)
+        split_out, split_max_sum = split_workspace(common.num_decodes, self.num_heads, splits,
+                                                   self.head_size, self.device)
+        return CudaMetadata(**common.common_fields(), prefill_max_query_len=int(common.max_query_len),
+                            decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum)
 
     def forward(self, query, key, value, kv_cache, meta):
-        self._max_query_len_hint = int(meta.max_query_len)
-        try:
-            return super().forward(query, key, value, kv_cache, meta)
-        finally:
-            self._max_query_len_hint = None
+        if not isinstance(meta, CudaMetadata):  # a caller outside the model runner (tests)
+            meta = self.build_metadata(meta)
+        return super().forward(query, key, value, kv_cache, meta)
+
+    def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
+        self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, self.scale,
+                     self.sliding_window, (meta.split_out, meta.split_max_sum))
+
+    def _forward_prefill(self, out, query, kv_cache, meta) -> None:
+        qsl, lens, tables = meta.prefill_part
+        self._prefill(out, query, kv_cache[0], kv_cache[1], qsl, lens, tables, self.scale,
+                      self.sliding_window, meta.prefill_max_query_len)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         """All copies read the state before the call. The kernel copies pairs

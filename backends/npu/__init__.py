@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from paged.backends.base import AttentionMetadata
 from paged.backends.npu import layout
+from paged.backends.npu import metadata as step
 from paged.backends.reference import ReferenceBackend
 from paged.backends.reference import validation as v
 
@@ -49,6 +51,11 @@ class NpuBackend(ReferenceBackend):
     def _flat_cache(self, cache: torch.Tensor) -> torch.Tensor:
         return cache.view(cache.shape[0], self.block_size, self.num_kv_heads * self.head_size)
 
+    def allocate_kv_cache(self, num_layers: int, num_blocks: int):
+        # Remembered so build_metadata can check the step's block ids once.
+        self.num_blocks = num_blocks
+        return super().allocate_kv_cache(num_layers, num_blocks)
+
     # -- cache writes / reads ---------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         v.check_caches(self, key_cache, value_cache)
@@ -59,9 +66,12 @@ class NpuBackend(ReferenceBackend):
         keep = slot_mapping >= 0
         if not bool(keep.all()):  # the operator takes no padding slots
             key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+        self._scatter(key, value, key_cache, value_cache, slot_mapping.contiguous())
+
+    def _scatter(self, key, value, key_cache, value_cache, slots) -> None:
         if key.shape[0]:
             _torch_npu().npu_scatter_pa_kv_cache(key.contiguous(), value.contiguous(), key_cache, value_cache,
-                                                 slot_mapping.contiguous(), cache_mode="Norm")
+                                                 slots, cache_mode="Norm")
 
     def read_kv(self, key_cache, value_cache, slot_mapping):
         v.check_caches(self, key_cache, value_cache)
@@ -89,11 +99,13 @@ class NpuBackend(ReferenceBackend):
         if not query.shape[0]:
             return
         lens = seq_lens.tolist()
-        extra = {}
-        if sliding_window:
-            kv_len = block_tables.shape[1] * self.block_size
-            extra["atten_mask"] = layout.decode_window_mask(lens, kv_len, int(sliding_window), query.device)
+        mask = step.decode_extra(lens, block_tables.shape[1] * self.block_size, int(sliding_window or 0),
+                                 query.device)
+        self._decode(out, query, key_cache, value_cache, block_tables, lens, scale, mask)
+
+    def _decode(self, out, query, key_cache, value_cache, block_tables, lens: list[int], scale, mask) -> None:
         s, h, d = query.shape
+        extra = {} if mask is None else {"atten_mask": mask}
         o = self._fused_attention(query.reshape(s, 1, h * d), key_cache, value_cache, block_tables,
                                   lens, scale, **extra)
         out.copy_(o.reshape(s, h, d))
@@ -106,12 +118,35 @@ class NpuBackend(ReferenceBackend):
         if not seq_lens.shape[0]:
             return
         q_lens, kv_lens = layout.query_lens(query_start_loc), seq_lens.tolist()
-        if sliding_window:
-            kv_len = block_tables.shape[1] * self.block_size
-            extra = {"atten_mask": layout.window_mask(q_lens, kv_lens, kv_len, int(sliding_window), query.device),
-                     "sparse_mode": 0}
-        else:
-            extra = {"atten_mask": layout.causal_mask(query.device), "sparse_mode": 3}
+        extra = step.prefill_extra(q_lens, kv_lens, block_tables.shape[1] * self.block_size,
+                                   int(sliding_window or 0), query.device)
+        self._prefill(out, query, key_cache, value_cache, block_tables, q_lens, kv_lens, scale, extra)
+
+    def _prefill(self, out, query, key_cache, value_cache, block_tables, q_lens, kv_lens, scale, extra) -> None:
         o = self._fused_attention(layout.pad_queries(query, q_lens), key_cache, value_cache, block_tables,
                                   kv_lens, scale, actual_seq_lengths=q_lens, **extra)
         out.copy_(layout.unpad_output(o, q_lens, self.num_heads))
+
+    # -- once per step, then every layer: no host round-trip per layer ---------
+    def build_metadata(self, common: AttentionMetadata) -> step.NpuMetadata:
+        return step.build_step(self, common, getattr(self, "num_blocks", None))
+
+    def forward(self, query, key, value, kv_cache, meta):
+        if not isinstance(meta, step.NpuMetadata):  # a caller outside the model runner (tests)
+            meta = self.build_metadata(meta)
+        return super().forward(query, key, value, kv_cache, meta)
+
+    def _forward_write(self, key, value, kv_cache, meta) -> None:
+        v.check_caches(self, *kv_cache)
+        if meta.write_rows is not None:
+            key, value = key[meta.write_rows], value[meta.write_rows]
+        self._scatter(key, value, kv_cache[0], kv_cache[1], meta.write_slots)
+
+    def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
+        self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, meta.decode_kv_lens,
+                     self.scale, meta.decode_mask)
+
+    def _forward_prefill(self, out, query, kv_cache, meta) -> None:
+        _, _, tables = meta.prefill_part
+        self._prefill(out, query, kv_cache[0], kv_cache[1], tables, meta.prefill_q_lens,
+                      meta.prefill_kv_lens, self.scale, meta.prefill_extra)
