@@ -35,6 +35,7 @@ from functools import cached_property
 
 import torch
 
+from paged.backends.arg_checks import fail
 
 @dataclass
 class AttentionMetadata:
@@ -84,7 +85,7 @@ class AttentionBackend(abc.ABC):
                  dtype: torch.dtype, device: torch.device | str = "cpu",
                  scale: float | None = None, sliding_window: int | None = None):
         if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+            fail("num_heads", f"a multiple of num_kv_heads ({num_kv_heads})", num_heads)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size

@@ -38,14 +38,10 @@ Fn symbol(void* handle, const char* name) {
 }  // namespace
 
 AclRuntime::AclRuntime() {
-  // Kept open for the life of the process: device memory freed at exit
-  // still needs aclrtFree.
+  // Kept open for the life of the process (torch_npu holds the same library).
   static LibraryHandle library = open_library();
   void* h = library.get();
   init_ = symbol<InitFn>(h, "aclInit");
-  set_device_ = symbol<SetDeviceFn>(h, "aclrtSetDevice");
-  malloc_ = symbol<MallocFn>(h, "aclrtMalloc");
-  free_ = symbol<FreeFn>(h, "aclrtFree");
   err_msg_ = symbol<ErrMsgFn>(h, "aclGetRecentErrMsg");
   const aclError err = init_(nullptr);
   if (err != ACL_SUCCESS && err != ACL_ERROR_REPEAT_INITIALIZE) fail("aclInit", err);  // torch_npu may have run it
@@ -70,18 +66,5 @@ void AclRuntime::fail(const char* what, aclError err) const {
   throw std::runtime_error(std::string(what) + " failed with ACL error " + std::to_string(err) +
                            (msg && *msg ? std::string(": ") + msg : std::string()));
 }
-
-void AclRuntime::set_device(int32_t device) const {
-  if (const aclError err = set_device_(device); err != ACL_SUCCESS) fail("aclrtSetDevice", err);
-}
-
-void* AclRuntime::malloc(size_t bytes) const {
-  void* ptr = nullptr;
-  if (const aclError err = malloc_(&ptr, bytes, ACL_MEM_MALLOC_HUGE_FIRST); err != ACL_SUCCESS)
-    fail(("aclrtMalloc of " + std::to_string(bytes) + " bytes").c_str(), err);
-  return ptr;
-}
-
-void AclRuntime::free(void* ptr) const noexcept { free_(ptr); }
 
 }  // namespace paged::ascend

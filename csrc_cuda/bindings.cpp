@@ -4,7 +4,8 @@
 // host (shapes, dtypes, devices, contiguity, host-side block ids) is checked
 // once per call, naming the bad value; block ids that live on the GPU (block
 // tables, slot mappings) are guarded inside the kernels and checked by the
-// Python wrapper in debug mode (see docs/cuda.md).
+// Python wrapper in debug mode (see docs/cuda.md). Messages have the one
+// shape of csrc_shared/arg_error.h: "<name>: expected <X>, got <Y>".
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "arg_error.h"
 #include "ops.h"
 
 namespace nb = nanobind;
@@ -26,7 +28,8 @@ namespace {
 
 constexpr int kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3;
 
-[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+using paged::args::fail;
+using paged::args::fail_index;
 
 std::string shape_of(const Array& a) {
   std::string s = "(";
@@ -56,29 +59,26 @@ bool is_contiguous(const Array& a) {
 // Device, contiguity and rank of one argument.
 void check_array(const Array& a, const char* name, size_t ndim, bool on_cuda = true) {
   if (on_cuda && a.device_type() != kDLCUDA)
-    fail(std::string(name) + " must be a CUDA tensor (DLPack device type " + std::to_string(kDLCUDA) +
-         "), got device type " + std::to_string(a.device_type()));
-  if (a.ndim() != ndim)
-    fail(std::string(name) + " must be " + std::to_string(ndim) + "-D, got shape " + shape_of(a));
-  if (!is_contiguous(a)) fail(std::string(name) + " must be contiguous (shape " + shape_of(a) + ")");
+    fail(name, "a CUDA tensor (DLPack device type " + std::to_string(kDLCUDA) + ")",
+         "device type " + std::to_string(a.device_type()));
+  if (a.ndim() != ndim) fail(name, "a " + std::to_string(ndim) + "-D tensor", "shape " + shape_of(a));
+  if (!is_contiguous(a)) fail(name, "a contiguous tensor", "a strided one of shape " + shape_of(a));
 }
 
 void check_dim(const Array& a, const char* name, size_t dim, int64_t want) {
   if (int64_t(a.shape(dim)) != want)
-    fail(std::string(name) + " has shape " + shape_of(a) + "; dim " + std::to_string(dim) + " must be " +
-         std::to_string(want));
+    fail(name, "dim " + std::to_string(dim) + " = " + std::to_string(want), "shape " + shape_of(a));
 }
 
 void check_int(const Array& a, const char* name, int bits) {
   const auto dt = a.dtype();
   if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != bits || dt.lanes != 1)
-    fail(std::string(name) + " must have dtype int" + std::to_string(bits) + ", got " + dtype_name(a));
+    fail(name, "dtype int" + std::to_string(bits), dtype_name(a));
 }
 
 void check_same_device(const Array& a, const char* name, const Array& ref) {
   if (a.device_id() != ref.device_id())
-    fail(std::string(name) + " is on cuda:" + std::to_string(a.device_id()) + " but the cache is on cuda:" +
-         std::to_string(ref.device_id()));
+    fail(name, "the cache's device cuda:" + std::to_string(ref.device_id()), "cuda:" + std::to_string(a.device_id()));
 }
 
 pc::DType element_type(const Array& a, const char* name) {
@@ -86,7 +86,7 @@ pc::DType element_type(const Array& a, const char* name) {
   if (dt.lanes == 1 && dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 32) return pc::DType::F32;
   if (dt.lanes == 1 && dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 16) return pc::DType::F16;
   if (dt.lanes == 1 && dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16) return pc::DType::BF16;
-  fail(std::string(name) + " has dtype " + dtype_name(a) + "; supported: float32, float16, bfloat16");
+  fail(name, "dtype float32, float16 or bfloat16", dtype_name(a));
 }
 
 // The pair of caches of one layer: [num_blocks, num_kv_heads, block_size, head_size].
@@ -96,14 +96,14 @@ pc::CacheGeometry cache_geometry(const Array& key_cache, const Array& value_cach
   pc::CacheGeometry g{int(key_cache.shape(0)), int(key_cache.shape(1)), int(key_cache.shape(2)),
                       int(key_cache.shape(3)), element_type(key_cache, "key_cache")};
   if (shape_of(value_cache) != shape_of(key_cache))
-    fail("value_cache has shape " + shape_of(value_cache) + " but key_cache has " + shape_of(key_cache));
+    fail("value_cache", "key_cache's shape " + shape_of(key_cache), "shape " + shape_of(value_cache));
   if (element_type(value_cache, "value_cache") != g.dtype)
-    fail("value_cache has dtype " + dtype_name(value_cache) + " but key_cache has " + dtype_name(key_cache));
+    fail("value_cache", "key_cache's dtype " + dtype_name(key_cache), dtype_name(value_cache));
   check_same_device(value_cache, "value_cache", key_cache);
   if (g.head_size != 64 && g.head_size != 128)
-    fail("head_size " + std::to_string(g.head_size) + " (key_cache dim 3) is not supported: use 64 or 128");
+    fail("head_size (key_cache dim 3)", "64 or 128", g.head_size);
   if (g.block_size < 1 || g.num_kv_heads < 1)
-    fail("key_cache has shape " + shape_of(key_cache) + "; block_size and num_kv_heads must be >= 1");
+    fail("key_cache", "block_size and num_kv_heads >= 1", "shape " + shape_of(key_cache));
   return g;
 }
 
@@ -115,7 +115,7 @@ void check_rows(const Array& a, const char* name, int64_t rows, int64_t heads, c
   check_dim(a, name, 1, heads);
   check_dim(a, name, 2, g.head_size);
   if (element_type(a, name) != g.dtype)
-    fail(std::string(name) + " has dtype " + dtype_name(a) + " but the cache has " + dtype_name(cache));
+    fail(name, "the cache's dtype " + dtype_name(cache), dtype_name(a));
   check_same_device(a, name, cache);
 }
 
@@ -126,8 +126,8 @@ void check_index(const Array& a, const char* name, size_t ndim, int bits, const 
 }
 
 void check_scale_window(double scale, int window) {
-  if (!std::isfinite(scale) || scale == 0.0) fail("scale must be a finite non-zero number, got " + std::to_string(scale));
-  if (window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + std::to_string(window));
+  if (!std::isfinite(scale) || scale == 0.0) fail("scale", "a finite non-zero number", scale);
+  if (window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", window);
 }
 
 // Shared by decode and prefill: query/out, caches, tables, lengths.
@@ -142,17 +142,17 @@ AttentionCheck check_attention(const Array& out, const Array& query, const Array
   check_array(query, "query", 3);
   const int num_heads = int(query.shape(1));
   if (num_heads < 1 || num_heads % g.num_kv_heads)
-    fail("query has " + std::to_string(num_heads) + " heads; must be a positive multiple of num_kv_heads (" +
-         std::to_string(g.num_kv_heads) + ")");
+    fail("query heads (dim 1)", "a positive multiple of num_kv_heads (" + std::to_string(g.num_kv_heads) + ")",
+         num_heads);
   check_rows(query, "query", -1, num_heads, g, key_cache);
   check_rows(out, "out", int64_t(query.shape(0)), num_heads, g, key_cache);
   check_index(seq_lens, "seq_lens", 1, 32, key_cache);
   check_index(block_tables, "block_tables", 2, 32, key_cache);
   const int num_seqs = int(seq_lens.shape(0));
   if (int64_t(block_tables.shape(0)) != num_seqs)
-    fail("block_tables has " + std::to_string(block_tables.shape(0)) + " rows but seq_lens has " +
-         std::to_string(num_seqs) + " (mismatched batch sizes)");
-  if (num_seqs && block_tables.shape(1) == 0) fail("block_tables has no columns (shape " + shape_of(block_tables) + ")");
+    fail("block_tables", "one row per sequence (" + std::to_string(num_seqs) + " in seq_lens)",
+         std::to_string(block_tables.shape(0)) + " rows");
+  if (num_seqs && block_tables.shape(1) == 0) fail("block_tables", "at least one column", "shape " + shape_of(block_tables));
   check_scale_window(scale, window);
   return {g, num_heads, num_seqs};
 }
@@ -184,8 +184,7 @@ void reshape_and_cache(const Array& key, const Array& value, const Array& key_ca
   check_rows(value, "value", int64_t(key.shape(0)), g.num_kv_heads, g, key_cache);
   check_index(slot_mapping, "slot_mapping", 1, 64, key_cache);
   if (slot_mapping.shape(0) != key.shape(0))
-    fail("slot_mapping has " + std::to_string(slot_mapping.shape(0)) + " rows but key has " +
-         std::to_string(key.shape(0)) + " (mismatched batch sizes)");
+    fail("slot_mapping", std::to_string(key.shape(0)) + " rows (one per key row)", slot_mapping.shape(0));
   pc::reshape_and_cache(key.data(), value.data(), key_cache.data(), value_cache.data(),
                         static_cast<const int64_t*>(slot_mapping.data()), int(key.shape(0)), g, stream);
 }
@@ -196,8 +195,8 @@ void paged_attention(const Array& out, const Array& query, const Array& key_cach
   const AttentionCheck c =
       check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window);
   if (int64_t(query.shape(0)) != c.num_seqs)
-    fail("query has " + std::to_string(query.shape(0)) + " sequences but seq_lens has " +
-         std::to_string(c.num_seqs) + " (mismatched batch sizes)");
+    fail("seq_lens", "one entry per query row (" + std::to_string(query.shape(0)) + ")",
+         std::to_string(c.num_seqs) + " entries");
   pc::AttentionArgs a = make_args(out, query, key_cache, value_cache, block_tables, seq_lens, c, scale, sliding_window);
   a.max_splits = pc::decode_max_splits(a.max_blocks_per_seq, c.g.block_size, sliding_window);
   if (a.max_splits > 1) {
@@ -209,7 +208,7 @@ void paged_attention(const Array& out, const Array& query, const Array& key_cach
       check_dim(split_max_sum, "split_max_sum", d, d == 3 ? 2 : want[d]);
     }
     for (const auto* w : {&split_out, &split_max_sum}) {
-      if (element_type(*w, "split workspace") != pc::DType::F32) fail("split workspace must be float32, got " + dtype_name(*w));
+      if (element_type(*w, "split workspace") != pc::DType::F32) fail("split workspace", "float32", dtype_name(*w));
       check_same_device(*w, "split workspace", key_cache);
     }
     a.split_out = static_cast<float*>(split_out.data());
@@ -226,8 +225,7 @@ void prefill_attention(const Array& out, const Array& query, const Array& key_ca
   check_index(query_start_loc, "query_start_loc", 1, 32, key_cache);
   check_dim(query_start_loc, "query_start_loc", 0, int64_t(c.num_seqs) + 1);
   if (max_query_len < 1 || max_query_len > int64_t(query.shape(0)))
-    fail("max_query_len " + std::to_string(max_query_len) + " must be in [1, " + std::to_string(query.shape(0)) +
-         "] (query rows)");
+    fail("max_query_len", "in [1, " + std::to_string(query.shape(0)) + "] (query rows)", max_query_len);
   pc::AttentionArgs a = make_args(out, query, key_cache, value_cache, block_tables, seq_lens, c, scale, sliding_window);
   a.query_start_loc = static_cast<const int*>(query_start_loc.data());
   a.max_query_len = max_query_len;
@@ -237,8 +235,8 @@ void prefill_attention(const Array& out, const Array& query, const Array& key_ca
 void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches,
                  const Array& block_mapping, std::uintptr_t stream) {
   if (key_caches.size() != value_caches.size())
-    fail("key_caches has " + std::to_string(key_caches.size()) + " layers but value_caches has " +
-         std::to_string(value_caches.size()));
+    fail("value_caches", "one per layer of key_caches (" + std::to_string(key_caches.size()) + ")",
+         value_caches.size());
   if (key_caches.empty()) return;
   const pc::CacheGeometry g = cache_geometry(key_caches[0], value_caches[0]);
   check_index(block_mapping, "block_mapping", 2, 64, key_caches[0]);
@@ -246,9 +244,9 @@ void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>&
   for (size_t i = 0; i < key_caches.size(); ++i) {
     cache_geometry(key_caches[i], value_caches[i]);
     if (shape_of(key_caches[i]) != shape_of(key_caches[0]) || key_caches[i].dtype() != key_caches[0].dtype())
-      fail("all layers must share one cache shape and dtype: layer " + std::to_string(i) + " has " +
-           shape_of(key_caches[i]) + " " + dtype_name(key_caches[i]) + ", layer 0 has " +
-           shape_of(key_caches[0]) + " " + dtype_name(key_caches[0]));
+      fail("key_caches[" + std::to_string(i) + "]",
+           "layer 0's shape and dtype " + shape_of(key_caches[0]) + " " + dtype_name(key_caches[0]),
+           shape_of(key_caches[i]) + " " + dtype_name(key_caches[i]));
     check_same_device(key_caches[i], "key_caches[i]", key_caches[0]);
   }
   for (size_t i = 0; i < key_caches.size(); ++i)
@@ -260,24 +258,26 @@ void swap_blocks(const Array& src, const Array& dst, const Array& block_mapping,
   for (auto [a, name] : {std::pair{&src, "src_cache"}, std::pair{&dst, "dst_cache"}}) {
     const int dev = a->device_type();
     if (dev != kDLCUDA && dev != kDLCPU && dev != kDLCUDAHost)
-      fail(std::string(name) + " must be a CUDA or (pinned) host tensor, got DLPack device type " + std::to_string(dev));
+      fail(name, "a CUDA or (pinned) host tensor", "DLPack device type " + std::to_string(dev));
     check_array(*a, name, src.ndim(), false);
   }
-  if (src.ndim() < 1) fail("src_cache must have a block dimension, got shape " + shape_of(src));
-  if (src.dtype() != dst.dtype()) fail("dst_cache has dtype " + dtype_name(dst) + " but src_cache has " + dtype_name(src));
+  if (src.ndim() < 1) fail("src_cache", "a block dimension", "shape " + shape_of(src));
+  if (src.dtype() != dst.dtype()) fail("dst_cache", "src_cache's dtype " + dtype_name(src), dtype_name(dst));
   for (size_t d = 1; d < src.ndim(); ++d) check_dim(dst, "dst_cache", d, int64_t(src.shape(d)));
   check_array(block_mapping, "block_mapping", 2, false);
   check_int(block_mapping, "block_mapping", 64);
   check_dim(block_mapping, "block_mapping", 1, 2);
-  if (block_mapping.device_type() != kDLCPU) fail("block_mapping for swap_blocks must be a CPU tensor");
+  if (block_mapping.device_type() != kDLCPU)
+    fail("block_mapping (swap_blocks)", "a CPU tensor", "DLPack device type " + std::to_string(block_mapping.device_type()));
   const auto* m = static_cast<const int64_t*>(block_mapping.data());
   const int64_t limits[2] = {int64_t(src.shape(0)), int64_t(dst.shape(0))};
   for (size_t i = 0; i < block_mapping.shape(0); ++i)
     for (int col = 0; col < 2; ++col)
       if (m[2 * i + col] < 0 || m[2 * i + col] >= limits[col])
-        throw std::out_of_range("block_mapping[" + std::to_string(i) + ", " + std::to_string(col) + "] = " +
-                                std::to_string(m[2 * i + col]) + " is not a " + (col ? "destination" : "source") +
-                                " block id in [0, " + std::to_string(limits[col]) + ")");
+        fail_index("block_mapping[" + std::to_string(i) + ", " + std::to_string(col) + "]",
+                   std::string("a ") + (col ? "destination" : "source") + " block id in [0, " +
+                       std::to_string(limits[col]) + ")",
+                   m[2 * i + col]);
   const size_t block_bytes = src.nbytes() / (src.shape(0) ? src.shape(0) : 1);
   pc::swap_blocks(src.data(), dst.data(), m, int(block_mapping.shape(0)), block_bytes, stream);
 }
@@ -291,13 +291,13 @@ nb::ndarray<nb::pytorch> arena_view(pc::DeviceArena& arena, size_t offset, const
   if (dtype == "float32") dt = nb::dtype<float>(), elem = 4;
   else if (dtype == "float16") dt = {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
   else if (dtype == "bfloat16") dt = {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
-  else fail("dtype '" + dtype + "' is not supported: use float32, float16 or bfloat16");
+  else fail("dtype", "float32, float16 or bfloat16", "'" + dtype + "'");
   size_t bytes = elem;
   for (size_t s : shape) bytes *= s;
-  if (offset % 256) fail("offset " + std::to_string(offset) + " must be a multiple of 256 bytes");
+  if (offset % 256) fail("offset", "a multiple of 256 bytes", offset);
   if (offset > arena.size() || bytes > arena.size() - offset)
-    throw std::out_of_range("view of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-                            " exceeds the arena's " + std::to_string(arena.size()) + " bytes");
+    fail_index("view", "offset + bytes <= the arena's " + std::to_string(arena.size()) + " bytes",
+               std::to_string(bytes) + " bytes at offset " + std::to_string(offset));
   return nb::ndarray<nb::pytorch>(static_cast<char*>(arena.data()) + offset, shape.size(), shape.data(),
                                   nb::find(&arena), nullptr, dt, kDLCUDA, arena.device());
 }

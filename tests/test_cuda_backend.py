@@ -71,20 +71,20 @@ def test_boundary_rejects_host_tensors_and_bad_shapes():
     kc = torch.zeros(4, 2, 16, 64, dtype=torch.float16)
     key = torch.zeros(3, 2, 64, dtype=torch.float16)
     slots = torch.zeros(3, dtype=torch.int64)
-    with pytest.raises(ValueError, match="key_cache must be a CUDA tensor"):
+    with pytest.raises(ValueError, match=r"key_cache: expected a CUDA tensor \(DLPack device type 2\), got device type 1"):
         ops.reshape_and_cache(key, key, kc, kc, slots, 0)
-    with pytest.raises(ValueError, match="key_caches has 1 layers but value_caches has 0"):
+    with pytest.raises(ValueError, match=r"value_caches: expected one per layer of key_caches \(1\), got 0"):
         ops.copy_blocks([kc], [], torch.zeros(0, 2, dtype=torch.int64), 0)
 
 
 def test_swap_blocks_host_side_checks():
     ops = _ops()
     src, dst = torch.zeros(4, 2, 16, 64), torch.zeros(3, 2, 16, 64)
-    with pytest.raises(IndexError, match=r"block_mapping\[1, 1\] = 3 is not a destination block id in \[0, 3\)"):
+    with pytest.raises(IndexError, match=r"block_mapping\[1, 1\]: expected a destination block id in \[0, 3\), got 3"):
         ops.swap_blocks(src, dst, torch.tensor([[0, 0], [1, 3]]), 0)
-    with pytest.raises(ValueError, match="dst_cache has shape"):
+    with pytest.raises(ValueError, match=r"dst_cache: expected dim 3 = 64, got shape \(3, 2, 16, 32\)"):
         ops.swap_blocks(src, torch.zeros(3, 2, 16, 32), torch.tensor([[0, 0]]), 0)
-    with pytest.raises(ValueError, match="int64"):
+    with pytest.raises(ValueError, match="block_mapping: expected dtype int64, got int32"):
         ops.swap_blocks(src, dst, torch.tensor([[0, 0]], dtype=torch.int32), 0)
     if not HAS_GPU:  # valid arguments reach the CUDA runtime, whose error surfaces as RuntimeError
         with pytest.raises(RuntimeError, match="swap_blocks: CUDA error"):
@@ -149,9 +149,9 @@ def test_kv_cache_budget_arithmetic():
 def test_backend_rejects_unsupported_shapes():
     from paged.backends.cuda import CudaBackend
 
-    with pytest.raises(ValueError, match="head_size 96"):
+    with pytest.raises(ValueError, match=r"head_size \(cuda\): expected one of 64, 128, got 96"):
         CudaBackend(8, 2, 96, 16, torch.float16, "cuda")
-    with pytest.raises(ValueError, match="needs a cuda device"):
+    with pytest.raises(ValueError, match=r"device \(cuda backend\): expected a cuda device, got cpu"):
         CudaBackend(8, 2, 64, 16, torch.float16, "cpu")
 
 

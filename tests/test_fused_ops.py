@@ -178,9 +178,9 @@ def test_bad_arguments_raise_naming_the_value():
     qkv = torch.randn(2, 3 * 8)
     with pytest.raises(ValueError, match="head_dim must be even"):
         C.rotary_embedding(torch.zeros(2, dtype=torch.int64), torch.randn(2, 3 * 7), cache, 1, 1, 7)
-    with pytest.raises(ValueError, match="qkv has shape"):
+    with pytest.raises(ValueError, match=r"qkv: expected dim 1 = 32 \(\(num_heads \+ 2 \* num_kv_heads\) \* head_dim\), got shape \[2, 24\]"):
         C.rotary_embedding(torch.zeros(2, dtype=torch.int64), qkv, cache, 2, 1, 8)
-    with pytest.raises(ValueError, match="positions has dtype int32"):
+    with pytest.raises(ValueError, match="positions: expected dtype int64, got dtype int32"):
         C.rotary_embedding(torch.zeros(2, dtype=torch.int32), qkv, cache, 1, 1, 8)
     with pytest.raises(IndexError, match=r"positions\[1\] = 16"):
         C.rotary_embedding(torch.tensor([0, 16]), qkv, cache, 1, 1, 8)

@@ -1,5 +1,5 @@
 """Ascend NPU pieces that need no device: layout / mask arithmetic, argument
-checks, detection messages, the _C_ascend pool host code without CANN.
+checks, per-step metadata, detection messages, the _C_ascend probe without CANN.
 The NPU conformance run itself needs a 910B and is skipped here."""
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ PAGED = Path(sys.executable).with_name("paged")
 # ---- layout and masks ---------------------------------------------------------
 
 @pytest.mark.parametrize("kw, needle", [
-    (dict(dtype=torch.float32), "torch.float32"), (dict(block_size=16), "block_size 16"),
-    (dict(block_size=640), "block_size 640"), (dict(head_size=72), "head_size 72"),
-    (dict(num_heads=12, num_kv_heads=8), "num_heads 12"), (dict(num_heads=130, num_kv_heads=2), "130"),
+    (dict(dtype=torch.float32), r"dtype \(npu\): expected one of .*, got torch.float32"),
+    (dict(block_size=16), r"block_size \(npu\): expected a multiple of 128 .*, got 16$"),
+    (dict(block_size=640), "block_size .*got 640$"), (dict(head_size=72), r"head_size \(npu\): expected .*got 72$"),
+    (dict(num_heads=12, num_kv_heads=8), "num_heads / num_kv_heads .*got 12 / 8$"),
+    (dict(num_heads=130, num_kv_heads=2), "got 130 / 2$"),
 ])
 def test_unsupported_shapes_are_named(kw, needle):
     args = dict(num_heads=8, num_kv_heads=2, head_size=128, block_size=128, dtype=torch.float16) | kw
@@ -33,12 +35,10 @@ def test_unsupported_shapes_are_named(kw, needle):
         NpuBackend(**args, device="cpu")
 
 
-def test_cache_layout_and_alignment():
+def test_cache_layout():
     be = NpuBackend(8, 2, 128, 128, torch.bfloat16, "cpu")
     assert be.kv_cache_shape(5) == (5, 128, 2, 128)
-    assert layout.align_up(1) == 512 and layout.align_up(512) == 512 and layout.align_up(0) == 0
-    b = layout.block_bytes(128, 2, 128, torch.bfloat16, num_layers=3)
-    assert b % layout.DEVICE_ALIGNMENT == 0 and b >= be.bytes_per_block(3)
+    assert be.bytes_per_block(3) == 2 * 3 * 128 * 2 * 128 * 2
 
 
 def test_pad_unpad_roundtrip():
@@ -95,9 +95,9 @@ def test_bad_arguments_fail_before_any_operator():
     be = NpuBackend(4, 2, 16, 128, torch.float16, "cpu")
     ((kc, vc),) = be.allocate_kv_cache(1, 2)
     k = torch.zeros(3, 2, 16, dtype=torch.float16)
-    with pytest.raises(IndexError, match="256"):
+    with pytest.raises(IndexError, match=r"slot_mapping\[2\]: expected a slot < 256 .*, got 256$"):
         be.reshape_and_cache(k, k, kc, vc, torch.tensor([0, 1, 256]))
-    with pytest.raises(ValueError, match="slot_mapping"):
+    with pytest.raises(ValueError, match="slot_mapping: expected dtype torch.int64, got torch.int32"):
         be.reshape_and_cache(k, k, kc, vc, torch.tensor([0, 1, 2], dtype=torch.int32))
 
 
@@ -161,40 +161,13 @@ def _c_ascend():
     return pytest.importorskip("paged._C_ascend", reason="_C_ascend not built (torch-npu headers not found)")
 
 
-def test_c_ascend_argument_checks_and_missing_cann():
+def test_c_ascend_binds_only_the_acl_probe():
+    """No block pool and no device arena: accounting is the host's, memory torch_npu's."""
     m = _c_ascend()
-    assert m.DEVICE_ALIGNMENT == layout.DEVICE_ALIGNMENT
-    assert m.block_stride(4, 1) == 512 and m.block_stride(4, 513) == 1024
-    with pytest.raises(ValueError, match="num_blocks"):
-        m.block_stride(0, 64)
-    pool = m.BlockPool(4)
-    with pytest.raises(ValueError, match="block_bytes must be > 0, got 0"):
-        pool.reserve_device_memory(0)
-    with pytest.raises(ValueError, match="overflows"):
-        pool.reserve_device_memory(2**62)
-    with pytest.raises(ValueError, match="device must be >= 0, got -1"):
-        pool.reserve_device_memory(64, -1)
-    with pytest.raises(IndexError, match="block 7"):
-        pool.block_address(7)
-    with pytest.raises(RuntimeError, match="no device memory reserved"):
-        pool.block_address(0)
-    if m.acl_error():  # no CANN here: a clear error, not a crash
-        with pytest.raises(RuntimeError, match="libascendcl.so.*set_env.sh"):
-            pool.reserve_device_memory(layout.block_bytes(128, 2, 128, torch.bfloat16, 2))
-        assert not pool.has_device_memory
-
-
-def test_c_ascend_pool_accounting_matches_model():
-    m = _c_ascend()
-    from paged.core.conformance import pool_checks
-    from paged.core.conformance.runner import Context
-
-    class _P:
-        def block_pool_cls(self):
-            return m.BlockPool
-
-    pool_checks._random_sequence(Context(_P(), quick=True, seed=3))
-    pool_checks._bad_use(Context(_P()))
+    assert not hasattr(m, "BlockPool") and not hasattr(m, "block_stride")
+    err = m.acl_error()
+    if not NpuPlatform().is_available().ok:  # no CANN here: a message naming what to install
+        assert "libascendcl.so" in err and "set_env.sh" in err, err
 
 
 def test_npu_conformance():

@@ -310,7 +310,7 @@ def test_argument_errors():
         ((x, "q5_k", qs, d, m, out), "q5_k"),
         ((x.double(), "q4_1", qs, d, m, out), "x has dtype float64"),
         ((torch.randn(2, 32), "q4_1", qs, d, m, out), r"x has shape \[2, 32\]"),
-        ((x.t().contiguous().t(), "q4_1", qs, d, m, out), "x must be contiguous"),
+        ((x.t().contiguous().t(), "q4_1", qs, d, m, out), r"x: expected a contiguous tensor \(stride 1 in dim 1\), got shape \[2, 64\] with stride 2"),
         ((x, "q4_1", qs.to(torch.int8), d, m, out), "qs has dtype int8"),
         ((x, "q4_1", qs[:, :8].contiguous(), d, m, torch.empty(2, 8)), "multiple of 32"),
         ((x, "q4_1", qs, d[:, :1].contiguous(), m, out), r"d has shape \[8, 1\]"),

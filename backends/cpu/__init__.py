@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from paged.backends.arg_checks import fail
 from paged.backends.base import AttentionBackend
 
 __all__ = ["CpuBackend", "ops"]
@@ -47,10 +48,9 @@ class CpuBackend(AttentionBackend):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.device.type != "cpu":
-            raise ValueError(f"CpuBackend runs on the CPU, got device {self.device}")
+            fail("device (CpuBackend)", "cpu", self.device)
         if self.head_size % 16 or not 16 <= self.head_size <= 256:
-            raise ValueError(f"head_size {self.head_size} is not supported by the CPU kernels "
-                             "(a multiple of 16 in [16, 256])")
+            fail("head_size (cpu kernels)", "a multiple of 16 in [16, 256]", self.head_size)
         self._ops = ops()
 
     # [num_blocks, num_kv_heads, block_size, head_size]: one head's tokens of a
@@ -83,7 +83,7 @@ class CpuBackend(AttentionBackend):
 
     def read_kv(self, key_cache, value_cache, slot_mapping):
         if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1:
-            raise ValueError(f"slot_mapping must be a 1-D tensor, got {slot_mapping!r:.80}")
+            fail("slot_mapping", "a 1-D tensor", f"{slot_mapping!r:.80}")
         shape = (slot_mapping.shape[0], self.num_kv_heads, self.head_size)
         key = torch.empty(shape, dtype=key_cache.dtype)
         value = torch.empty(shape, dtype=key_cache.dtype)

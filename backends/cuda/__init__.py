@@ -25,6 +25,7 @@ import os
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from paged.backends.arg_checks import check_choice, check_range, fail
 from paged.backends.base import AttentionMetadata
 from paged.backends.reference import ReferenceBackend, check_distinct_destinations
 from paged.backends.reference import validation as v
@@ -52,15 +53,12 @@ class CudaBackend(ReferenceBackend):
 
     def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="cuda",
                  scale=None, sliding_window=None, check_ids: bool | None = None):
-        if head_size not in SUPPORTED_HEAD_SIZES:
-            raise ValueError(f"head_size {head_size} is not supported by the cuda backend (use 64 or 128)")
-        if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype {dtype} is not supported by the cuda backend (use bfloat16, float16, float32)")
-        if int(block_size) < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        check_choice("head_size (cuda)", head_size, SUPPORTED_HEAD_SIZES)
+        check_choice("dtype (cuda)", dtype, SUPPORTED_DTYPES)
+        check_range("block_size", int(block_size), lo=1)
         super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
         if self.device.type != "cuda":
-            raise ValueError(f"the cuda backend needs a cuda device, got {self.device}")
+            fail("device (cuda backend)", "a cuda device", self.device)
         if self.device.index is None:  # pin "cuda" to a concrete device so checks compare equal
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "1") != "0") if check_ids is None else bool(check_ids)
@@ -184,6 +182,5 @@ class CudaBackend(ReferenceBackend):
         check_distinct_destinations(mapping)
         device = src_cache.device if src_cache.device.type == "cuda" else dst_cache.device
         if device.type != "cuda":
-            raise ValueError(f"swap_blocks moves blocks to or from a CUDA cache; got {src_cache.device} -> "
-                             f"{dst_cache.device}")
+            fail("swap_blocks devices", "a CUDA cache on one side", f"{src_cache.device} -> {dst_cache.device}")
         _ops().swap_blocks(to_dlpack(src_cache), to_dlpack(dst_cache), to_dlpack(mapping), _stream(device))

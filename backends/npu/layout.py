@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from paged.backends.arg_checks import check_choice, fail
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # Paged attention with more than one query token (prefill, chunked prefill,
 # prefix-cache hits) needs block_size a multiple of 128 in [128, 512].
@@ -19,25 +20,22 @@ MAX_HEAD_SIZE = 512
 MAX_GQA_RATIO = 64            # num_heads / num_kv_heads
 MAX_KV_HIDDEN = 65535         # Hkv * D with the (blocks, block_size, Hkv*D) cache view
 CAUSAL_MASK_SIZE = 2048       # sparse_mode 3 takes a fixed 2048 x 2048 lower-triangular mask
-DEVICE_ALIGNMENT = 512        # bytes: ACL allocations and each block start in the pool arena
 
 
 def check_shape(num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype) -> None:
     """Raise ValueError naming the first value the CANN operators cannot take."""
-    if dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype {dtype} is not supported on npu (use torch.bfloat16 or torch.float16)")
+    check_choice("dtype (npu)", dtype, SUPPORTED_DTYPES)
     if block_size <= 0 or block_size % BLOCK_SIZE_MULTIPLE or block_size > MAX_BLOCK_SIZE:
-        raise ValueError(f"block_size {block_size} is not supported on npu: the paged attention operator "
-                         f"needs a multiple of {BLOCK_SIZE_MULTIPLE} in [{BLOCK_SIZE_MULTIPLE}, {MAX_BLOCK_SIZE}]")
+        fail("block_size (npu)", f"a multiple of {BLOCK_SIZE_MULTIPLE} in [{BLOCK_SIZE_MULTIPLE}, "
+             f"{MAX_BLOCK_SIZE}] (the paged attention operator)", block_size)
     if head_size <= 0 or head_size % HEAD_SIZE_ALIGN or head_size > MAX_HEAD_SIZE:
-        raise ValueError(f"head_size {head_size} is not supported on npu: needs a multiple of "
-                         f"{HEAD_SIZE_ALIGN} up to {MAX_HEAD_SIZE}")
+        fail("head_size (npu)", f"a multiple of {HEAD_SIZE_ALIGN} up to {MAX_HEAD_SIZE}", head_size)
     if num_kv_heads <= 0 or num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GQA_RATIO:
-        raise ValueError(f"num_heads {num_heads} / num_kv_heads {num_kv_heads} is not supported on npu: "
-                         f"needs an integer ratio up to {MAX_GQA_RATIO}")
+        fail("num_heads / num_kv_heads (npu)", f"an integer ratio up to {MAX_GQA_RATIO}",
+             f"{num_heads} / {num_kv_heads}")
     if num_kv_heads * head_size > MAX_KV_HIDDEN:
-        raise ValueError(f"num_kv_heads * head_size = {num_kv_heads * head_size} exceeds {MAX_KV_HIDDEN}, "
-                         "the limit of the (blocks, block_size, hidden) cache view")
+        fail("num_kv_heads * head_size (npu)", f"<= {MAX_KV_HIDDEN} (the (blocks, block_size, hidden) cache view)",
+             num_kv_heads * head_size)
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -45,19 +43,6 @@ def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_siz
     npu_scatter_pa_kv_cache writes it as is (its 'Norm' cache mode) and
     npu_fused_infer_attention_score reads it as [num_blocks, block_size, Hkv*D]."""
     return (num_blocks, block_size, num_kv_heads, head_size)
-
-
-def align_up(n: int, alignment: int = DEVICE_ALIGNMENT) -> int:
-    if n < 0 or alignment <= 0:
-        raise ValueError(f"align_up needs n >= 0 and alignment > 0, got n={n}, alignment={alignment}")
-    return (n + alignment - 1) // alignment * alignment
-
-
-def block_bytes(block_size: int, num_kv_heads: int, head_size: int, dtype, num_layers: int) -> int:
-    """Device bytes one block takes in the pool arena (K and V of every
-    layer), rounded up so every block starts DEVICE_ALIGNMENT-aligned."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return align_up(2 * num_layers * block_size * num_kv_heads * head_size * elem)
 
 
 def query_lens(query_start_loc: torch.Tensor) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from paged.backends.arg_checks import fail
 from paged.backends.base import AttentionBackend
 from paged.backends.reference import validation as v
 
@@ -88,8 +89,7 @@ class ReferenceBackend(AttentionBackend):
         """Decode arguments: the attention checks plus one sequence per query row."""
         self._check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window)
         if seq_lens.shape[0] != query.shape[0]:
-            raise ValueError(f"query has {query.shape[0]} sequences but seq_lens has {seq_lens.shape[0]} "
-                             "(mismatched batch sizes)")
+            fail("seq_lens", f"one entry per query row ({query.shape[0]})", f"{seq_lens.shape[0]} entries")
 
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
@@ -117,14 +117,14 @@ class ReferenceBackend(AttentionBackend):
         """For every layer, block dst <- block src; all copies read the state
         before the call, destinations must be distinct."""
         if len(key_caches) != len(value_caches):
-            raise ValueError(f"key_caches has {len(key_caches)} layers but value_caches has {len(value_caches)}")
+            fail("value_caches", f"one per layer of key_caches ({len(key_caches)})", len(value_caches))
         if not len(key_caches):
             return
         for kc, vc in zip(key_caches, value_caches):
             v.check_caches(self, kc, vc)
             if kc.shape != key_caches[0].shape:
-                raise ValueError(f"all layers must share one cache shape: {tuple(kc.shape)} vs "
-                                 f"{tuple(key_caches[0].shape)}")
+                fail("key_caches", f"one cache shape for all layers {tuple(key_caches[0].shape)}",
+                     tuple(kc.shape))
         n = key_caches[0].shape[0]
         v.check_block_mapping(block_mapping, n, n)
         check_distinct_destinations(block_mapping)
@@ -149,4 +149,4 @@ def check_distinct_destinations(block_mapping):
     dst = block_mapping[:, 1].cpu()
     uniq, counts = torch.unique(dst, return_counts=True)
     if bool((counts > 1).any()):
-        raise ValueError(f"block_mapping writes block {int(uniq[counts > 1][0])} more than once")
+        fail("block_mapping", "distinct destination blocks", f"block {int(uniq[counts > 1][0])} written more than once")

@@ -2,20 +2,19 @@
 
 The reference backend runs these once per call so that it rejects exactly
 the inputs a compiled backend rejects (the conformance suite checks both the
-same way). Every message names the argument and the offending value.
+same way). Messages come from backends/arg_checks.py:
+``name: expected X, got Y``, naming the argument and the offending value.
 """
 
 from __future__ import annotations
 
 import torch
 
+from paged.backends.arg_checks import fail, fail_index, fail_type
+
 INDEX_DTYPES = {"slot_mapping": torch.int64, "block_tables": torch.int32,
                 "seq_lens": torch.int32, "query_start_loc": torch.int32,
                 "block_mapping": torch.int64}
-
-
-def _fail(msg: str):
-    raise ValueError(msg)
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -25,25 +24,25 @@ def same_device(a: torch.device, b: torch.device) -> bool:
 
 def check_tensor(name: str, t, ndim: int | None = None, dtype=None, device=None, shape=None):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        fail_type(name, "a torch.Tensor", type(t).__name__)
     if ndim is not None and t.dim() != ndim:
-        _fail(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+        fail(name, f"a {ndim}-D tensor", f"shape {tuple(t.shape)}")
     if dtype is not None and t.dtype != dtype:
-        _fail(f"{name} must have dtype {dtype}, got {t.dtype}")
+        fail(name, f"dtype {dtype}", t.dtype)
     if device is not None and not same_device(t.device, torch.device(device)):
-        _fail(f"{name} must be on {device}, got {t.device}")
+        fail(name, f"a tensor on {device}", t.device)
     if shape is not None:
         for i, want in enumerate(shape):
             if want is not None and t.shape[i] != want:
-                _fail(f"{name} has shape {tuple(t.shape)}; dim {i} must be {want}")
+                fail(name, f"dim {i} = {want}", f"shape {tuple(t.shape)}")
     if not t.is_contiguous():
-        _fail(f"{name} must be contiguous (shape {tuple(t.shape)}, stride {t.stride()})")
+        fail(name, "a contiguous tensor", f"shape {tuple(t.shape)} with stride {t.stride()}")
 
 
 def check_index(name: str, t, ndim: int, device, length: int | None = None):
     check_tensor(name, t, ndim=ndim, dtype=INDEX_DTYPES[name], device=device)
     if length is not None and t.shape[0] != length:
-        _fail(f"{name} has {t.shape[0]} rows but {length} were expected (mismatched batch sizes)")
+        fail(name, f"{length} rows (one per token)", t.shape[0])
 
 
 def check_caches(be, key_cache, value_cache):
@@ -62,16 +61,16 @@ def check_block_tables(be, block_tables, seq_lens, num_blocks: int):
     valid block ids; entries past the used ones are padding and ignored."""
     num_seqs = seq_lens.shape[0]
     if block_tables.shape[0] != num_seqs:
-        _fail(f"block_tables has {block_tables.shape[0]} rows but seq_lens has {num_seqs} (mismatched batch sizes)")
+        fail("block_tables", f"one row per sequence ({num_seqs} in seq_lens)", f"{block_tables.shape[0]} rows")
     lens = seq_lens.cpu()
     if num_seqs and int(lens.min()) < 1:
         i = int(torch.argmin(lens))
-        _fail(f"seq_lens[{i}] = {int(lens[i])} must be >= 1")
+        fail(f"seq_lens[{i}]", ">= 1", int(lens[i]))
     capacity = block_tables.shape[1] * be.block_size
     if num_seqs and int(lens.max()) > capacity:
         i = int(torch.argmax(lens))
-        _fail(f"seq_lens[{i}] = {int(lens[i])} exceeds the block table capacity "
-              f"{block_tables.shape[1]} blocks x {be.block_size} = {capacity} tokens")
+        fail(f"seq_lens[{i}]", f"<= the block table capacity ({block_tables.shape[1]} blocks x "
+             f"{be.block_size} = {capacity} tokens)", int(lens[i]))
     used = (lens + be.block_size - 1) // be.block_size
     cols = torch.arange(block_tables.shape[1])
     mask = cols[None, :] < used[:, None]
@@ -79,7 +78,7 @@ def check_block_tables(be, block_tables, seq_lens, num_blocks: int):
     bad = mask & ((tables < 0) | (tables >= num_blocks))
     if bool(bad.any()):
         s, j = (int(x) for x in bad.nonzero()[0])
-        raise IndexError(f"block_tables[{s}, {j}] = {int(tables[s, j])} is not a block id in [0, {num_blocks})")
+        fail_index(f"block_tables[{s}, {j}]", f"a block id in [0, {num_blocks})", int(tables[s, j]))
 
 
 def check_slots(name: str, slots, num_slots: int):
@@ -87,23 +86,21 @@ def check_slots(name: str, slots, num_slots: int):
     bad = s >= num_slots
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise IndexError(f"{name}[{i}] = {int(s[i])} is beyond the cache ({num_slots} slots)")
+        fail_index(f"{name}[{i}]", f"a slot < {num_slots} (the cache's size) or < 0 (padding)", int(s[i]))
 
 
 def check_query_start_loc(query_start_loc, num_tokens: int, seq_lens):
     q = query_start_loc.cpu().long()
     if q.shape[0] != seq_lens.shape[0] + 1:
-        _fail(f"query_start_loc has {q.shape[0]} entries but seq_lens has {seq_lens.shape[0]} "
-              f"(needs num_seqs + 1)")
+        fail("query_start_loc", f"num_seqs + 1 = {seq_lens.shape[0] + 1} entries", q.shape[0])
     if int(q[0]) != 0 or int(q[-1]) != num_tokens:
-        _fail(f"query_start_loc must run from 0 to num_tokens={num_tokens}, got {int(q[0])}..{int(q[-1])}")
+        fail("query_start_loc", f"0..{num_tokens} (num_tokens)", f"{int(q[0])}..{int(q[-1])}")
     qlens = q[1:] - q[:-1]
     lens = seq_lens.cpu().long()
     bad = (qlens < 1) | (qlens > lens)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        _fail(f"sequence {i} has {int(qlens[i])} query tokens but seq_lens[{i}] = {int(lens[i])} "
-              f"(need 1 <= query tokens <= seq_len)")
+        fail(f"query tokens of sequence {i}", f"in [1, seq_lens[{i}] = {int(lens[i])}]", int(qlens[i]))
 
 
 def check_block_mapping(block_mapping, num_src: int, num_dst: int, device=None):
@@ -113,11 +110,11 @@ def check_block_mapping(block_mapping, num_src: int, num_dst: int, device=None):
         bad = (m[:, col] < 0) | (m[:, col] >= n)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise IndexError(f"block_mapping[{i}, {col}] = {int(m[i, col])} is not a {what} block id in [0, {n})")
+            fail_index(f"block_mapping[{i}, {col}]", f"a {what} block id in [0, {n})", int(m[i, col]))
 
 
 def check_scale_window(scale, sliding_window):
     if not isinstance(scale, (int, float)) or not (float(scale) == float(scale)) or float(scale) == 0.0:
-        _fail(f"scale must be a finite non-zero number, got {scale!r}")
+        fail("scale", "a finite non-zero number", repr(scale))
     if sliding_window is not None and int(sliding_window) < 0:
-        _fail(f"sliding_window must be >= 0 (0 = unlimited), got {sliding_window}")
+        fail("sliding_window", ">= 0 (0 = unlimited)", sliding_window)

@@ -10,7 +10,7 @@ void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 void fail_index(const std::string& msg) { throw std::out_of_range(msg); }
 
 int64_t positive(const char* name, int64_t v) {
-  if (v <= 0) fail(std::string(name) + " must be positive, got " + std::to_string(v));
+  if (v <= 0) args::fail(name, "> 0", v);
   return v;
 }
 
@@ -61,19 +61,19 @@ TensorArg common(const char* name, const Array& a, std::initializer_list<int64_t
   TensorArg t;
   t.name = name;
   if (a.device_type() != nb::device::cpu::value)
-    fail(std::string(name) + " must be a CPU tensor (got DLPack device type " + std::to_string(a.device_type()) + ")");
+    args::fail(name, "a CPU tensor", "DLPack device type " + std::to_string(a.device_type()));
   for (size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(int64_t(a.shape(i)));
   if (check_shape) {
     bool ok = a.ndim() == shape.size();
     size_t i = 0;
     for (int64_t d : shape) ok = ok && (d < 0 || (i < t.shape.size() && t.shape[i] == d)), ++i;
-    if (!ok) fail(std::string(name) + " has shape " + t.shape_str() + ", expected " + expected_str(shape));
+    if (!ok) args::fail(name, "shape " + expected_str(shape), "shape " + t.shape_str());
   }
   int64_t expect = 1;
   for (size_t i = a.ndim(); i-- > 0;) {
     if (t.shape[i] != 1 && int64_t(a.stride(i)) != expect)
-      fail(std::string(name) + " must be contiguous (shape " + t.shape_str() + " has stride " +
-           std::to_string(a.stride(i)) + " in dim " + std::to_string(i) + ", expected " + std::to_string(expect) + ")");
+      args::fail(name, "a contiguous tensor (stride " + std::to_string(expect) + " in dim " + std::to_string(i) + ")",
+                 "shape " + t.shape_str() + " with stride " + std::to_string(a.stride(i)));
     expect *= t.shape[i];
   }
   t.data = const_cast<void*>(a.data());
@@ -88,7 +88,7 @@ TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<i
   if (dt == nb::dtype<float>()) *dtype = DType::F32;
   else if (dt.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1) *dtype = DType::BF16;
   else if (dt.code == uint8_t(nb::dlpack::dtype_code::Float) && dt.bits == 16 && dt.lanes == 1) *dtype = DType::F16;
-  else fail(std::string(name) + " has dtype " + dlpack_dtype_str(dt) + "; expected float32, bfloat16 or float16");
+  else args::fail(name, "dtype float32, bfloat16 or float16", "dtype " + dlpack_dtype_str(dt));
   t.elem_size = *dtype == DType::F32 ? 4 : 2;
   return t;
 }
@@ -97,7 +97,7 @@ TensorArg int_tensor(const char* name, const Array& a, int bits, std::initialize
   TensorArg t = common(name, a, shape, true);
   const auto dt = a.dtype();
   if (dt.code != uint8_t(nb::dlpack::dtype_code::Int) || dt.bits != bits || dt.lanes != 1)
-    fail(std::string(name) + " has dtype " + dlpack_dtype_str(dt) + "; expected int" + std::to_string(bits));
+    args::fail(name, "dtype int" + std::to_string(bits), "dtype " + dlpack_dtype_str(dt));
   t.elem_size = size_t(bits / 8);
   return t;
 }
@@ -109,13 +109,13 @@ TensorArg any_tensor(const char* name, const Array& a) {
 }
 
 void require_same_shape(const TensorArg& a, const TensorArg& b) {
-  if (a.shape != b.shape) fail(b.name + " has shape " + b.shape_str() + " but " + a.name + " has " + a.shape_str());
+  if (a.shape != b.shape) args::fail(b.name, "the shape of " + a.name + " " + a.shape_str(), "shape " + b.shape_str());
 }
 
 void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why) {
   if (t.shape[i] != want)
-    fail(t.name + " has shape " + t.shape_str() + ": dim " + std::to_string(i) + " must be " + std::to_string(want) +
-         " (" + why + ")");
+    args::fail(t.name, "dim " + std::to_string(i) + " = " + std::to_string(want) + " (" + why + ")",
+               "shape " + t.shape_str());
 }
 
 }  // namespace paged::cpu::attn

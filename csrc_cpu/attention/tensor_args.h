@@ -1,6 +1,7 @@
 // Checks of tensors arriving from Python (nanobind ndarray / DLPack), done once
 // per call at the boundary. Failures throw std::invalid_argument (-> ValueError)
-// or std::out_of_range (-> IndexError) with a message naming the argument.
+// or std::out_of_range (-> IndexError); messages have the one shape of
+// csrc_shared/arg_error.h: "<name>: expected <X>, got <Y>".
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "arg_error.h"
 #include "attention/kernel_common.h"
 
 namespace paged::cpu::attn {
@@ -36,9 +38,10 @@ TensorArg int_tensor(const char* name, const Array& a, int bits, std::initialize
 // Any dtype: used where only bytes are moved (block copies between caches).
 TensorArg any_tensor(const char* name, const Array& a);
 
+// Free-form messages (older call sites); new checks use args::fail(name, want, got).
 [[noreturn]] void fail(const std::string& msg);             // ValueError
 [[noreturn]] void fail_index(const std::string& msg);       // IndexError
-// v itself when v > 0, else ValueError "<name> must be positive, got <v>".
+// v itself when v > 0, else ValueError "<name>: expected > 0, got <v>".
 int64_t positive(const char* name, int64_t v);
 void require_same_shape(const TensorArg& a, const TensorArg& b);
 void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why);
