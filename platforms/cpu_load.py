@@ -3,7 +3,7 @@
 One pinned OpenMP thread per core makes every parallel region wait for its
 slowest thread. When another process takes one of two cores, our thread
 there spends half its time queued behind it and single-stream decode fell
-to 0.31-0.44x, while one thread on the free core holds its speed
+to 0.31-0.45x, while one thread on the free core holds its own speed
 (benchmarks/cpu_contention.py, docs/platforms.md). So, while the engine
 runs, ``LoadWatch.poll`` (called before every step, acting about once a
 second) reads how long each pinned thread waited on its CPU's run queue
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 #: run-queue wait share at which a core is dropped: with two threads the team
 #: runs at about the speed of the more delayed one, and one thread alone
-#: decodes at ~0.7x of two here (a 50% share gave 0.31-0.44x)
+#: decodes at ~0.65x of two here (a 50% share gave 0.31-0.45x)
 SHED = 0.2
 READMIT = 0.1  # busy share below which a dropped core is free again
 INTERVAL_S = 1.0  # one reading per second costs well under a millisecond
