@@ -172,7 +172,8 @@ class LoadWatch:
 def _log_change(old: list[int], new: list[int], waits: dict[int, float], seconds: float,
                 retried: set[int]) -> None:
     dropped, added = set(old) - set(new), set(new) - set(old)
-    running = f"running {len(new)} thread(s) on CPU {format_cpulist(new)} instead of {len(old)}"
+    running = (f"running {len(new)} thread(s) on CPU {format_cpulist(new)} "
+               f"(was {len(old)} on CPU {format_cpulist(old)})")
     if dropped:
         shares = ", ".join(f"CPU {c} {waits.get(c, 0.0):.0%}" for c in sorted(dropped))
         level = logging.INFO if dropped <= retried else logging.WARNING  # a failed trial is no news

@@ -103,7 +103,7 @@ def test_load_watch_drops_and_restores_a_busy_core(caplog):
     warning = caplog.records[-1]
     assert warning.levelno == logging.WARNING
     assert warning.getMessage().startswith("CPU 1 busy with other processes (our thread waited to run "
-                                           "CPU 1 50% of 1.1 s): running 1 thread(s) on CPU 0 instead of 2")
+                                           "CPU 1 50% of 1.1 s): running 1 thread(s) on CPU 0 (was 2 on CPU 0-1)")
     proc.advance(1.0, hog=1.0)
     assert watch.poll([0], proc.time) is None  # still busy
     proc.advance(1.0, hog=0.0)
