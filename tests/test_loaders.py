@@ -213,12 +213,14 @@ CORRUPTIONS = {
                          r"metadata llama.block_count: expected a positive integer, got 0"),
     "alignment_not_power_of_two": (_metadata_u32("general.alignment", 48),
                                    r"general.alignment: expected a power of two, got 48"),
-    "huge_tensor_count": (lambda data: _patch(data, 8, "<Q", 2**40),
-                          r"GGUF header tensor count: expected at most \d+ in a file of \d+ bytes, got 1099511627776"),
+    "huge_tensor_count": (
+        lambda data: _patch(data, 8, "<Q", 2**40),
+        r"GGUF header tensor count: expected at most \d+ in a file of \d+ bytes, got 1099511627776"),
     "huge_array_count": (lambda data: _patch(data, _string_end(data, "tokenizer.ggml.tokens") + 8, "<Q", 2**50),
                          r"metadata 'tokenizer.ggml.tokens' \(1125899906842624 items\): truncated GGUF header"),
-    "row_length_off_block": (lambda data: _patch(data, _tensor_field(data, "blk.0.ffn_up.weight", "dim0"), "<Q", 48),
-                             r"tensor 'blk.0.ffn_up.weight' row length: expected a multiple of Q8_0's block of 32, got 48"),
+    "row_length_off_block": (
+        lambda data: _patch(data, _tensor_field(data, "blk.0.ffn_up.weight", "dim0"), "<Q", 48),
+        r"tensor 'blk.0.ffn_up.weight' row length: expected a multiple of Q8_0's block of 32, got 48"),
     "duplicate_tensor": (_rename("blk.0.attn_k.weight", "blk.0.attn_v.weight"),
                          r"tensor 'blk.0.attn_v.weight' appears twice"),
 }
@@ -251,7 +253,8 @@ def test_moved_offset_in_the_default_model(default_model_path, tmp_path):
 def test_four_byte_file_is_truncated_not_foreign(tmp_path):
     bad = tmp_path / "four.gguf"
     bad.write_bytes(b"GGUF")
-    with pytest.raises(ModelLoadError, match=r"four.gguf: truncated GGUF file: 4 bytes, a GGUF header alone needs 24$"):
+    with pytest.raises(ModelLoadError, match=r"four.gguf: truncated GGUF file: 4 bytes, "
+                                             r"a GGUF header alone needs 24$"):
         load_model_files(bad, quiet=True)
     bad.write_bytes(b"")
     with pytest.raises(ModelLoadError, match=r"four.gguf: the file is empty \(0 bytes\), expected a GGUF model$"):

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check_args(args) -> str | None:
     if args.api_key is not None and not args.api_key.strip():
-        return f"--api-key: expected a non-empty key, got {args.api_key!r} (leave the option out to serve without one)"
+        return (f"--api-key: expected a non-empty key, got {args.api_key!r} "
+                "(leave the option out to serve without one)")
     if not 0 < args.port < 65536:
         return f"--port must be in 1..65535, got {args.port}"
     if args.max_waiting_requests < 1:
