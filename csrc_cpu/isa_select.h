@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "arg_error.h"
 #include "runtime/runtime.h"
 
 namespace paged::cpu {
@@ -66,8 +67,7 @@ class IsaSelector {
       if ((name == "auto" || name == b.name) && b.supported()) return b;
     std::string known;
     for (const std::string& s : supported()) known += ", " + s;
-    throw std::invalid_argument(family_ + " ISA '" + name + "' is not available on this CPU (available: auto" +
-                                known + ")");
+    args::fail(family_ + " ISA", "one of auto" + known + " (the ISAs available on this CPU)", "'" + name + "'");
   }
 
   std::vector<Build> builds_;

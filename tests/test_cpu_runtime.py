@@ -69,9 +69,12 @@ def test_unbind_restores_the_initial_mask():
 
 
 @pytest.mark.parametrize("cpus, message", [
-    ([], "empty"), ([-1], "CPU -1 is out of range"), ([4096], "CPU 4096 is out of range"),
-    ([ALLOWED[0], ALLOWED[0]], f"CPU {ALLOWED[0]} is listed twice"),
-    ([max(ALLOWED) + 1], f"CPU {max(ALLOWED) + 1} is not allowed"),
+    ([], r"^cpus \(bind_threads\): expected a non-empty CPU list, got an empty one$"),
+    ([-1], r"^cpus \(bind_threads\): expected CPUs in \[0, \d+\), got CPU -1$"),
+    ([4096], r"^cpus \(bind_threads\): expected CPUs in \[0, \d+\), got CPU 4096$"),
+    ([ALLOWED[0], ALLOWED[0]], rf"^cpus \(bind_threads\): expected distinct CPUs, got CPU {ALLOWED[0]} listed twice$"),
+    ([max(ALLOWED) + 1],
+     rf"^cpus \(bind_threads\): expected CPUs allowed for this process, got CPU {max(ALLOWED) + 1} \(not allowed\)$"),
 ])
 def test_bind_threads_rejects_bad_cpus(cpus, message):
     before = _C_cpu.thread_report()
@@ -109,12 +112,12 @@ def test_bind_memory_to_node(method, strict):
 
 @pytest.mark.parametrize("node, method", [(-1, "auto"), (1024, "syscall"), (1023, "syscall"), (1023, "auto")])
 def test_bind_memory_rejects_bad_nodes(node, method):
-    with pytest.raises(ValueError, match=f"node {node}"):
+    with pytest.raises(ValueError, match=rf"^node \(bind_memory_to_node\): expected .*, got {node}$"):
         _C_cpu.bind_memory_to_node(node, method=method)
 
 
 def test_bind_memory_rejects_unknown_method():
-    with pytest.raises(ValueError, match="method 'numactl'"):
+    with pytest.raises(ValueError, match=r"^method \(bind_memory_to_node\): expected one of auto, libnuma, syscall, got 'numactl'$"):
         _C_cpu.bind_memory_to_node(0, method="numactl")
 
 

@@ -188,7 +188,7 @@ def test_bad_arguments_are_value_errors():
     tokens = [list(range(8)), list(range(8))]
     ids, pos, meta = step(tokens, [(0, 0, 5), (1, 0, 3)], 0)
     stack = model.layer_stack
-    with pytest.raises(ValueError, match="kv_caches has 1"):
+    with pytest.raises(ValueError, match=r"kv_caches: expected one \(key, value\) pair per layer \(2 layers\), got 1$"):
         model(ids, pos, caches[:1], meta)
     native = stack._native
     with pytest.raises(ValueError, match="kv_caches"):

@@ -307,25 +307,25 @@ def test_argument_errors():
     qs, d, m = random_weight("q4_1", 8, 64, gen)
     x, out = torch.randn(2, 64), torch.empty(2, 8)
     cases = [
-        ((x, "q5_k", qs, d, m, out), "q5_k"),
-        ((x.double(), "q4_1", qs, d, m, out), "x has dtype float64"),
-        ((torch.randn(2, 32), "q4_1", qs, d, m, out), r"x has shape \[2, 32\]"),
+        ((x, "q5_k", qs, d, m, out), r"qtype: expected 'q4_0', 'q4_1' or 'q8_0', got 'q5_k'"),
+        ((x.double(), "q4_1", qs, d, m, out), "x: expected dtype float32, got dtype float64"),
+        ((torch.randn(2, 32), "q4_1", qs, d, m, out), r"x: expected shape \[2, 64\], got shape \[2, 32\] \(x is \[M, K\]"),
         ((x.t().contiguous().t(), "q4_1", qs, d, m, out), r"x: expected a contiguous tensor \(stride 1 in dim 1\), got shape \[2, 64\] with stride 2"),
-        ((x, "q4_1", qs.to(torch.int8), d, m, out), "qs has dtype int8"),
-        ((x, "q4_1", qs[:, :8].contiguous(), d, m, torch.empty(2, 8)), "multiple of 32"),
-        ((x, "q4_1", qs, d[:, :1].contiguous(), m, out), r"d has shape \[8, 1\]"),
-        ((x, "q4_1", qs, d.half(), m, out), "d has dtype float16"),
-        ((x, "q4_1", qs, d, None, out), "m is required"),
-        ((x, "q4_0", qs, d, m, out), "m must be None"),
-        ((x, "q8_0", qs, d, None, out), "qs has dtype uint8"),
-        ((x, "q4_1", qs, d, m, torch.empty(2, 9)), r"out has shape \[2, 9\]"),
-        ((torch.empty(0, 64), "q4_1", qs, d, m, torch.empty(0, 8)), "at least one row"),
-        ((x.view(2, 1, 64), "q4_1", qs, d, m, out), "2-D"),
+        ((x, "q4_1", qs.to(torch.int8), d, m, out), "qs: expected dtype uint8, got dtype int8"),
+        ((x, "q4_1", qs[:, :8].contiguous(), d, m, torch.empty(2, 8)), r"qs: expected N >= 1 rows and K a positive multiple of 32 .*, got shape \[8, 8\], K = 16"),
+        ((x, "q4_1", qs, d[:, :1].contiguous(), m, out), r"d: expected shape \[8, 2\], got shape \[8, 1\] \(one scale per 32 weights of each row\)"),
+        ((x, "q4_1", qs, d.half(), m, out), "d: expected dtype float32, got dtype float16"),
+        ((x, "q4_1", qs, d, None, out), r"m: expected a tensor for qtype 'q4_1' \(w = d \* q \+ m\), got None"),
+        ((x, "q4_0", qs, d, m, out), r"m: expected None or empty for qtype 'q4_0' .*, got a tensor of 16 elements"),
+        ((x, "q8_0", qs, d, None, out), "qs: expected dtype int8, got dtype uint8"),
+        ((x, "q4_1", qs, d, m, torch.empty(2, 9)), r"out: expected shape \[2, 8\], got shape \[2, 9\]"),
+        ((torch.empty(0, 64), "q4_1", qs, d, m, torch.empty(0, 8)), r"x: expected at least one row, got shape \[0, 64\]"),
+        ((x.view(2, 1, 64), "q4_1", qs, d, m, out), r"x: expected a 2-D tensor, got shape \[2, 1, 64\]"),
     ]
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             C.quant_linear(*args)
-    with pytest.raises(ValueError, match=r"out has shape \[8, 32\]"):
+    with pytest.raises(ValueError, match=r"out: expected shape \[8, 64\], got shape \[8, 32\]"):
         C.quant_dequantize("q4_1", qs, d, m, torch.empty(8, 32))
     with pytest.raises(ValueError, match="not-an-isa"):
         C.set_linear_isa("not-an-isa")

@@ -282,7 +282,7 @@ def test_float32_default_unchanged_and_bad_activations():
     assert not torch.equal(run(x, "q4_1", qs, d, m), default)  # int8 is another arithmetic
     with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
         C.quant_linear(x, "q4_1", qs, d, m, default, "int4")
-    with pytest.raises(ValueError, match="x has dtype float64"):  # the same checks as float32
+    with pytest.raises(ValueError, match="x: expected dtype float32, got dtype float64"):  # the same checks as float32
         C.quant_linear(x.double(), "q4_1", qs, d, m, default, "int8")
 
 

@@ -32,40 +32,45 @@ Checked check_common(Array& out, Array& query, Array& key_cache, Array& value_ca
   const int64_t num_blocks = c.key_cache.dim(0), hkv = c.key_cache.dim(1), bs = c.key_cache.dim(2),
                 d = c.key_cache.dim(3);
   if (d % 16 || d < 16 || d > kMaxHeadSize)
-    fail("head_size " + std::to_string(d) + " (key_cache dim 3) must be a multiple of 16 in [16, 256]");
-  if (bs < 1) fail("block_size (key_cache dim 2) must be >= 1, got " + std::to_string(bs));
-  if (hkv < 1) fail("num_kv_heads (key_cache dim 1) must be >= 1, got " + std::to_string(hkv));
+    fail("head_size (key_cache dim 3)", "a multiple of 16 in [16, " + std::to_string(kMaxHeadSize) + "]", d);
+  if (bs < 1) fail("block_size (key_cache dim 2)", ">= 1", bs);
+  if (hkv < 1) fail("num_kv_heads (key_cache dim 1)", ">= 1", hkv);
   c.query = float_tensor("query", query, {-1, -1, d}, &qd);
   c.out = float_tensor("out", out, {-1, -1, d}, &od);
   require_same_shape(c.query, c.out);
-  if (kd != vd || qd != kd || od != kd)
-    fail(std::string("dtypes differ: query ") + dtype_name(qd) + ", out " + dtype_name(od) + ", key_cache " +
-         dtype_name(kd) + ", value_cache " + dtype_name(vd));
+  if (kd != vd || qd != kd || od != kd) {
+    const char* name = vd != kd ? "value_cache" : qd != kd ? "query" : "out";
+    const DType got = vd != kd ? vd : qd != kd ? qd : od;
+    fail(name, std::string("the dtype of key_cache (") + dtype_name(kd) + ")",
+         std::string("dtype ") + dtype_name(got) + " (query " + dtype_name(qd) + ", out " + dtype_name(od) +
+             ", key_cache " + dtype_name(kd) + ", value_cache " + dtype_name(vd) + ")");
+  }
   const int64_t h = c.query.dim(1);
   if (h < 1 || h % hkv)
-    fail("num_heads " + std::to_string(h) + " (query dim 1) must be a positive multiple of num_kv_heads " +
-         std::to_string(hkv));
+    fail("num_heads (query dim 1)", "a positive multiple of num_kv_heads (" + std::to_string(hkv) + ")", h);
   c.seq_lens = int_tensor("seq_lens", seq_lens, 32, {-1});
   const int64_t num_seqs = c.seq_lens.dim(0);
   c.block_tables = int_tensor("block_tables", block_tables, 32, {-1, -1});
   require_dim(c.block_tables, 0, num_seqs, "one row per sequence, like seq_lens");
-  if (!std::isfinite(scale) || scale == 0.0) fail("scale must be finite and non-zero, got " + std::to_string(scale));
-  if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + std::to_string(sliding_window));
+  if (!std::isfinite(scale) || scale == 0.0) fail("scale", "a finite non-zero number", scale);
+  if (sliding_window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", sliding_window);
 
   const int64_t width = c.block_tables.dim(1);
   const auto* lens = static_cast<const int32_t*>(c.seq_lens.data);
   const auto* table = static_cast<const int32_t*>(c.block_tables.data);
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t len = lens[s];
-    if (len < 1) fail("seq_lens[" + std::to_string(s) + "] = " + std::to_string(len) + " must be >= 1");
+    if (len < 1) fail("seq_lens[" + std::to_string(s) + "]", ">= 1", len);
     if (len > width * bs)
-      fail("seq_lens[" + std::to_string(s) + "] = " + std::to_string(len) + " exceeds the block table capacity " +
-           std::to_string(width) + " blocks x " + std::to_string(bs) + " = " + std::to_string(width * bs) + " tokens");
+      fail("seq_lens[" + std::to_string(s) + "]",
+           "<= the block table capacity (" + std::to_string(width) + " blocks x " + std::to_string(bs) + " = " +
+               std::to_string(width * bs) + " tokens)",
+           len);
     for (int64_t b = 0, used = (len + bs - 1) / bs; b < used; ++b) {
       const int64_t id = table[s * width + b];
       if (id < 0 || id >= num_blocks)
-        fail_index("block_tables[" + std::to_string(s) + ", " + std::to_string(b) + "] = " + std::to_string(id) +
-                   " is not a block id in [0, " + std::to_string(num_blocks) + ")");
+        fail_index("block_tables[" + std::to_string(s) + ", " + std::to_string(b) + "]",
+                   "a block id in [0, " + std::to_string(num_blocks) + ")", id);
     }
   }
   a.out = c.out.data;
@@ -97,8 +102,8 @@ void paged_attention(Array out, Array query, Array key_cache, Array value_cache,
                      Array seq_lens, double scale, int64_t sliding_window) {
   Checked c = check_common(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window);
   if (c.query.dim(0) != c.args.num_seqs)
-    fail("query has " + std::to_string(c.query.dim(0)) + " rows but seq_lens has " +
-         std::to_string(c.args.num_seqs) + " sequences (decode takes one query token per sequence)");
+    fail("seq_lens", "one entry per query row (" + std::to_string(c.query.dim(0)) + ")",
+         std::to_string(c.args.num_seqs) + " entries (decode takes one query token per sequence)");
   std::vector<int32_t> starts(size_t(c.args.num_seqs + 1));
   for (size_t i = 0; i < starts.size(); ++i) starts[i] = int32_t(i);
   c.args.query_start_loc = starts.data();
@@ -112,13 +117,13 @@ void prefill_attention(Array out, Array query, Array key_cache, Array value_cach
   TensorArg qsl = int_tensor("query_start_loc", query_start_loc, 32, {num_seqs + 1});
   const auto* starts = static_cast<const int32_t*>(qsl.data);
   if (starts[0] != 0 || starts[num_seqs] != num_tokens)
-    fail("query_start_loc must run from 0 to the number of query tokens " + std::to_string(num_tokens) + ", got " +
-         std::to_string(starts[0]) + " .. " + std::to_string(starts[num_seqs]));
+    fail("query_start_loc", "0.." + std::to_string(num_tokens) + " (num_tokens)",
+         std::to_string(starts[0]) + ".." + std::to_string(starts[num_seqs]));
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t q = int64_t(starts[s + 1]) - starts[s];
     if (q < 1 || q > c.args.seq_lens[s])
-      fail("sequence " + std::to_string(s) + " has " + std::to_string(q) + " query tokens but seq_lens[" +
-           std::to_string(s) + "] = " + std::to_string(c.args.seq_lens[s]) + " (need 1 <= query tokens <= seq_len)");
+      fail("query tokens of sequence " + std::to_string(s),
+           "in [1, seq_lens[" + std::to_string(s) + "] = " + std::to_string(c.args.seq_lens[s]) + "]", q);
   }
   c.args.query_start_loc = starts;
   run(c.args);

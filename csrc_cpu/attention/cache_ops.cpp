@@ -27,7 +27,8 @@ CachePair check_caches(Array& key_cache, Array& value_cache) {
   c.value = float_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
   require_same_shape(c.key, c.value);
   if (vd != c.dtype)
-    fail(std::string("value_cache has dtype ") + dtype_name(vd) + " but key_cache has " + dtype_name(c.dtype));
+    fail("value_cache", std::string("the dtype of key_cache (") + dtype_name(c.dtype) + ")",
+         std::string("dtype ") + dtype_name(vd));
   c.num_blocks = c.key.dim(0);
   c.num_kv_heads = c.key.dim(1);
   c.block_size = c.key.dim(2);
@@ -41,8 +42,8 @@ const int64_t* check_slots(Array& slot_mapping, int64_t num_tokens, int64_t num_
   const auto* slots = static_cast<const int64_t*>(s.data);
   for (int64_t t = 0; t < num_tokens; ++t)
     if (slots[t] >= num_slots)
-      fail_index("slot_mapping[" + std::to_string(t) + "] = " + std::to_string(slots[t]) +
-                 " is beyond the cache (" + std::to_string(num_slots) + " slots)");
+      fail_index("slot_mapping[" + std::to_string(t) + "]",
+                 "a slot < " + std::to_string(num_slots) + " (the cache's size) or < 0 (padding)", slots[t]);
   return slots;
 }
 
@@ -50,7 +51,7 @@ TensorArg check_tokens(const char* name, Array& a, const CachePair& c, int64_t n
   DType dt;
   TensorArg t = float_tensor(name, a, {num_tokens, c.num_kv_heads, c.head_size}, &dt);
   if (dt != c.dtype)
-    fail(std::string(name) + " has dtype " + dtype_name(dt) + " but the cache has " + dtype_name(c.dtype));
+    fail(name, std::string("the cache's dtype ") + dtype_name(c.dtype), std::string("dtype ") + dtype_name(dt));
   return t;
 }
 
@@ -77,11 +78,13 @@ const int64_t* check_mapping(Array& block_mapping, int64_t num_src, int64_t num_
     for (int col = 0; col < 2; ++col) {
       const int64_t id = pairs[2 * i + col], n = col ? num_dst : num_src;
       if (id < 0 || id >= n)
-        fail_index("block_mapping[" + std::to_string(i) + ", " + std::to_string(col) + "] = " + std::to_string(id) +
-                   " is not a " + (col ? "destination" : "source") + " block id in [0, " + std::to_string(n) + ")");
+        fail_index("block_mapping[" + std::to_string(i) + ", " + std::to_string(col) + "]",
+                   std::string("a ") + (col ? "destination" : "source") + " block id in [0, " + std::to_string(n) + ")",
+                   id);
     }
     if (!seen.insert(pairs[2 * i + 1]).second)
-      fail("block_mapping writes block " + std::to_string(pairs[2 * i + 1]) + " more than once");
+      fail("block_mapping", "distinct destination blocks",
+           "block " + std::to_string(pairs[2 * i + 1]) + " written more than once");
   }
   return pairs;
 }
@@ -124,16 +127,19 @@ void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_o
 
 void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping) {
   if (key_caches.size() != value_caches.size())
-    fail("key_caches has " + std::to_string(key_caches.size()) + " layers but value_caches has " +
-         std::to_string(value_caches.size()));
+    fail("value_caches", "one per layer of key_caches (" + std::to_string(key_caches.size()) + ")",
+         value_caches.size());
   std::vector<void*> caches;
   TensorArg first;
   for (size_t l = 0; l < key_caches.size(); ++l) {
     CachePair c = check_caches(const_cast<Array&>(key_caches[l]), const_cast<Array&>(value_caches[l]));
     if (l == 0) first = c.key;
     else if (c.key.shape != first.shape || c.key.elem_size != first.elem_size)
-      fail("layer " + std::to_string(l) + " key_cache has shape " + c.key.shape_str() + " but layer 0 has " +
-           first.shape_str() + " (all layers must share one cache shape and dtype)");
+      fail("key_caches[" + std::to_string(l) + "]",
+           "the shape " + first.shape_str() + " and element size " + std::to_string(first.elem_size) +
+               " of key_caches[0]",
+           "shape " + c.key.shape_str() + ", element size " + std::to_string(c.key.elem_size) +
+               " (all layers share one cache shape and dtype)");
     caches.push_back(c.key.data);
     caches.push_back(c.value.data);
   }
@@ -153,12 +159,13 @@ void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>&
 
 void swap_blocks(Array src_cache, Array dst_cache, Array block_mapping) {
   TensorArg src = any_tensor("src_cache", src_cache), dst = any_tensor("dst_cache", dst_cache);
-  if (src.shape.empty()) fail("src_cache must have a leading block dimension, got a scalar");
+  if (src.shape.empty()) fail("src_cache", "a leading block dimension", "a scalar");
   if (src_cache.dtype() != dst_cache.dtype())
-    fail("dst_cache dtype differs from src_cache dtype (block copies move raw bytes)");
+    fail("dst_cache", "the dtype of src_cache (" + dlpack_dtype_str(src_cache.dtype()) + ")",
+         "dtype " + dlpack_dtype_str(dst_cache.dtype()) + " (block copies move raw bytes)");
   if (dst.shape.size() != src.shape.size() || !std::equal(src.shape.begin() + 1, src.shape.end(), dst.shape.begin() + 1))
-    fail("dst_cache has shape " + dst.shape_str() + " but src_cache has " + src.shape_str() +
-         " (all dims but the first must match)");
+    fail("dst_cache", "the shape of src_cache " + src.shape_str() + " in every dim but the first",
+         "shape " + dst.shape_str());
   int64_t count = 0;
   const int64_t* pairs = check_mapping(block_mapping, src.dim(0), dst.dim(0), &count);
   const size_t block_bytes = src.dim(0) ? size_t(src.numel() / src.dim(0)) * src.elem_size : 0;

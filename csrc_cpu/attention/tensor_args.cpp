@@ -6,9 +6,6 @@ namespace nb = nanobind;
 
 namespace paged::cpu::attn {
 
-void fail(const std::string& msg) { throw std::invalid_argument(msg); }
-void fail_index(const std::string& msg) { throw std::out_of_range(msg); }
-
 int64_t positive(const char* name, int64_t v) {
   if (v <= 0) args::fail(name, "> 0", v);
   return v;
@@ -43,6 +40,8 @@ std::string expected_str(std::initializer_list<int64_t> shape) {
   return s + "]";
 }
 
+}  // namespace
+
 std::string dlpack_dtype_str(const nb::dlpack::dtype& t) {
   const char* kind = "dtype code " ;
   switch (nb::dlpack::dtype_code(t.code)) {
@@ -55,6 +54,8 @@ std::string dlpack_dtype_str(const nb::dlpack::dtype& t) {
   }
   return kind + std::to_string(int(t.bits));
 }
+
+namespace {
 
 // Device, rank, shape and C-contiguity; fills everything but the dtype.
 TensorArg common(const char* name, const Array& a, std::initializer_list<int64_t> shape, bool check_shape) {

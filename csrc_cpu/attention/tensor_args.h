@@ -38,13 +38,15 @@ TensorArg int_tensor(const char* name, const Array& a, int bits, std::initialize
 // Any dtype: used where only bytes are moved (block copies between caches).
 TensorArg any_tensor(const char* name, const Array& a);
 
-// Free-form messages (older call sites); new checks use args::fail(name, want, got).
-[[noreturn]] void fail(const std::string& msg);             // ValueError
-[[noreturn]] void fail_index(const std::string& msg);       // IndexError
+// ValueError / IndexError "<name>: expected <want>, got <got>" (arg_error.h).
+using args::fail;
+using args::fail_index;
 // v itself when v > 0, else ValueError "<name>: expected > 0, got <v>".
 int64_t positive(const char* name, int64_t v);
 void require_same_shape(const TensorArg& a, const TensorArg& b);
 void require_dim(const TensorArg& t, size_t i, int64_t want, const char* why);
 const char* dtype_name(DType t);
+// A DLPack dtype as "float32", "int8", "bfloat16", ...
+std::string dlpack_dtype_str(const nanobind::dlpack::dtype& t);
 
 }  // namespace paged::cpu::attn

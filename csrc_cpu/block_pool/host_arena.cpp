@@ -20,6 +20,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include "arg_error.h"
 #include "module.h"
 
 namespace nb = nanobind;
@@ -75,7 +76,7 @@ using ByteArray = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cp
 
 // (zero-filled uint8 array of `nbytes`, "" or the reason the node policy was not applied)
 std::pair<ByteArray, std::string> host_arena_zeros(int64_t nbytes, int node) {
-  if (nbytes <= 0) throw std::invalid_argument("host_arena_zeros: nbytes must be > 0, got " + std::to_string(nbytes));
+  if (nbytes <= 0) paged::args::fail("nbytes (host_arena_zeros)", "> 0", nbytes);
   auto arena = std::make_unique<HostArena>(static_cast<size_t>(nbytes));
   std::string why_not = arena->prefer_node(node < 0 ? current_numa_node() : node);
   uint8_t* data = arena->data();

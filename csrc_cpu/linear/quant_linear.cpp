@@ -30,7 +30,7 @@ QType parse_qtype(const std::string& s) {
   if (s == "q4_0") return QType::Q4_0;
   if (s == "q4_1") return QType::Q4_1;
   if (s == "q8_0") return QType::Q8_0;
-  fail("qtype '" + s + "' is not supported (expected 'q4_0', 'q4_1' or 'q8_0')");
+  fail("qtype", "'q4_0', 'q4_1' or 'q8_0'", "'" + s + "'");
 }
 
 std::string dtype_str(const nb::dlpack::dtype& t) {
@@ -47,15 +47,15 @@ std::string dtype_str(const nb::dlpack::dtype& t) {
 attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) {
   attn::TensorArg t = attn::any_tensor(name, a);
   if (a.dtype() != want)
-    fail(std::string(name) + " has dtype " + dtype_str(a.dtype()) + "; expected " + dtype_str(want));
-  if (t.shape.size() != 2) fail(std::string(name) + " has shape " + t.shape_str() + "; expected a 2-D tensor");
+    fail(name, "dtype " + dtype_str(want), "dtype " + dtype_str(a.dtype()));
+  if (t.shape.size() != 2) fail(name, "a 2-D tensor", "shape " + t.shape_str());
   return t;
 }
 
 void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const std::string& why) {
   if (t.dim(0) != rows || t.dim(1) != cols)
-    fail(t.name + " has shape " + t.shape_str() + "; expected [" + std::to_string(rows) + ", " +
-         std::to_string(cols) + "] (" + why + ")");
+    fail(t.name, "shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "]",
+         "shape " + t.shape_str() + " (" + why + ")");
 }
 
 bool absent(const std::optional<Array>& a) { return !a.has_value() || a->size() == 0; }
@@ -69,8 +69,10 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   a.N = tq.dim(0);
   a.K = q8 ? tq.dim(1) : 2 * tq.dim(1);
   if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0)
-    fail("qs has shape " + tq.shape_str() + ": needs N >= 1 rows and K = " + std::to_string(a.K) +
-         " a positive multiple of 32" + (q8 ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"));
+    fail("qs",
+         std::string("N >= 1 rows and K a positive multiple of 32") +
+             (q8 ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"),
+         "shape " + tq.shape_str() + ", K = " + std::to_string(a.K));
   const std::string per_block = "one scale per 32 weights of each row";
   const attn::TensorArg td = matrix("d", d, nb::dtype<float>());
   require_shape(td, a.N, a.blocks(), per_block);
@@ -78,12 +80,13 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   a.d = static_cast<const float*>(td.data);
   a.m = nullptr;
   if (a.qtype == QType::Q4_1) {
-    if (absent(m)) fail("m is required for qtype 'q4_1' (w = d * q + m)");
+    if (absent(m)) fail("m", "a tensor for qtype 'q4_1' (w = d * q + m)", m ? "an empty tensor" : "None");
     const attn::TensorArg tm = matrix("m", *m, nb::dtype<float>());
     require_shape(tm, a.N, a.blocks(), per_block);
     a.m = static_cast<const float*>(tm.data);
   } else if (!absent(m)) {
-    fail("m must be None or empty for qtype '" + qtype + "' (it has no per-block offset)");
+    fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
+         "a tensor of " + std::to_string(m->size()) + " elements");
   }
 }
 
@@ -206,7 +209,7 @@ void int8_linear(LinearArgs& a) {
 Activations parse_activations(const std::string& s) {
   if (s == "float32") return Activations::Float32;
   if (s == "int8") return Activations::Int8;
-  fail("activations: expected 'float32' or 'int8', got '" + s + "'");
+  fail("activations", "'float32' or 'int8'", "'" + s + "'");
 }
 
 Kernels active_kernels() { return selector().active().kernel; }
@@ -221,7 +224,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   check_weight(a, qtype, qs, d, m);
   const attn::TensorArg tx = matrix("x", x, nb::dtype<float>());
   a.M = tx.dim(0);
-  if (a.M < 1) fail("x has shape " + tx.shape_str() + "; needs at least one row");
+  if (a.M < 1) fail("x", "at least one row", "shape " + tx.shape_str());
   require_shape(tx, a.M, a.K, "x is [M, K] with K the weight's input size");
   const attn::TensorArg to = matrix("out", out, nb::dtype<float>());
   require_shape(to, a.M, a.N, "out is [M, N] with N the weight's output size");

@@ -33,7 +33,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 attn::TensorArg f32_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape) {
   attn::DType dt;
   attn::TensorArg t = attn::float_tensor(name, a, shape, &dt);
-  if (dt != attn::DType::F32) fail(std::string(name) + " must be float32 (the stack runs float32 models)");
+  if (dt != attn::DType::F32)
+    fail(name, "dtype float32 (the stack runs float32 models)", std::string("dtype ") + attn::dtype_name(dt));
   return t;
 }
 
@@ -54,8 +55,8 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
       activations_(std::move(activations)) {
   linear::parse_activations(activations_);  // ValueError naming the argument
   if (num_heads % num_kv_heads)
-    fail("num_heads (" + str(num_heads) + ") must be a multiple of num_kv_heads (" + str(num_kv_heads) + ")");
-  if (sliding_window < 0) fail("sliding_window must be >= 0 (0 = unlimited), got " + str(sliding_window));
+    fail("num_heads", "a multiple of num_kv_heads (" + str(num_kv_heads) + ")", num_heads);
+  if (sliding_window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", sliding_window);
   f32_tensor("final_norm", final_norm_, {hidden_size});
 }
 
@@ -70,8 +71,8 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, 
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
   if (kv_caches.size() != layers_.size())
-    fail("kv_caches has " + str(int64_t(kv_caches.size())) + " (key, value) pairs but the model has " +
-         str(int64_t(layers_.size())) + " layers");
+    fail("kv_caches", "one (key, value) pair per layer (" + str(int64_t(layers_.size())) + " layers)",
+         int64_t(kv_caches.size()));
   kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
 }
 
@@ -134,11 +135,12 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   // Everything that sizes or slices memory here is checked before the first
   // kernel runs; the kernels check the rest of their arguments themselves.
   if (kv_caches_.size() != layers_.size())
-    fail("no KV caches bound for the " + str(int64_t(layers_.size())) + " layers (call bind_kv_caches first)");
+    fail("kv_caches", "one bound (key, value) pair per layer (" + str(int64_t(layers_.size())) + " layers)",
+         str(int64_t(kv_caches_.size())) + " bound (call bind_kv_caches first)");
   const attn::TensorArg ht = f32_tensor("hidden", hidden, {-1, c.hidden_size});
   const int64_t tokens = ht.dim(0);
   f32_tensor("out", out, {tokens, c.hidden_size});
-  if (ht.data == out.data() && tokens) fail("hidden and out must be different tensors");
+  if (ht.data == out.data() && tokens) fail("out", "a tensor other than hidden", "hidden itself");
   attn::int_tensor("positions", positions, 64, {tokens});
   attn::int_tensor("slot_mapping", slot_mapping, 64, {tokens});
   const attn::TensorArg lens = attn::int_tensor("seq_lens", seq_lens, 32, {-1});
@@ -146,11 +148,10 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   const attn::TensorArg qsl = attn::int_tensor("query_start_loc", query_start_loc, 32, {ns + 1});
   attn::int_tensor("block_tables", block_tables, 32, {ns, -1});
   if (num_decodes < 0 || num_decodes > ns || num_decodes > tokens)
-    fail("num_decodes = " + str(num_decodes) + " must be in [0, num_seqs = " + str(ns) + "] and <= T = " +
-         str(tokens));
+    fail("num_decodes", "in [0, num_seqs = " + str(ns) + "] and <= T = " + str(tokens), num_decodes);
   const auto* starts = static_cast<const int32_t*>(qsl.data);
   if (starts[ns] != tokens)
-    fail("query_start_loc[-1] = " + str(starts[ns]) + " but the step has T = " + str(tokens) + " tokens");
+    fail("query_start_loc[-1]", "T = " + str(tokens) + " (the step's tokens)", starts[ns]);
   if (tokens == 0) return;
   if (num_decodes < ns) {  // meta.prefill_part's query_start_loc
     prefill_starts_.assign(starts + num_decodes, starts + ns + 1);

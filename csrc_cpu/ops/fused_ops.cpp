@@ -51,19 +51,19 @@ void for_rows(int64_t rows, int64_t elements_per_row, const Fn& fn) {
 TensorArg elem_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, Elem* elem) {
   attn::DType dt;
   TensorArg t = attn::float_tensor(name, a, shape, &dt);
-  if (dt == attn::DType::F16) fail(std::string(name) + " has dtype float16; the fused ops take float32 or bfloat16");
+  if (dt == attn::DType::F16) fail(name, "dtype float32 or bfloat16 (the fused ops' dtypes)", "dtype float16");
   *elem = dt == attn::DType::F32 ? Elem::F32 : Elem::BF16;
   return t;
 }
 
 void require_same_elem(const TensorArg& a, Elem ea, const TensorArg& b, Elem eb) {
   if (ea != eb)
-    fail(b.name + " has dtype " + (eb == Elem::F32 ? "float32" : "bfloat16") + " but " + a.name + " has " +
-         (ea == Elem::F32 ? "float32" : "bfloat16"));
+    fail(b.name, "the dtype of " + a.name + " (" + (ea == Elem::F32 ? "float32" : "bfloat16") + ")",
+         std::string("dtype ") + (eb == Elem::F32 ? "float32" : "bfloat16"));
 }
 
 float check_eps(double eps) {
-  if (!(eps >= 0.0) || eps > 1.0) fail("eps must be in [0, 1], got " + std::to_string(eps));
+  if (!(eps >= 0.0) || eps > 1.0) fail("eps", "in [0, 1]", eps);
   return float(eps);
 }
 
@@ -73,8 +73,8 @@ TensorArg norm_weight(const Array& weight, const TensorArg& rows, Elem elem) {
   TensorArg w = elem_tensor("weight", weight, {-1}, &we);
   require_same_elem(rows, elem, w, we);
   if (w.dim(0) != rows.dim(1))
-    fail("weight has shape " + w.shape_str() + " but " + rows.name + " rows have " + std::to_string(rows.dim(1)) +
-         " elements");
+    fail("weight", "shape [" + std::to_string(rows.dim(1)) + "] (one per element of a " + rows.name + " row)",
+         "shape " + w.shape_str());
   return w;
 }
 
@@ -98,7 +98,7 @@ void fused_add_rms_norm(Array x, Array residual, Array weight, double eps) {
   TensorArg rt = elem_tensor("residual", residual, {-1, -1}, &er);
   require_same_elem(xt, e, rt, er);
   attn::require_same_shape(xt, rt);
-  if (xt.data == rt.data && xt.numel()) fail("x and residual must be different tensors (both are updated)");
+  if (xt.data == rt.data && xt.numel()) fail("residual", "a tensor other than x", "x itself (both are updated)");
   TensorArg wt = norm_weight(weight, xt, e);
   const NormArgs a{xt.data, nullptr, rt.data, wt.data, e, xt.dim(1), check_eps(eps)};
   const RowKernels* k = active();
@@ -110,10 +110,11 @@ void silu_and_mul(Array out, Array gate_up) {
   TensorArg gt = elem_tensor("gate_up", gate_up, {-1, -1}, &e);
   TensorArg ot = elem_tensor("out", out, {-1, -1}, &eo);
   require_same_elem(gt, e, ot, eo);
-  if (gt.dim(1) % 2) fail("gate_up has shape " + gt.shape_str() + ": its last dim must be even (gate then up)");
+  if (gt.dim(1) % 2) fail("gate_up", "an even last dim (gate then up)", "shape " + gt.shape_str());
   if (ot.dim(0) != gt.dim(0) || ot.dim(1) * 2 != gt.dim(1))
-    fail("out has shape " + ot.shape_str() + ", expected [" + std::to_string(gt.dim(0)) + ", " +
-         std::to_string(gt.dim(1) / 2) + "] for gate_up " + gt.shape_str());
+    fail("out", "shape [" + std::to_string(gt.dim(0)) + ", " + std::to_string(gt.dim(1) / 2) + "] (for gate_up " +
+                    gt.shape_str() + ")",
+         "shape " + ot.shape_str());
   const SiluMulArgs a{ot.data, gt.data, e, ot.dim(1)};
   const RowKernels* k = active();
   for_rows(gt.dim(0), gt.dim(1), [&](int64_t b, int64_t en) { k->silu_and_mul(a, b, en); });
@@ -123,7 +124,7 @@ void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t n
                       int64_t head_dim) {
   positive("num_heads", num_heads);
   positive("num_kv_heads", num_kv_heads);
-  if (positive("head_dim", head_dim) % 2) fail("head_dim must be even, got " + std::to_string(head_dim));
+  if (positive("head_dim", head_dim) % 2) fail("head_dim", "an even number", head_dim);
   Elem e;
   TensorArg qt = elem_tensor("qkv", qkv, {-1, -1}, &e);
   const int64_t width = (num_heads + 2 * num_kv_heads) * head_dim;
@@ -132,12 +133,12 @@ void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t n
   attn::DType cdt;
   TensorArg ct = attn::float_tensor("cos_sin_cache", cos_sin_cache, {-1, head_dim}, &cdt);
   if (cdt != attn::DType::F32)
-    fail(std::string("cos_sin_cache has dtype ") + attn::dtype_name(cdt) + "; expected float32");
+    fail("cos_sin_cache", "dtype float32", std::string("dtype ") + attn::dtype_name(cdt));
   const auto* pos = static_cast<const int64_t*>(pt.data);
   for (int64_t i = 0; i < pt.dim(0); ++i)
     if (pos[i] < 0 || pos[i] >= ct.dim(0))
-      attn::fail_index("positions[" + std::to_string(i) + "] = " + std::to_string(pos[i]) +
-                       " is outside the rotary table of " + std::to_string(ct.dim(0)) + " positions");
+      attn::fail_index("positions[" + std::to_string(i) + "]",
+                       "a position in [0, " + std::to_string(ct.dim(0)) + ") (the rotary table's size)", pos[i]);
   const RopeArgs a{qt.data, pos, static_cast<const float*>(ct.data), e, num_heads + num_kv_heads, width, head_dim};
   const RowKernels* k = active();
   for_rows(qt.dim(0), (num_heads + num_kv_heads) * head_dim, [&](int64_t b, int64_t en) { k->rotary(a, b, en); });
@@ -149,7 +150,9 @@ void split_qkv(Array qkv, Array q, Array k, Array v) {
   TensorArg qt = attn::float_tensor("q", q, {src.dim(0), -1, -1}, &eq);
   TensorArg kt = attn::float_tensor("k", k, {src.dim(0), -1, qt.dim(2)}, &ek);
   TensorArg vt = attn::float_tensor("v", v, {src.dim(0), -1, qt.dim(2)}, &ev);
-  if (eq != e || ek != e || ev != e) fail("q, k and v must have the dtype of qkv (" + std::string(attn::dtype_name(e)) + ")");
+  if (eq != e || ek != e || ev != e)
+    fail(eq != e ? "q" : ek != e ? "k" : "v", std::string("the dtype of qkv (") + attn::dtype_name(e) + ")",
+         std::string("dtype ") + attn::dtype_name(eq != e ? eq : ek != e ? ek : ev));
   attn::require_same_shape(kt, vt);
   const int64_t qw = qt.dim(1) * qt.dim(2), kw = kt.dim(1) * kt.dim(2);
   attn::require_dim(src, 1, qw + 2 * kw, "q, k and v widths together");

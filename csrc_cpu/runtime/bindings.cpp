@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 
+#include "arg_error.h"
 #include "module.h"
 #include "runtime/runtime.h"
 
@@ -19,8 +20,7 @@ runtime::MemoryMethod parse_method(const std::string& method) {
   if (method == "auto") return runtime::MemoryMethod::Auto;
   if (method == "libnuma") return runtime::MemoryMethod::Libnuma;
   if (method == "syscall") return runtime::MemoryMethod::Syscall;
-  throw std::invalid_argument("bind_memory_to_node: method '" + method +
-                              "' is not one of auto, libnuma, syscall");
+  paged::args::fail("method (bind_memory_to_node)", "one of auto, libnuma, syscall", "'" + method + "'");
 }
 
 }  // namespace

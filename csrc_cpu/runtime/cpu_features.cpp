@@ -6,6 +6,8 @@
 // feature moves the whole process to the older generation's paths.
 #include "runtime/runtime.h"
 
+#include "arg_error.h"
+
 #include <cstdlib>
 #include <sstream>
 #include <stdexcept>
@@ -149,7 +151,11 @@ std::vector<std::string> hidden_cpu_features() {
 
 bool cpu_has(const std::string& name) {
   const auto it = state().visible.find(name);
-  if (it == state().visible.end()) throw std::invalid_argument("cpu_has: unknown feature '" + name + "'");
+  if (it == state().visible.end()) {
+    std::string names;
+    for (const Feature& x : kFeatures) names += std::string(names.empty() ? "" : ", ") + x.name;
+    args::fail("name (cpu_has)", "one of " + names, "'" + name + "'");
+  }
   return it->second;
 }
 

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "arg_error.h"
 #include "runtime/runtime.h"
 
 namespace paged::cpu::runtime {
@@ -134,8 +135,7 @@ std::pair<std::string, std::vector<int>> memory_policy() {
 
 std::string bind_memory_to_node(int node, bool strict, MemoryMethod method) {
   if (node < 0 || node >= kMaxNodes)
-    throw std::invalid_argument("bind_memory_to_node: node " + std::to_string(node) +
-                                " is out of range [0, " + std::to_string(kMaxNodes) + ")");
+    args::fail("node (bind_memory_to_node)", "in [0, " + std::to_string(kMaxNodes) + ")", node);
   const Libnuma& lib = libnuma();
   if (method == MemoryMethod::Libnuma && !lib.usable())
     throw std::runtime_error("bind_memory_to_node: libnuma.so.1 is not available (install libnuma1)");
@@ -144,8 +144,8 @@ std::string bind_memory_to_node(int node, bool strict, MemoryMethod method) {
 
   if (use_libnuma) {
     if (node > lib.max_node())
-      throw std::invalid_argument("bind_memory_to_node: node " + std::to_string(node) +
-                                  " does not exist (highest node is " + std::to_string(lib.max_node()) + ")");
+      args::fail("node (bind_memory_to_node)", "an existing node (highest node is " + std::to_string(lib.max_node()) + ")",
+                 node);
     on_every_thread([&] {
       apply_libnuma(lib, node, strict);
       return 0;
@@ -159,8 +159,7 @@ std::string bind_memory_to_node(int node, bool strict, MemoryMethod method) {
   }
   const int err = on_every_thread([&] { return apply_syscall(strict ? kMpolBind : kMpolPreferred, node); });
   if (err == EINVAL)
-    throw std::invalid_argument("bind_memory_to_node: node " + std::to_string(node) +
-                                " is not a memory node this process may use");
+    args::fail("node (bind_memory_to_node)", "a memory node this process may use", node);
   if (err != 0)
     throw std::runtime_error("bind_memory_to_node: set_mempolicy failed for node " + std::to_string(node) +
                              ": " + std::strerror(err));

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "arg_error.h"
 #include "runtime/runtime.h"
 
 namespace paged::cpu::runtime {
@@ -69,19 +70,17 @@ void pin_team(int n, MaskFor mask_for) {
 const std::vector<int>& initial_allowed_cpus() { return initial_state().allowed; }
 
 void bind_threads(const std::vector<int>& cpus) {
-  if (cpus.empty()) throw std::invalid_argument("bind_threads: the CPU list is empty");
+  if (cpus.empty()) args::fail("cpus (bind_threads)", "a non-empty CPU list", "an empty one");
   const std::vector<int>& allowed = initial_allowed_cpus();
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::set<int> seen;
   for (int c : cpus) {
     if (c < 0 || c >= CPU_SETSIZE)
-      throw std::invalid_argument("bind_threads: CPU " + std::to_string(c) + " is out of range [0, " +
-                                  std::to_string(CPU_SETSIZE) + ")");
+      args::fail("cpus (bind_threads)", "CPUs in [0, " + std::to_string(CPU_SETSIZE) + ")", "CPU " + std::to_string(c));
     if (!allowed_set.count(c))
-      throw std::invalid_argument("bind_threads: CPU " + std::to_string(c) +
-                                  " is not allowed for this process");
+      args::fail("cpus (bind_threads)", "CPUs allowed for this process", "CPU " + std::to_string(c) + " (not allowed)");
     if (!seen.insert(c).second)
-      throw std::invalid_argument("bind_threads: CPU " + std::to_string(c) + " is listed twice");
+      args::fail("cpus (bind_threads)", "distinct CPUs", "CPU " + std::to_string(c) + " listed twice");
   }
   pin_team(static_cast<int>(cpus.size()), [&](int t) {
     cpu_set_t set;
