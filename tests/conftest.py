@@ -51,3 +51,19 @@ def isa_level(request):
     skip_unless_level(request.param)
     with cpu_isa.use_level(request.param):
         yield request.param
+
+
+def step_until_idle(engine) -> tuple[dict, dict]:
+    """Steps an Engine until idle: (finished outputs, failures), by request id.
+    A step that fails some requests (StepFailed) still yields the others'."""
+    from paged.core.engine import StepFailed
+
+    final, failures = {}, {}
+    while engine.has_unfinished_requests():
+        try:
+            outputs = engine.step()
+        except StepFailed as exc:
+            failures.update(exc.errors)
+            outputs = exc.outputs
+        final.update({o.request_id: o for o in outputs if o.finished})
+    return final, failures

@@ -11,8 +11,10 @@ import os
 
 import pytest
 
+from conftest import step_until_idle
+
 from paged.core.async_engine import AsyncEngine, EngineStepError
-from paged.core.engine import Engine, StepFailed
+from paged.core.engine import Engine
 from paged.core.engine_config import EngineConfig
 from paged.core.llm import LLM
 from paged.core.sampling_params import SamplingParams
@@ -43,14 +45,7 @@ def test_step_fails_only_the_request_it_belongs_to(engine, alone):
     engine.add_request("ok", "Hello there", GREEDY)
     engine.add_request("bad", "One, two,", broken_params())
     engine.add_request("queued", "Blue", GREEDY)  # max_num_seqs 2: waits behind the others
-    final, failures = {}, {}
-    while engine.has_unfinished_requests():
-        try:
-            outputs = engine.step()
-        except StepFailed as exc:
-            failures.update(exc.errors)
-            outputs = exc.outputs
-        final.update({o.request_id: o for o in outputs if o.finished})
+    final, failures = step_until_idle(engine)
     assert list(failures) == ["bad"]
     assert final["ok"].outputs[0].token_ids == alone["Hello there"]
     assert final["queued"].outputs[0].token_ids == alone["Blue"]

@@ -17,7 +17,9 @@ import threading
 import jsonschema
 import pytest
 
-from paged.core.engine import Engine, StepFailed
+from conftest import step_until_idle
+
+from paged.core.engine import Engine
 from paged.core.engine_config import EngineConfig
 from paged.core.llm import LLM
 from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
@@ -64,19 +66,6 @@ def engine(default_model_path):
 @pytest.fixture(scope="module")
 def llm(engine):
     return LLM.from_engine(engine)
-
-
-def run(engine) -> tuple[dict, dict]:
-    """Steps until idle: (final outputs, failures) by request id."""
-    final, failures = {}, {}
-    while engine.has_unfinished_requests():
-        try:
-            outputs = engine.step()
-        except StepFailed as exc:
-            failures.update(exc.errors)
-            outputs = exc.outputs
-        final.update({o.request_id: o for o in outputs if o.finished})
-    return final, failures
 
 
 # -- outputs are valid ------------------------------------------------------------------
@@ -175,7 +164,7 @@ def test_other_requests_step_while_a_compilation_is_pending(engine):
         assert len(seen["free"].outputs[0].token_ids) == GREEDY_FREE.max_tokens
     finally:
         gate.set()
-    final, failures = run(engine)
+    final, failures = step_until_idle(engine)
     assert not failures
     jsonschema.validate(json.loads(final["constrained"].outputs[0].text), schema)
 
@@ -212,7 +201,7 @@ def test_a_failing_compilation_fails_only_its_request(engine):
     on the grammar thread, the request fails alone."""
     engine.add_request("bad", "x", SamplingParams(structured_outputs=StructuredOutputsParams(regex="[z-a]")))
     engine.add_request("good", FREE_PROMPTS[1], GREEDY_FREE)
-    final, failures = run(engine)
+    final, failures = step_until_idle(engine)
     assert list(failures) == ["bad"] and "regular expression" in str(failures["bad"])
     assert len(final["good"].outputs[0].token_ids) == GREEDY_FREE.max_tokens
     with pytest.raises(ValueError, match="regular expression"):  # known bad now: refused at once
@@ -233,7 +222,7 @@ def test_a_grammar_the_vocabulary_cannot_continue_fails_its_request_as_a_grammar
     engine.add_request("stuck", "x", SamplingParams(structured_outputs=StructuredOutputsParams(
         regex="a" + UNWRITABLE)))
     engine.add_request("fine", FREE_PROMPTS[2], GREEDY_FREE)
-    final, failures = run(engine)
+    final, failures = step_until_idle(engine)
     assert list(failures) == ["stuck"] and isinstance(failures["stuck"], GrammarError)
     assert "vocabulary" in str(failures["stuck"]) and "\n" not in str(failures["stuck"])
     assert len(final["fine"].outputs[0].token_ids) == GREEDY_FREE.max_tokens
