@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import reprlib
 
+from paged.backends.arg_checks import expected as message  # the one message builder, backends included
+
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 60, 60
 
@@ -22,4 +24,4 @@ def short_repr(value, limit: int = 80) -> str:
 
 
 def expected(name: str, what: str, value) -> ValueError:
-    return ValueError(f"{name}: expected {what}, got {short_repr(value)}")
+    return ValueError(message(name, what, short_repr(value)))

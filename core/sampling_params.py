@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from .argcheck import expected, short_repr  # noqa: F401 - short_repr: re-exported for callers
+from .argcheck import expected
 from .structured.params import StructuredOutputsParams
 
 #: cap on logprobs / prompt_logprobs per token (keeps outputs small)

@@ -9,7 +9,7 @@ nesting so deep the parser raises RecursionError (it was a 500), and valid
 Unicode text (a lone surrogate such as "\\ud800" made the tokenizer raise
 TypeError, a 500). Nothing walks the data but for that last check, and only
 when the raw body has a surrogate escape. Deep values never reach repr()
-whole (sampling_params.short_repr).
+whole (argcheck.short_repr).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from paged.core.async_engine import EngineShutdownError, EngineStepError, QueueFullError
-from paged.core.sampling_params import short_repr
+from paged.backends.arg_checks import expected as message
+from paged.core.argcheck import short_repr
 from paged.core.scheduler import WaitingQueueFull
 
 
@@ -43,7 +44,7 @@ def bad_request(message: str, param: Optional[str] = None) -> APIError:
 
 def expected(name: str, what: str, got: str, param: Optional[str] = None) -> APIError:
     """A 400 in the vocabulary; `got` is already described for the reader."""
-    return bad_request(f"{name}: expected {what}, got {got}", param)
+    return bad_request(message(name, what, got), param)
 
 
 _TOO_SHORT = {"too_short": "item(s)", "string_too_short": "character(s)"}
@@ -62,7 +63,7 @@ def field_path(loc: tuple) -> str:
 def _one(err: dict) -> str:
     where = field_path(err.get("loc", ()))
     if err["type"] == "missing":
-        return f"{where}: expected a value, got nothing"
+        return message(where, "a value", "nothing")
     if err["type"] in _BOUNDS:
         key, op = _BOUNDS[err["type"]]
         what = f"a value {op} {err['ctx'][key]}"
@@ -70,7 +71,7 @@ def _one(err: dict) -> str:
         what = f"at least {err['ctx']['min_length']} {_TOO_SHORT[err['type']]}"
     else:
         what = err["msg"].removeprefix("Input should be ").removeprefix("expected ")
-    return f"{where}: expected {what}, got {short_repr(err.get('input'))}"
+    return message(where, what, short_repr(err.get("input")))
 
 
 def param_named_in(message: str, model: type) -> Optional[str]:

@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 
 import llguidance
 
+from paged.backends.arg_checks import expected as message
 from paged.core.argcheck import short_repr
 
 from .params import JSON_LAYOUT, StructuredOutputsParams
@@ -176,9 +177,9 @@ _WHAT = {"json": "a JSON schema llguidance can compile", "json_object": "a JSON 
          "choice": "a list of strings", "grammar": "a Lark or GBNF grammar that compiles"}
 
 
-def _grammar_error(params: StructuredOutputsParams, param: str, message: str) -> GrammarError:
-    return GrammarError(f"{param}: expected {_WHAT[params.kind]}, got {short_repr(params.value, 60)}, "
-                        f"which fails: {_one_line(message)}")
+def _grammar_error(params: StructuredOutputsParams, param: str, why: str) -> GrammarError:
+    return GrammarError(message(param, _WHAT[params.kind], short_repr(params.value, 60)) + ", "
+                        f"which fails: {_one_line(why)}")
 
 
 def _one_line(message: str, limit: int = 300) -> str:
