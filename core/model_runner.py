@@ -131,8 +131,8 @@ class ModelRunner:
         logits = None
         if inp.sample_seqs:
             rows = torch.from_numpy(inp.sample_rows).to(self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows)).float().cpu()
-        prompt_logits = [(e, self.model.compute_logits(hidden[r:r + e.num_new_tokens]).float().cpu())
+            logits = self.model.compute_logits(hidden.index_select(0, rows)).cpu()  # float32 already
+        prompt_logits = [(e, self.model.compute_logits(hidden[r:r + e.num_new_tokens]).cpu())
                          for e, r in inp.prompt_lp]
         return StepResult(inp.sample_seqs, logits, prompt_logits)
 

@@ -21,9 +21,14 @@ from paged.core.worker import Worker
 __all__ = ["CpuWorker", "prepare_model"]
 
 
+def cpu_layer_ops(dtype: torch.dtype) -> TorchLayerOps:
+    """The fused C++ passes where they apply, else torch's ops."""
+    return fused_layer_ops(dtype) or TorchLayerOps()
+
+
 class CpuWorker(Worker):
     def layer_ops(self, dtype: torch.dtype) -> TorchLayerOps:
-        return fused_layer_ops(dtype) or TorchLayerOps()
+        return cpu_layer_ops(dtype)
 
     def stack_runner(self, model):
         return LayerStack.for_model(model)
@@ -32,5 +37,5 @@ class CpuWorker(Worker):
 def prepare_model(model) -> None:
     """Gives a model built outside an engine (tests, benchmarks) the CPU
     worker's layer ops and stack runner."""
-    model.ops = fused_layer_ops(model.dtype) or TorchLayerOps()
+    model.ops = cpu_layer_ops(model.dtype)
     model.layer_stack = LayerStack.for_model(model)
