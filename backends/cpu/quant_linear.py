@@ -23,12 +23,15 @@ dense prefill branch below is never taken in that mode.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from paged.backends.cpu import dl
-from paged.core.loaders.packed import PackedBlocks
+
+if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
+    from paged.core.loaders.packed import PackedBlocks
 
 
 #: Row count from which a call dequantizes the matrix into a scratch buffer and
