@@ -28,7 +28,6 @@ inline bool cpu_has_avx512() {
 }
 
 inline bool cpu_has_avx512vnni() { return cpu_has_avx512() && runtime::cpu_has("avx512vnni"); }
-inline bool cpu_has_avx512bf16() { return cpu_has_avx512() && runtime::cpu_has("avx512bf16"); }
 inline bool cpu_has_avxvnni() { return cpu_has_avx2() && runtime::cpu_has("avxvnni"); }
 
 inline bool cpu_always() { return true; }

@@ -43,18 +43,23 @@ def active_builds() -> dict[str, str]:
 
 
 def supported_levels() -> list[str]:
-    """Levels this machine (as the detector sees it) can run, best first."""
-    features = _ops().cpu_features()
-    usable = {"avx512": features.get("avx512f", False) and features.get("avx512bw", False),
-              "avx2": features.get("avx2", False) and features.get("fma", False), "scalar": True}
-    return [level for level in LEVELS if usable[level]]
+    """Levels this machine (as the detector sees it) can run, best first: a
+    level is there when some family's selector offers a build of its name
+    (the C++ side decides what a build needs, csrc_cpu/isa_select.h)."""
+    ops = _ops()
+    offered = {b for names in _FAMILIES.values() for b in getattr(ops, names[2])()}
+    return [level for level in LEVELS if level in offered]
+
+
+def _check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise ValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    return level
 
 
 def hide_env(level: str) -> dict[str, str]:
     """Environment that runs a child process at ``level`` (PAGED_CPU_HIDE)."""
-    if level not in _HIDE:
-        raise ValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
-    return {"PAGED_CPU_HIDE": _HIDE[level]}
+    return {"PAGED_CPU_HIDE": _HIDE[_check_level(level)]}
 
 
 def _rank(build: str) -> int:
@@ -63,10 +68,8 @@ def _rank(build: str) -> int:
 
 def builds_for_level(level: str) -> dict[str, str]:
     """family -> the best build it has at or below ``level`` on this CPU."""
-    if level not in LEVELS:
-        raise ValueError(f"level: expected one of {', '.join(LEVELS)}, got {level!r}")
     ops = _ops()
-    cap = _rank(level)
+    cap = _rank(_check_level(level))
     chosen = {}
     for family, (_, _, supported) in _FAMILIES.items():
         builds = [b for b in getattr(ops, supported)() if _rank(b) >= cap]

@@ -9,6 +9,8 @@
 #include "arg_error.h"
 
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 

@@ -3,8 +3,6 @@
 // bindings.cpp exposes it as paged._C_cpu.*. Errors are thrown as
 // std::invalid_argument (bad input) or std::runtime_error (the OS refused).
 #pragma once
-#include <map>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
