@@ -29,11 +29,13 @@ def cpuinfo_flags() -> set[str]:
     pytest.skip("/proc/cpuinfo has no flags line (not x86 Linux)")
 
 
-def child(code: str, hide: str | None) -> subprocess.CompletedProcess:
+def child(code: str, hide: str | None, *argv: str) -> subprocess.CompletedProcess:
+    """``python -c code argv...`` with PAGED_CPU_HIDE=hide (None: nothing hidden)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PAGED_CPU_HIDE", "PAGED_CPU_ISA")}
     if hide is not None:
         env["PAGED_CPU_HIDE"] = hide
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
 REPORT = ("import json; from paged import _C_cpu as C; from paged.platforms import cpu_isa; "
@@ -94,9 +96,8 @@ def test_use_level_sets_and_restores_every_family():
 
 def test_env_shows_the_builds_next_to_the_flags():
     level = "avx2" if "avx2" in cpu_isa.supported_levels() else "scalar"
-    out = subprocess.run([sys.executable, "-c", "import sys; from paged.core.cli import main; sys.exit(main())",
-                          "--device", "cpu", "env"], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **cpu_isa.hide_env(level)})
+    out = child("import sys; from paged.core.cli import main; sys.exit(main())",
+                cpu_isa.hide_env(level)["PAGED_CPU_HIDE"], "--device", "cpu", "env")
     assert out.returncode == 0, out.stderr
     builds = cpu_isa.builds_for_level(level)
     assert "kernel builds   " + ", ".join(f"{k} {v}" for k, v in builds.items()) in out.stdout
