@@ -11,11 +11,13 @@ itself is ordered on the current stream). The C++ boundary checks shapes,
 dtypes, devices and contiguity. Block ids that live on the GPU (block tables,
 slot mappings, query_start_loc) are guarded inside the kernels (stray ids are
 skipped, never read or written out of bounds) and, by default, also checked
-here with a device->host copy once per distinct input (id_checks.py: once per
-step, not once per layer), raising IndexError / ValueError naming the value.
+on the host, raising IndexError / ValueError naming the value: in the model
+runner's steps once per step, where ``build_metadata`` builds the metadata
+(metadata.check_step_ids; the layers then launch unchecked); in direct calls
+to the contract ops once per distinct input (id_checks.py).
 ``CudaBackend(check_ids=False)`` or ``PAGED_CUDA_CHECK_IDS=0`` turns those
-copies off (the kernels' guards remain). Host-side block mappings are always
-checked.
+host copies off (the kernels' guards remain). Host-side block mappings are
+always checked.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from paged.backends.base import AttentionMetadata
 from paged.backends.reference import ReferenceBackend, check_distinct_destinations
 from paged.backends.reference import validation as v
 from paged.backends.cuda.id_checks import CheckedOnce
-from paged.backends.cuda.metadata import CudaMetadata, split_workspace
+from paged.backends.cuda.metadata import CudaMetadata, check_step_ids, split_workspace
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -63,6 +65,7 @@ class CudaBackend(ReferenceBackend):
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.check_ids = (os.environ.get("PAGED_CUDA_CHECK_IDS", "1") != "0") if check_ids is None else bool(check_ids)
         self._checked = CheckedOnce()
+        self.num_blocks: int | None = None  # known once allocate_kv_cache ran: the step checks need it
 
     # -- cache allocation --------------------------------------------------
     def allocate_kv_cache(self, num_layers: int, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -71,6 +74,7 @@ class CudaBackend(ReferenceBackend):
         shape = self.kv_cache_shape(num_blocks)
         elem = torch.empty((), dtype=self.dtype).element_size()
         tensor_bytes = -(-(num_blocks * self.num_kv_heads * self.block_size * self.head_size * elem) // 256) * 256
+        self.num_blocks = int(num_blocks)
         arena = _ops().DeviceArena(max(1, 2 * num_layers * tensor_bytes), self.device.index)
         dtype_name = str(self.dtype).removeprefix("torch.")
         views = [arena.view(i * tensor_bytes, list(shape), dtype_name).zero_() for i in range(2 * num_layers)]
@@ -88,6 +92,9 @@ class CudaBackend(ReferenceBackend):
             num_slots = key_cache.shape[0] * self.block_size
             self._checked.run("slot_mapping", (slot_mapping,), (num_slots,),
                               lambda: v.check_slots("slot_mapping", slot_mapping, num_slots))
+        self._write(key, value, key_cache, value_cache, slot_mapping)
+
+    def _write(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         _ops().reshape_and_cache(to_dlpack(key), to_dlpack(value), to_dlpack(key_cache), to_dlpack(value_cache),
                                  to_dlpack(slot_mapping), _stream(key_cache.device))
 
@@ -98,12 +105,12 @@ class CudaBackend(ReferenceBackend):
             if isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2 else 1
         num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() else 0
         num_heads = query.shape[1] if isinstance(query, torch.Tensor) and query.dim() == 3 else 0
+        v.check_caches(self, key_cache, value_cache)
+        self._check_tables(block_tables, seq_lens, key_cache)
         workspace = split_workspace(num_seqs, num_heads, splits, self.head_size, self.device)
         self._decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace)
 
     def _decode(self, out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace):
-        v.check_caches(self, key_cache, value_cache)
-        self._check_tables(block_tables, seq_lens, key_cache)
         split_out, split_max_sum = workspace
         _ops().paged_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
                                to_dlpack(block_tables), to_dlpack(seq_lens), float(scale), window,
@@ -113,17 +120,17 @@ class CudaBackend(ReferenceBackend):
                           block_tables, scale: float, sliding_window: int = 0) -> None:
         # Called directly, the step's longest query is unknown: launch a tile
         # for every row (extra CTAs exit at once); forward() passes the real one.
+        v.check_caches(self, key_cache, value_cache)
+        self._check_tables(block_tables, seq_lens, key_cache)
+        if self.check_ids:
+            self._checked.run("query_start_loc", (query_start_loc, seq_lens), (query.shape[0],),
+                              lambda: v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens))
         rows = int(query.shape[0]) if isinstance(query, torch.Tensor) and query.dim() else 0
         self._prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
                       scale, sliding_window, rows)
 
     def _prefill(self, out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
                  scale, sliding_window, max_query_len: int) -> None:
-        v.check_caches(self, key_cache, value_cache)
-        self._check_tables(block_tables, seq_lens, key_cache)
-        if self.check_ids:
-            self._checked.run("query_start_loc", (query_start_loc, seq_lens), (query.shape[0],),
-                              lambda: v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens))
         rows = int(query.shape[0]) if query.dim() else 0
         if rows == 0:
             return
@@ -134,6 +141,14 @@ class CudaBackend(ReferenceBackend):
 
     # -- once per step, then every layer ---------------------------------------
     def build_metadata(self, common: AttentionMetadata) -> CudaMetadata:
+        """Checks the step's block ids once (host copies; skipped with
+        check_ids off or before the cache exists), then derives the launch
+        sizes and the split-K workspace every layer shares."""
+        if self.check_ids and self.num_blocks is not None:
+            check_step_ids(self.block_size, common, self.num_blocks)
+        return self._derive(common)
+
+    def _derive(self, common: AttentionMetadata) -> CudaMetadata:
         splits = _ops().decode_max_splits(common.block_tables.shape[1], self.block_size, self.sliding_window)
         split_out, split_max_sum = split_workspace(common.num_decodes, self.num_heads, splits,
                                                    self.head_size, self.device)
@@ -142,8 +157,13 @@ class CudaBackend(ReferenceBackend):
 
     def forward(self, query, key, value, kv_cache, meta):
         if not isinstance(meta, CudaMetadata):  # a caller outside the model runner (tests)
-            meta = self.build_metadata(meta)
+            if self.check_ids:  # this cache's size, whatever allocated it
+                check_step_ids(self.block_size, meta, kv_cache[0].shape[0])
+            meta = self._derive(meta)
         return super().forward(query, key, value, kv_cache, meta)
+
+    def _forward_write(self, key, value, kv_cache, meta) -> None:
+        self._write(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
 
     def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
         self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, self.scale,

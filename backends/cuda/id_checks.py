@@ -1,11 +1,18 @@
-"""Block-id checks for index tensors that live on the GPU.
+"""Block-id checks for index tensors that live on the GPU, for callers of
+the contract ops outside the model runner.
 
-Checking a block table or slot mapping against the cache costs a
-device->host copy (a sync), so CudaBackend runs each check once per distinct
-input: the per-step tensors the model runner builds are validated by the
-first layer and recognised (same base tensor, same version, same view) by
-the others. A tensor modified in place has a new version and is checked
-again; a freed one is never mistaken for a new one (weak references).
+The model runner's steps are checked once per step on the host where the
+metadata is built (metadata.check_step_ids), never per layer. A direct
+caller of ``paged_attention`` / ``prefill_attention`` / ``reshape_and_cache``
+(tests, the conformance suite, someone calling per layer) goes through
+CheckedOnce: checking costs a device->host copy (a sync), so each check runs
+once per distinct input and is recognised afterwards (same base tensor, same
+version, same view). A tensor modified in place has a new version and is
+checked again; a freed one is never mistaken for a new one (weak references).
+
+Inference tensors (made under ``torch.inference_mode()``) have no version
+counter: an in-place change could not be seen, so they are checked on every
+call, never remembered.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from typing import Callable
 import torch
 
 
-def _identity(t: torch.Tensor) -> tuple:
+def _identity(t: torch.Tensor) -> tuple | None:
+    """What recognises ``t`` on a later call; None when nothing can (an
+    inference tensor: no version counter to notice in-place writes)."""
+    if t.is_inference():
+        return None
     base = t._base if t._base is not None else t
     return (weakref.ref(base), (t._version, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.device))
 
@@ -36,10 +47,11 @@ class CheckedOnce:
             check()  # let the check raise its own TypeError
             return
         key = [_identity(t) for t in tensors]
-        seen = self._passed.get(name)
+        seen = self._passed.pop(name, None)
         if seen is not None and seen[1] == extra and len(seen[0]) == len(key) \
-                and all(_same(a, b) for a, b in zip(seen[0], key)):
+                and all(a is not None and b is not None and _same(a, b) for a, b in zip(seen[0], key)):
+            self._passed[name] = seen
             return
-        self._passed.pop(name, None)
         check()
-        self._passed[name] = (key, extra)
+        if all(k is not None for k in key):
+            self._passed[name] = (key, extra)
