@@ -6,6 +6,7 @@ API (docs/interfaces.md):
     mgr.get_computed_tokens(req_id, token_ids, extra_key=None) -> int
     mgr.allocate_slots(req_id, token_ids, num_computed_tokens, num_new_tokens) -> list[(src, dst)] | None
     mgr.block_table(req_id) -> list[int]
+    mgr.truncate(req_id, num_tokens)   # speculative decoding: give back rejected slots
     mgr.free(req_id); mgr.fork(parent_id, child_id)
     mgr.num_free_blocks, mgr.num_blocks, mgr.block_size, mgr.can_allocate(num_tokens), mgr.stats()
 
@@ -17,6 +18,15 @@ which blocks a request holds and which full blocks get hashed. A block is
 registered in the prefix cache as soon as a request's slots cover it fully:
 its K/V is written by the next forward before any layer reads it, so a
 request admitted in the same step may already reuse it.
+
+Only verified tokens are ever hashed: ``token_ids`` passed to
+``allocate_slots`` are the sequence's known tokens, while the slots may reach
+further (speculative decoding writes draft tokens' K/V past them). A draft
+slot lands in a block that is either beyond ``token_ids`` (never hashed) or
+the one holding the last known token; the blocks it fills are hashed by a
+later step, once ``token_ids`` has grown over them, after the true tokens'
+K/V has overwritten what the rejected drafts wrote. ``truncate`` hands back
+the blocks past a rollback point.
 """
 
 from __future__ import annotations
@@ -133,6 +143,24 @@ class KVCacheManager:
         for i in range(req.num_registered, num_full):
             self._pool.register_hash(req.blocks[i], req.hashes[i])
         req.num_registered = num_full
+
+    def truncate(self, req_id, num_tokens: int) -> None:
+        """Keep slots for positions [0, num_tokens) only: blocks past them go
+        back to the pool (speculative decoding's rejected drafts). A block
+        that stays registered holds verified tokens only, so a later prefix
+        hit on it reads the right K/V."""
+        req = self._reqs.get(req_id)
+        if req is None:
+            raise KeyError(f"unknown request {req_id!r}")
+        if not 0 <= num_tokens <= len(req.blocks) * self.block_size:
+            raise ValueError(f"num_tokens: expected 0 <= num_tokens <= {len(req.blocks) * self.block_size} "
+                             f"(request {req_id!r} holds {len(req.blocks)} blocks), got {num_tokens}")
+        keep = _ceil_div(num_tokens, self.block_size)
+        if keep < len(req.blocks):
+            dropped, req.blocks = req.blocks[keep:], req.blocks[:keep]
+            self._pool.free(dropped)
+        req.num_registered = min(req.num_registered, keep)
+        del req.hashes[keep:]
 
     # -- tables, release, fork -------------------------------------------------------
     def block_table(self, req_id) -> list[int]:
