@@ -78,7 +78,9 @@ class Engine:
         self.platform = resolve_platform(config.device)
         # everything device-specific from here on is the worker's (core/worker.py)
         self.worker = self.platform.worker_cls()(self.platform)
-        self.worker.init_device(threads_bind=config.cpu_threads_bind)
+        self.worker.init_device(threads_bind=config.cpu_threads_bind, max_num_seqs=config.max_num_seqs,
+                                gpu_memory_utilization=config.gpu_memory_utilization,
+                                enforce_eager=config.enforce_eager)
         self.device = self.worker.device
         self.dtype = resolve_dtype(config.dtype, self.platform)
 

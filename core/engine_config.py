@@ -49,6 +49,11 @@ class EngineConfig:
     # "Choosing the CPU path"): float32 activations, or int8 per 32-block
     linear_activations: str = "auto"
     warm_up: bool = True
+    # share of the GPU's memory the engine may use (weights, activations at
+    # the profiled peak, KV cache); GPU platforms only (docs/cuda.md)
+    gpu_memory_utilization: float = 0.9
+    # decode steps run eagerly instead of replaying captured CUDA graphs
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         def positive(name):
@@ -65,6 +70,10 @@ class EngineConfig:
         if self.linear_activations not in LINEAR_ACTIVATIONS:
             raise ValueError(f"linear_activations: expected one of {', '.join(LINEAR_ACTIVATIONS)}, "
                              f"got {self.linear_activations!r}")
+        u = self.gpu_memory_utilization
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < float(u) <= 1.0:
+            raise ValueError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {u!r}")
+        self.gpu_memory_utilization = float(u)
         if self.attention_backend not in (None, "reference"):
             raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
 
@@ -101,6 +110,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="activations of packed-weight linears: float32 (exact to fp32 rounding), int8 "
                         "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
                         "auto = the platform's choice (default: auto)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                   help="share of the GPU's memory to use for weights, activations and the KV cache; "
+                        "the KV cache gets what a profiled worst-case step leaves (GPU platforms; "
+                        f"default: {d.gpu_memory_utilization})")
+    g.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
+                   help="run decode steps eagerly instead of replaying CUDA graphs (GPU platforms: "
+                        "less start-up time and memory, more launch overhead per step)")
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -120,6 +136,8 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         seed=args.seed,
         quantized_weights=args.quantized_weights,
         linear_activations=args.linear_activations,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
     )
     values.update(overrides)
     return EngineConfig(**values)

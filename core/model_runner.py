@@ -127,7 +127,7 @@ class ModelRunner:
             mapping = torch.tensor(out.copies, dtype=torch.int64, device=self.device)
             self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
         inp = self.build_inputs(out, tables)
-        hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+        hidden = self.run_model(inp)
         logits = None
         if inp.sample_seqs:
             rows = torch.from_numpy(inp.sample_rows).to(self.device)
@@ -135,6 +135,12 @@ class ModelRunner:
         prompt_logits = [(e, self.model.compute_logits(hidden[r:r + e.num_new_tokens]).cpu())
                          for e, r in inp.prompt_lp]
         return StepResult(inp.sample_seqs, logits, prompt_logits)
+
+    def run_model(self, inp: StepInputs) -> torch.Tensor:
+        """The model over one step's inputs -> hidden states [T, hidden]. A
+        platform's runner overrides it to replay a captured graph instead
+        (backends/cuda/graphs.py: CUDA graphs for decode steps)."""
+        return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
 
     @torch.inference_mode()
     def warm_up(self, prompt_len: int = 16) -> None:

@@ -3,7 +3,11 @@
 Nothing here touches CUDA at import time; detection goes through torch.cuda
 when asked. KV cache sizing follows --gpu-memory-utilization (docs/cuda.md):
 
-    budget = utilization * total - memory used after profiling a forward pass at the max batch
+    budget = utilization * total - memory used at the peak of a profiled worst-case step
+
+The profiling step itself is the CudaWorker's (backends/cuda/worker.py); the
+arithmetic here is pure (kv_cache_budget, device_used_bytes) and tested on
+the CPU.
 """
 
 from __future__ import annotations
@@ -15,8 +19,6 @@ from paged.platforms.base import Availability, MemoryInfo, Platform
 from paged.platforms.sizes import format_size
 
 log = logging.getLogger(__name__)
-
-GiB = 2**30
 
 
 def kv_cache_budget(total_bytes: int, used_bytes: int, utilization: float = 0.9,
@@ -48,9 +50,20 @@ def kv_cache_budget(total_bytes: int, used_bytes: int, utilization: float = 0.9,
     return int(requested)
 
 
-def kv_cache_log_line(num_blocks: int, bytes_per_block: int) -> str:
-    """The line logged once the cache is sized, e.g. "KV cache: 1234 blocks, 9.64 GiB"."""
-    return f"KV cache: {num_blocks} blocks, {num_blocks * bytes_per_block / GiB:.2f} GiB"
+def device_used_bytes(total_bytes: int, free_bytes: int, reserved_bytes: int, peak_allocated_bytes: int) -> int:
+    """Device memory in use at a profiled peak: torch's peak allocation
+    (weights + activations) plus what lives outside torch's allocator (the
+    CUDA context, cuBLAS workspaces, other processes), i.e. the device's used
+    memory minus what torch's caching allocator holds."""
+    non_torch = max(0, (int(total_bytes) - int(free_bytes)) - int(reserved_bytes))
+    return int(peak_allocated_bytes) + non_torch
+
+
+def kv_budget_line(total_bytes: int, used_bytes: int, utilization: float, budget_bytes: int) -> str:
+    """The sizing logged once: what the flag allows, what the profile used, what is left."""
+    return (f"KV cache budget: --gpu-memory-utilization {utilization:.2f} x {format_size(total_bytes)} = "
+            f"{format_size(int(utilization * total_bytes))}, {format_size(used_bytes)} used at the profiled "
+            f"peak -> {format_size(budget_bytes)} for the KV cache")
 
 
 class CudaPlatform(Platform):
@@ -62,6 +75,7 @@ class CudaPlatform(Platform):
 
     def __init__(self) -> None:
         self._device_index = 0
+        self.gpu_memory_utilization = 0.9  # EngineConfig's, through init()
 
     # -- detection ---------------------------------------------------------
     def is_available(self) -> Availability:
@@ -88,9 +102,12 @@ class CudaPlatform(Platform):
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
     # -- lifecycle ---------------------------------------------------------
-    def init(self, device: int | None = None, **options: Any) -> None:
+    def init(self, device: int | None = None, gpu_memory_utilization: float | None = None,
+             **options: Any) -> None:
         if device is not None:
             self.set_device(int(device))
+        if gpu_memory_utilization is not None:
+            self.gpu_memory_utilization = float(gpu_memory_utilization)
 
     def set_device(self, index: int) -> None:
         import torch
@@ -114,27 +131,27 @@ class CudaPlatform(Platform):
         return MemoryInfo(total_bytes=int(total), available_bytes=int(free))
 
     def used_after_profiling_bytes(self) -> int:
-        """Device memory the model needs at its peak: torch's peak allocation
-        since the last ``torch.cuda.reset_peak_memory_stats()`` plus what is
-        used outside torch's allocator (CUDA context, other processes). Call
-        after the profiling forward pass."""
+        """Device memory the model needs at its peak (device_used_bytes):
+        torch's peak allocation since the last
+        ``torch.cuda.reset_peak_memory_stats()`` plus what is used outside
+        torch's allocator. The CudaWorker calls it after its profiling step."""
         import torch
 
         free, total = torch.cuda.mem_get_info(self._device_index)
-        non_torch = max(0, (total - free) - torch.cuda.memory_reserved(self._device_index))
-        return int(torch.cuda.max_memory_allocated(self._device_index) + non_torch)
+        return device_used_bytes(total, free, torch.cuda.memory_reserved(self._device_index),
+                                 torch.cuda.max_memory_allocated(self._device_index))
 
     def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None,
-                              utilization: float = 0.9) -> int:
+                              utilization: float | None = None) -> int:
         """See kv_cache_budget(); ``profiled_peak_bytes`` (the Worker's
-        profiling, core/worker.py) defaults to used_after_profiling_bytes()."""
+        profiling, core/worker.py) defaults to used_after_profiling_bytes(),
+        ``utilization`` to --gpu-memory-utilization. Logs the numbers."""
         used = self.used_after_profiling_bytes() if profiled_peak_bytes is None else int(profiled_peak_bytes)
-        return kv_cache_budget(self.memory_info().total_bytes, used, utilization, requested)
-
-    def log_kv_cache(self, num_blocks: int, bytes_per_block: int) -> str:
-        line = kv_cache_log_line(num_blocks, bytes_per_block)
-        log.info(line)
-        return line
+        utilization = self.gpu_memory_utilization if utilization is None else utilization
+        total = self.memory_info().total_bytes
+        budget = kv_cache_budget(total, used, utilization, requested)
+        log.info(kv_budget_line(total, used, utilization, budget))
+        return budget
 
     def supported_dtypes(self) -> list:
         import torch
@@ -144,6 +161,11 @@ class CudaPlatform(Platform):
         return [*bf16, torch.float16, torch.float32]
 
     # -- kernels -----------------------------------------------------------
+    def worker_cls(self):
+        from paged.backends.cuda.worker import CudaWorker
+
+        return CudaWorker
+
     def attention_backend_cls(self):
         from paged.backends.cuda import CudaBackend
 

@@ -148,10 +148,17 @@ class CudaBackend(ReferenceBackend):
             check_step_ids(self.block_size, common, self.num_blocks)
         return self._derive(common)
 
+    def decode_splits(self, table_width: int) -> int:
+        """Split-K partitions a decode over block tables this wide may use."""
+        return _ops().decode_max_splits(table_width, self.block_size, self.sliding_window)
+
+    def split_workspace(self, num_decodes: int, splits: int):
+        """(split_out, split_max_sum) for that many decodes (empty when splits == 1)."""
+        return split_workspace(num_decodes, self.num_heads, splits, self.head_size, self.device)
+
     def _derive(self, common: AttentionMetadata) -> CudaMetadata:
-        splits = _ops().decode_max_splits(common.block_tables.shape[1], self.block_size, self.sliding_window)
-        split_out, split_max_sum = split_workspace(common.num_decodes, self.num_heads, splits,
-                                                   self.head_size, self.device)
+        splits = self.decode_splits(common.block_tables.shape[1])
+        split_out, split_max_sum = self.split_workspace(common.num_decodes, splits)
         return CudaMetadata(**common.common_fields(), prefill_max_query_len=int(common.max_query_len),
                             decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum)
 
