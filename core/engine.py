@@ -23,6 +23,7 @@ from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, WaitingQueueFull
+from .spec_decode import NgramProposer, SampleRows, SpecStats, accept
 from .structured.compiler import GrammarCompiler, GrammarError
 from .structured.pending import PendingGrammars
 
@@ -114,7 +115,9 @@ class Engine:
                                                self.platform.block_pool_cls(), self.platform.block_hash_fn())
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_waiting, config.enable_prefix_caching,
-                                   config.max_prefill_tokens_with_decodes)
+                                   config.max_prefill_tokens_with_decodes,
+                                   NgramProposer(config.speculative_config) if config.speculative_config else None)
+        self.spec_stats = SpecStats() if config.speculative_config else None
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
         self.eos_token_id = mc.eos_token_id
         self.sampler = Sampler(sorted(self.stop_token_ids), config.seed)
@@ -248,14 +251,19 @@ class Engine:
             self._per_request(failed, e.seq, self._add_prompt_logprobs, e, logits)
         if result.sample_seqs:
             seqs, rows = self._fork_finished_prompts(result.sample_seqs)
-            logits = result.logits if len(rows) == len(result.sample_seqs) else result.logits[rows]
-            sampled, errors = self.sampler.sample_isolated(logits, seqs)
+            drafts = {e.seq.seq_id: e.draft for e in out.verifies}
+            plan = SampleRows.build(result.sample_seqs, seqs, rows, drafts)
+            identity = not drafts and len(seqs) == len(result.sample_seqs)
+            logits = result.logits if identity else result.logits[plan.logit_rows]
+            sampled, errors = self.sampler.sample_isolated(logits, plan.row_seqs, plan.row_drafts if drafts else None)
             now = time.time()
-            for i, seq in enumerate(seqs):
-                if i in errors:
-                    failed.setdefault(seq.group.request_id, errors[i])
-                elif self._per_request(failed, seq, self._append_token, seq, sampled.token_ids[i],
-                                       sampled.logprobs[i], sampled.chosen_logprobs[i], now):
+            decoding = {e.seq.seq_id for e in out.decodes} if self.spec_stats else ()
+            for seq, span in zip(seqs, plan.spans):
+                error = next((errors[r] for r in span if r in errors), None)
+                if error is not None:
+                    failed.setdefault(seq.group.request_id, error)
+                elif self._per_request(failed, seq, self._emit, seq, sampled, span, drafts.get(seq.seq_id),
+                                       seq.seq_id in decoding, now):
                     touched[seq.group.request_id] = seq.group
         outputs = [req.output() for rid, req in touched.items() if rid not in failed]
         if failed:
@@ -314,6 +322,21 @@ class Engine:
         from paged.core.tokenizer import IncrementalDetokenizer
 
         seq.detok = IncrementalDetokenizer(self.tokenizer, seq.group.prompt_token_ids, seq.params.skip_special_tokens)
+
+    def _emit(self, seq: Sequence, sampled, span: range, draft, decoding: bool, now: float) -> None:
+        """Appends what a sequence's rows sampled: one token, or with drafts
+        the accepted run (core/spec_decode.py) after rolling back the
+        rejected drafts' slots; stops at the first token that finishes it."""
+        tokens = [sampled.token_ids[r] for r in span]
+        if draft:
+            tokens = accept(tokens, draft)
+            self.scheduler.rollback(seq, len(draft) + 1 - len(tokens))
+        if self.spec_stats is not None and (draft or decoding):
+            self.spec_stats.record(len(draft or ()), len(tokens))
+        for token, r in zip(tokens, span):
+            self._append_token(seq, token, sampled.logprobs[r], sampled.chosen_logprobs[r], now)
+            if seq.finished:
+                return
 
     def _append_token(self, seq: Sequence, token: int, lp, chosen_lp, now: float) -> None:
         req, p = seq.group, seq.params
@@ -389,4 +412,6 @@ class Engine:
             generation_tokens=self.num_generation_tokens,
             num_finished=self.num_finished,
         )
+        if self.spec_stats is not None:
+            s.update(self.spec_stats.as_dict())
         return s

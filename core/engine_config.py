@@ -8,6 +8,8 @@ from typing import Optional
 
 from paged.platforms.sizes import parse_size
 
+from .spec_decode import parse_speculative_config
+
 def parse_memory_size(text) -> int:
     """--kv-cache-memory: '4GiB', '512MiB', '2.5G' -> bytes; a bare number
     in a string means GiB, an int is already bytes."""
@@ -49,6 +51,9 @@ class EngineConfig:
     # "Choosing the CPU path"): float32 activations, or int8 per 32-block
     linear_activations: str = "auto"
     warm_up: bool = True
+    # speculative decoding (docs/speculative.md): vLLM's JSON, e.g.
+    # '{"method": "ngram", "num_speculative_tokens": 4}', a dict, or None (off)
+    speculative_config: Optional[object] = None
     # share of the GPU's memory the engine may use (weights, activations at
     # the profiled peak, KV cache); GPU platforms only (docs/cuda.md)
     gpu_memory_utilization: float = 0.9
@@ -74,6 +79,7 @@ class EngineConfig:
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < float(u) <= 1.0:
             raise ValueError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {u!r}")
         self.gpu_memory_utilization = float(u)
+        self.speculative_config = parse_speculative_config(self.speculative_config)
         if self.attention_backend not in (None, "reference"):
             raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
 
@@ -117,6 +123,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", default=d.enforce_eager,
                    help="run decode steps eagerly instead of replaying CUDA graphs (GPU platforms: "
                         "less start-up time and memory, more launch overhead per step)")
+    g.add_argument("--speculative-config", default=None,
+                   help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (n-gram prompt lookup; '
+                        'default: off)')
 
 
 def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConfig:
@@ -136,6 +146,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         seed=args.seed,
         quantized_weights=args.quantized_weights,
         linear_activations=args.linear_activations,
+        speculative_config=args.speculative_config,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
     )

@@ -6,7 +6,8 @@ loops): token ids, positions, slot_mapping (slot = block_table[pos // bs] * bs
 attention backend's per-step metadata from them (``build_metadata``); performs
 the step's copy-on-write block copies; runs the model under
 torch.inference_mode(); and computes logits only for the rows that sample
-(the last token of every sequence whose step reaches its last known token),
+(the last token of every sequence whose step reaches its last known token,
+and with speculative decoding every draft row after it),
 plus the prompt rows of requests that asked for prompt_logprobs.
 """
 
@@ -24,6 +25,7 @@ from paged.backends.base import AttentionMetadata
 from .request import Request, Sequence
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .spec_decode import draft_rows
 
 log = logging.getLogger("paged.engine")
 
@@ -81,7 +83,7 @@ class ModelRunner:
             if e.num_new_tokens == 1:
                 ids.append(toks[e.start])
             else:
-                ids.extend(toks[e.start:e.start + e.num_new_tokens])
+                ids.extend(e.new_token_ids())
 
         row_seq = np.repeat(np.arange(num_seqs), lens)
         positions = np.arange(total, dtype=np.int64) - qsl[row_seq] + starts[row_seq]
@@ -94,9 +96,9 @@ class ModelRunner:
         slot_mapping = block_tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
 
         samples = [i for i, e in enumerate(entries) if e.samples]
-        sample_rows = qsl[1:][samples] - 1
+        sample_rows = draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples])
         prompt_lp = [(e, int(qsl[i])) for i, e in enumerate(entries)
-                     if i >= num_decodes and e.seq.group.params.prompt_logprobs is not None]
+                     if i >= num_decodes and not e.draft and e.seq.group.params.prompt_logprobs is not None]
 
         dev = self.device
         common = AttentionMetadata(

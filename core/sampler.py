@@ -16,7 +16,13 @@ result does not depend on what else is in the batch. Order of processing:
    temperature, filtered by top_k, top_p, min_p and sampled with the
    exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
    sequence's own torch.Generator when it has a seed, so a seeded request
-   gives the same tokens alone or batched.
+   gives the same tokens alone or batched;
+7. speculative decoding (core/spec_decode.py): a row given a draft token d
+   verifies it. Greedy rows take the argmax as always (the caller compares).
+   Sampled rows use rejection sampling with the n-gram proposer's point-mass
+   draft distribution: d is accepted with probability p(d) (p: the row's
+   distribution after step 6's filters); otherwise the token is drawn from p
+   with d removed, renormalised. Either way the row's token follows p exactly.
 
 A row that cannot be sampled must not take the batch down with it:
 sample_isolated() falls back to one row at a time and reports the rows
@@ -65,9 +71,11 @@ class Sampler:
         self.generator.manual_seed(seed if seed is not None else torch.seed())
         self._masker: Optional[GrammarMasker] = None  # made on the first constrained row
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 drafts: Optional[list[Optional[int]]] = None) -> SamplerOutput:
         """logits: float32 [N, V], row i for seqs[i] (rows may be shared by the
-        samples of an n > 1 request: pass them expanded)."""
+        samples of an n > 1 request: pass them expanded). drafts[i]: the
+        draft token row i verifies, or None (step 7)."""
         n = len(seqs)
         params = [s.params for s in seqs]
         want_lp = [p.logprobs is not None for p in params]
@@ -93,7 +101,8 @@ class Sampler:
         rand_rows = [i for i in range(n) if temps[i] >= MIN_TEMPERATURE]
         if rand_rows:
             sub = logits[rand_rows] if len(rand_rows) < n else logits
-            tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows])
+            tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows],
+                                              [drafts[i] for i in rand_rows] if drafts else None)
             tokens[rand_rows] = tokens_rand
         token_list = tokens.tolist()
         if bitmask is not None:
@@ -107,19 +116,20 @@ class Sampler:
                 chosen[i] = lp_out[i][token_list[i]]
         return SamplerOutput(token_list, lp_out, chosen)
 
-    def sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[SamplerOutput, dict[int, Exception]]:
+    def sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence],
+                        drafts: Optional[list[Optional[int]]] = None) -> tuple[SamplerOutput, dict[int, Exception]]:
         """Like calling the sampler, but a row that raises fails alone: the
         batch is then sampled row by row (rows are independent) and the
         failing rows come back as {row: exception}, their token None."""
         try:
-            return self(logits, seqs), {}
+            return self(logits, seqs, drafts), {}
         except Exception:  # noqa: BLE001 - find the rows at fault below
             pass
         out = SamplerOutput([None] * len(seqs), [None] * len(seqs), [None] * len(seqs))
         errors: dict[int, Exception] = {}
         for i in range(len(seqs)):
             try:
-                row = self(logits[i:i + 1], seqs[i:i + 1])
+                row = self(logits[i:i + 1], seqs[i:i + 1], drafts[i:i + 1] if drafts else None)
             except Exception as exc:  # noqa: BLE001 - reported to this row's request only
                 errors[i] = exc
                 continue
@@ -163,7 +173,8 @@ class Sampler:
             if ids:
                 logits[i, ids] = float("-inf")
 
-    def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence],
+                       drafts: Optional[list[Optional[int]]] = None) -> torch.Tensor:
         params = [s.params for s in seqs]
         logits = logits / torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
         vocab = logits.shape[1]
@@ -176,10 +187,21 @@ class Sampler:
             thresh = torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
             probs = probs.masked_fill(probs < thresh, 0.0)
         generators = [self._generator_for(s) for s in seqs]  # all made before any draw
+        drafts = drafts or [None] * len(seqs)
         noise = torch.empty_like(probs)
-        for i, gen in enumerate(generators):
+        accepted = []
+        for i, (gen, d) in enumerate(zip(generators, drafts)):
+            if d is not None:  # step 7: accept d with probability p(d), else drop it from p
+                u = float(torch.rand((), generator=gen))
+                if u * float(probs[i].sum()) < float(probs[i, d]):
+                    accepted.append((i, d))
+                else:
+                    probs[i, d] = 0.0
             noise[i].exponential_(generator=gen)
-        return (probs / noise).argmax(dim=-1)
+        tokens = (probs / noise).argmax(dim=-1)
+        for i, d in accepted:
+            tokens[i] = d
+        return tokens
 
     @staticmethod
     def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 Each step fills a token budget (``max_num_batched_tokens``) with, in order:
 
-1. one token for every running sequence that is decoding (oldest first),
+1. one token for every running sequence that is decoding (oldest first);
+   with speculative decoding (core/spec_decode.py) a decoding sequence with
+   n-gram drafts gets 1 + len(drafts) tokens instead (``verifies``), drafts
+   taking only budget that every decoding sequence's one token leaves,
 2. the next prompt chunk of running sequences still in prefill,
 3. new sequences from the waiting queue (FCFS, prefix-cache lookup at
    admission), each taking a chunk of what budget is left.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .request import Request, Sequence, SeqStatus
+from .spec_decode import speculates
 
 
 class WaitingQueueFull(RuntimeError):
@@ -38,40 +42,50 @@ class ScheduledSeq:
     seq: Sequence
     start: int  # first position computed this step (= num_computed_tokens before the step)
     num_new_tokens: int
+    # speculative decoding: draft tokens computed after the last known token
+    # (num_new_tokens = 1 + len(draft)); each of their rows samples too
+    draft: list[int] = field(default_factory=list)
+
+    def new_token_ids(self) -> list[int]:
+        """The input tokens of this step's rows."""
+        known = self.seq.token_ids[self.start:self.start + self.num_new_tokens - len(self.draft)]
+        return known + self.draft if self.draft else known
 
     @property
     def samples(self) -> bool:
         """Whether this step computes the sequence's last known token, so its
         logits give the next token (a prompt chunk that does not finish the
         prompt does not sample)."""
-        return self.start + self.num_new_tokens == len(self.seq.token_ids)
+        return self.start + self.num_new_tokens - len(self.draft) == len(self.seq.token_ids)
 
 
 @dataclass
 class SchedulerOutput:
     decodes: list[ScheduledSeq] = field(default_factory=list)
+    verifies: list[ScheduledSeq] = field(default_factory=list)  # decodes with drafts (several rows)
     prefills: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # CoW (src, dst) before the forward
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
-        """Decodes first, then prefills: the AttentionMetadata order."""
-        return self.decodes + self.prefills
+        """Decodes first, then verifies and prefills (several query rows
+        each): the AttentionMetadata order."""
+        return self.decodes + self.verifies + self.prefills
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(s.num_new_tokens for s in self.prefills)
+        return len(self.decodes) + sum(s.num_new_tokens for s in self.verifies + self.prefills)
 
     @property
     def empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.decodes and not self.verifies and not self.prefills
 
 
 class Scheduler:
     def __init__(self, kv_cache_manager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_waiting: Optional[int] = None, enable_prefix_caching: bool = True,
-                 max_prefill_tokens_with_decodes: Optional[int] = None):
+                 max_prefill_tokens_with_decodes: Optional[int] = None, proposer=None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < 1:
@@ -80,6 +94,7 @@ class Scheduler:
             raise ValueError("max_prefill_tokens_with_decodes: expected an integer >= 1 or None, "
                              f"got {max_prefill_tokens_with_decodes}")
         self.kv = kv_cache_manager
+        self.proposer = proposer  # spec_decode.NgramProposer, or None: one token per decode
         self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -139,13 +154,21 @@ class Scheduler:
         scheduled: set[str] = set()
 
         # 1. decodes, oldest first
+        spare = budget - sum(not s.in_prefill for s in self.running)  # what drafts may take
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             if seq.in_prefill:
                 i += 1
                 continue
-            if self._allocate_running(seq, 1, out, scheduled):
+            draft = self._propose(seq, min(spare, budget - 1))
+            if draft and self._allocate_now(seq, 1 + len(draft), out):
+                out.verifies.append(ScheduledSeq(seq, seq.num_computed_tokens, 1 + len(draft), draft))
+                scheduled.add(seq.seq_id)
+                budget -= 1 + len(draft)
+                spare -= len(draft)
+                i += 1
+            elif self._allocate_running(seq, 1, out, scheduled):
                 out.decodes.append(ScheduledSeq(seq, seq.num_computed_tokens, 1))
                 scheduled.add(seq.seq_id)
                 budget -= 1
@@ -181,10 +204,16 @@ class Scheduler:
 
     def advance(self, out: SchedulerOutput) -> None:
         """After the forward: the scheduled tokens are now in the KV cache."""
-        for s in out.decodes:
+        for s in out.scheduled:
             s.seq.num_computed_tokens += s.num_new_tokens
-        for s in out.prefills:
-            s.seq.num_computed_tokens += s.num_new_tokens
+
+    def rollback(self, seq: Sequence, num_rejected: int) -> None:
+        """After a verified step: the last ``num_rejected`` drafts' K/V is
+        not the sequence's; their slots go back (the next step recomputes
+        from the first rejected position)."""
+        if num_rejected:
+            seq.num_computed_tokens -= num_rejected
+            self.kv.truncate(seq.seq_id, seq.num_computed_tokens)
 
     # -- helpers -----------------------------------------------------------------
     def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
@@ -206,6 +235,22 @@ class Scheduler:
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = time.time()
             req.metrics.num_cached_tokens = hit
+        return True
+
+    def _propose(self, seq: Sequence, room: int) -> list[int]:
+        """Draft tokens for a decoding sequence (none without a proposer, when
+        its sampling rules out speculation, or past its max_tokens)."""
+        if self.proposer is None or room <= 0 or not speculates(seq):
+            return []
+        left = seq.group.max_tokens - seq.num_output_tokens - 1  # the verified token comes on top
+        return self.proposer.propose(seq.token_ids, min(room, left))
+
+    def _allocate_now(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Room for n more tokens without preempting anyone."""
+        copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, n)
+        if copies is None:
+            return False
+        out.copies.extend(copies)
         return True
 
     def _allocate_running(self, seq: Sequence, n: int, out: SchedulerOutput, scheduled: set[str]) -> bool:
