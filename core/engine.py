@@ -84,6 +84,10 @@ class Engine:
                                 enforce_eager=config.enforce_eager)
         self.device = self.worker.device
         self.dtype = resolve_dtype(config.dtype, self.platform)
+        self.block_size = config.block_size or self.platform.default_block_size
+        # the platform's declaration is binding: refuse what it does not accept, before loading
+        caps = self.platform.capabilities()
+        caps.check(self.platform.name, block_size=self.block_size, dtype=self.dtype)
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
@@ -93,8 +97,7 @@ class Engine:
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
-
-        self.block_size = config.block_size or self.platform.default_block_size
+        caps.check(self.platform.name, head_size=mc.head_dim)  # before the model goes onto the device
         self.weight_format = describe_weights(loaded.weights, self.model_path, self.linear_activations)
         self.worker.load_model(mc, loaded.weights, self.dtype, self.block_size, packed_linear,
                                self.platform.select_attention_backend(config.attention_backend))

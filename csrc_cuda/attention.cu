@@ -1,5 +1,6 @@
-// Paged attention: one kernel for decode and for varlen causal prefill over a
-// cached prefix, plus the split-K reduction used by long decodes.
+// Paged attention on CUDA cores: decode (every dtype), prefill in float32,
+// and the split-K reduction used by long decodes. Prefill in float16 /
+// bfloat16 runs on tensor cores instead (prefill_tc.cu).
 //
 // A CTA handles one (sequence, kv head, tile of 16 query rows). A "row" is a
 // (query position, query head of this kv head's group) pair, so all query
@@ -7,7 +8,9 @@
 // case of one position and `group` rows. Keys stream through shared memory in
 // tiles of 32 (one key per lane when scoring) with an online softmax; each
 // warp owns 4 rows (assigned round-robin so small groups still spread over
-// all warps) and each lane owns head_size/32 output dims of each row.
+// all warps) and each lane owns ceil(head_size/32) output dims of each row.
+// Shared memory is sized at launch (81 KiB at head size 256, past the 48 KiB
+// a static array may take).
 //
 // Split-K (decode only): a sequence's visible keys are cut into fixed
 // partitions of kSplitPartition keys starting at its first visible key; the
@@ -32,8 +35,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 __host__ __device__ inline int num_partitions(int num_keys) {
   return (num_keys + kSplitPartition - 1) / kSplitPartition;
 }
-// First key visible from position `pos` (keys j with pos - window < j <= pos).
-__device__ inline int first_visible_key(int pos, int window) { return window > 0 ? max(0, pos - window + 1) : 0; }
 // Partitions of a decode sequence of length seq_len (its query is at seq_len - 1).
 __device__ inline int decode_partitions(int seq_len, int window) {
   return num_partitions(seq_len - first_visible_key(seq_len - 1, window));
@@ -50,15 +51,21 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+template <int D>
+constexpr std::size_t smem_bytes() {
+  return sizeof(float) * (kRowsPerCta * D + kKeyTile * (D + 1) + kKeyTile * D);
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
     attention_kernel(AttentionArgs a, int num_kv_heads, int block_size, int num_blocks, int grid_splits) {
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kRowVecs = D / kVec;
-  constexpr int kLaneDims = D / 32;
-  __shared__ float s_q[kRowsPerCta][D];
-  __shared__ float s_k[kKeyTile][D + 1];  // +1: lane j reads row j without bank conflicts
-  __shared__ float s_v[kKeyTile][D];
+  constexpr int kLaneDims = (D + 31) / 32;  // lane owns dims lane + 32 c, those < D
+  extern __shared__ __align__(16) float smem[];
+  auto s_q = reinterpret_cast<float (*)[D]>(smem);                                  // [kRowsPerCta][D]
+  auto s_k = reinterpret_cast<float (*)[D + 1]>(smem + kRowsPerCta * D);  // +1: lane j reads row j, no conflicts
+  auto s_v = reinterpret_cast<float (*)[D]>(smem + kRowsPerCta * D + kKeyTile * (D + 1));
 
   const int kvh = blockIdx.x, seq = blockIdx.y;
   const int row_tile = blockIdx.z / grid_splits, split = blockIdx.z % grid_splits;
@@ -157,7 +164,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < kKeyTile; ++j) {
         const float pj = __shfl_sync(kFullMask, p, j);
 #pragma unroll
-        for (int c = 0; c < kLaneDims; ++c) acc[i][c] += pj * s_v[j][lane + 32 * c];
+        for (int c = 0; c < kLaneDims; ++c)
+          if (lane + 32 * c < D) acc[i][c] += pj * s_v[j][lane + 32 * c];
       }
     }
   }
@@ -171,11 +179,13 @@ __global__ void __launch_bounds__(kThreads)
     if (splits == 1) {
       T* out = static_cast<T*>(a.out) + (std::int64_t(q_begin + row / group) * a.num_heads + head) * D;
 #pragma unroll
-      for (int c = 0; c < kLaneDims; ++c) out[lane + 32 * c] = from_float<T>(acc[i][c] * inv);
+      for (int c = 0; c < kLaneDims; ++c)
+        if (lane + 32 * c < D) out[lane + 32 * c] = from_float<T>(acc[i][c] * inv);
     } else {
       const std::int64_t idx = (std::int64_t(seq) * a.num_heads + head) * a.max_splits + split;
 #pragma unroll
-      for (int c = 0; c < kLaneDims; ++c) a.split_out[idx * D + lane + 32 * c] = acc[i][c] * inv;
+      for (int c = 0; c < kLaneDims; ++c)
+        if (lane + 32 * c < D) a.split_out[idx * D + lane + 32 * c] = acc[i][c] * inv;
       if (lane == 0) {
         a.split_max_sum[2 * idx] = m[i];
         a.split_max_sum[2 * idx + 1] = l[i];
@@ -206,9 +216,11 @@ __global__ void __launch_bounds__(D) split_reduce_kernel(AttentionArgs a) {
 
 template <typename T, int D>
 void launch(const AttentionArgs& a, const CacheGeometry& g, dim3 grid, int grid_splits, cudaStream_t stream) {
-  attention_kernel<T, D><<<grid, kThreads, 0, stream>>>(a, g.num_kv_heads, g.block_size, g.num_blocks,
-                                                        grid_splits);
-  check_launch(a.query_start_loc ? "prefill_attention" : "paged_attention");
+  const char* op = a.query_start_loc ? "prefill_attention" : "paged_attention";
+  allow_shared_memory(attention_kernel<T, D>, smem_bytes<D>(), op);
+  attention_kernel<T, D><<<grid, kThreads, smem_bytes<D>(), stream>>>(a, g.num_kv_heads, g.block_size,
+                                                                      g.num_blocks, grid_splits);
+  check_launch(op);
   if (!a.query_start_loc && a.max_splits > 1) {
     split_reduce_kernel<T, D><<<dim3(a.num_heads, a.num_seqs), D, 0, stream>>>(a);
     check_launch("paged_attention (split reduction)");
@@ -227,6 +239,10 @@ void paged_attention(const AttentionArgs& a, const CacheGeometry& g, std::uintpt
   const char* op = a.query_start_loc ? "prefill_attention" : "paged_attention";
   if (a.num_seqs == 0) return;
   const bool decode = a.query_start_loc == nullptr;
+  if (!decode && g.dtype != DType::F32) {
+    prefill_tensor_core(a, g, as_stream(stream));
+    return;
+  }
   const int group = a.num_heads / g.num_kv_heads;
   const long long row_tiles = ((decode ? 1LL : a.max_query_len) * group + kRowsPerCta - 1) / kRowsPerCta;
   const int grid_splits = decode ? a.max_splits : 1;
@@ -238,10 +254,8 @@ void paged_attention(const AttentionArgs& a, const CacheGeometry& g, std::uintpt
   const dim3 grid(g.num_kv_heads, a.num_seqs, static_cast<unsigned>(grid_z));
   dispatch_dtype(g.dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (g.head_size == 64)
-      launch<T, 64>(a, g, grid, grid_splits, as_stream(stream));
-    else
-      launch<T, 128>(a, g, grid, grid_splits, as_stream(stream));
+    dispatch_head_size(g.head_size, [&](auto d) { launch<T, decltype(d)::value>(a, g, grid, grid_splits,
+                                                                               as_stream(stream)); });
   });
 }
 

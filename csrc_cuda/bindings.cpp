@@ -89,6 +89,12 @@ pc::DType element_type(const Array& a, const char* name) {
   fail(name, "dtype float32, float16 or bfloat16", dtype_name(a));
 }
 
+std::string head_size_list() {
+  std::string out;
+  for (int h : pc::kHeadSizes) out += (out.empty() ? "" : ", ") + std::to_string(h);
+  return out;
+}
+
 // The pair of caches of one layer: [num_blocks, num_kv_heads, block_size, head_size].
 pc::CacheGeometry cache_geometry(const Array& key_cache, const Array& value_cache) {
   check_array(key_cache, "key_cache", 4);
@@ -100,8 +106,8 @@ pc::CacheGeometry cache_geometry(const Array& key_cache, const Array& value_cach
   if (element_type(value_cache, "value_cache") != g.dtype)
     fail("value_cache", "key_cache's dtype " + dtype_name(key_cache), dtype_name(value_cache));
   check_same_device(value_cache, "value_cache", key_cache);
-  if (g.head_size != 64 && g.head_size != 128)
-    fail("head_size (key_cache dim 3)", "64 or 128", g.head_size);
+  if (!pc::supported_head_size(g.head_size))
+    fail("head_size (key_cache dim 3)", "one of " + head_size_list(), g.head_size);
   if (g.block_size < 1 || g.num_kv_heads < 1)
     fail("key_cache", "block_size and num_kv_heads >= 1", "shape " + shape_of(key_cache));
   return g;
@@ -312,6 +318,9 @@ NB_MODULE(_C_cuda, m) {
   m.attr("built_archs") = "";
 #endif
   m.attr("split_partition") = pc::kSplitPartition;
+  nb::list head_sizes;
+  for (int h : pc::kHeadSizes) head_sizes.append(h);
+  m.attr("head_sizes") = nb::tuple(head_sizes);
   m.def("device_count", &pc::device_count, "Visible CUDA devices; 0 without a driver or GPU.");
   m.def("compute_capability", &pc::compute_capability, nb::arg("device"),
         "major*10+minor of a device, -1 when it cannot be read.");

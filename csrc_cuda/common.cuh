@@ -4,8 +4,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "ops.h"
 
@@ -48,6 +50,37 @@ void dispatch_dtype(DType dt, Fn&& fn) {
     case DType::F16: fn(__half{}); break;
     case DType::BF16: fn(__nv_bfloat16{}); break;
   }
+}
+
+// First key visible from position `pos` (keys j with pos - window < j <= pos).
+__device__ inline int first_visible_key(int pos, int window) { return window > 0 ? max(0, pos - window + 1) : 0; }
+
+// Prefill attention in float16 / bfloat16 on tensor cores (prefill_tc.cu);
+// `a.query_start_loc` is set, arguments validated by bindings.cpp.
+void prefill_tensor_core(const AttentionArgs& a, const CacheGeometry& g, cudaStream_t stream);
+
+// Calls fn(std::integral_constant<int, D>{}) for the head size `d`, one of
+// kHeadSizes (bindings.cpp has checked it): the only instantiations.
+template <typename Fn>
+void dispatch_head_size(int d, Fn&& fn) {
+  switch (d) {
+    case 64: fn(std::integral_constant<int, 64>{}); break;
+    case 80: fn(std::integral_constant<int, 80>{}); break;
+    case 96: fn(std::integral_constant<int, 96>{}); break;
+    case 112: fn(std::integral_constant<int, 112>{}); break;
+    case 128: fn(std::integral_constant<int, 128>{}); break;
+    case 256: fn(std::integral_constant<int, 256>{}); break;
+    default: throw std::invalid_argument("head_size: expected one of kHeadSizes, got " + std::to_string(d));
+  }
+}
+
+// Kernels whose shared memory is sized at launch: above the 48 KiB default a
+// kernel must opt in (per device; cheap, so done at every launch, which also
+// works under CUDA graph capture).
+template <typename Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes, const char* op) {
+  if (bytes > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), op);
 }
 
 }  // namespace paged::cuda

@@ -18,6 +18,15 @@ int device_count() noexcept;
 // "major.minor" compute capability of `device`, or -1 when it cannot be read.
 int compute_capability(int device) noexcept;
 
+// Head sizes the attention kernels are instantiated for (each one costs
+// compile time: 3 dtypes x 2 kernels x archs); bindings.cpp rejects others.
+constexpr int kHeadSizes[] = {64, 80, 96, 112, 128, 256};
+constexpr bool supported_head_size(int d) {
+  for (int h : kHeadSizes)
+    if (h == d) return true;
+  return false;
+}
+
 // Key cache and value cache share the layout [num_blocks, num_kv_heads, block_size, head_size].
 struct CacheGeometry {
   int num_blocks, num_kv_heads, block_size, head_size;

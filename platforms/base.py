@@ -91,6 +91,15 @@ class Platform(abc.ABC):
     def default_dtype(self):
         return self.supported_dtypes()[0]
 
+    def capabilities(self):
+        """What the kernels accept and guarantee (platforms/capabilities.py),
+        binding: the engine refuses anything outside it at start, and the
+        conformance suite builds its cases from it. Default: any block and
+        head size in ``supported_dtypes()``, batch invariant on every path."""
+        from paged.platforms.capabilities import Capabilities
+
+        return Capabilities(dtypes=tuple(self.supported_dtypes()))
+
     #: share of available memory the KV cache takes when no size is requested
     default_kv_cache_fraction: float = 0.25
 

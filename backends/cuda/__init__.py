@@ -36,7 +36,7 @@ from paged.backends.cuda.metadata import CudaMetadata, check_step_ids, split_wor
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
-SUPPORTED_HEAD_SIZES = (64, 128)
+SUPPORTED_HEAD_SIZES = (64, 80, 96, 112, 128, 256)  # csrc_cuda/ops.h kHeadSizes (a test compares)
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
