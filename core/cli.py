@@ -19,6 +19,7 @@ import platform as pyplatform
 import sys
 from dataclasses import dataclass
 
+from paged.core.distributed.layout import RankFailed, resolve_size, torchrun_env
 from paged.platforms import PlatformUnavailable, get_platform, set_current_platform
 
 
@@ -40,8 +41,11 @@ COMMANDS: dict[str, Command] = {
     "conformance": Command("paged.core.conformance.cli", "check a platform against the reference backend"),
 }
 
+#: commands that run an engine: under torchrun, ranks > 0 follow rank 0's instead
+FOLLOWERS = ("serve", "generate", "chat", "bench")
+
 #: errors a user can fix; printed as one line with exit status 2
-USER_ERRORS = (ValueError, PlatformUnavailable, FileNotFoundError)
+USER_ERRORS = (ValueError, PlatformUnavailable, FileNotFoundError, RankFailed)
 DEVICE_HELP = "platform: auto (cuda > npu > cpu), cpu, cuda, npu or a plugin's name"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_HELP = "level of paged's own log lines on stderr (other libraries: warning and up)"
@@ -150,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         set_current_platform(platform)
         args.device = platform.name
         args.platform = platform
+        if name in FOLLOWERS and (torchrun_env() or (0, 1))[0] > 0:
+            # imported here: it loads torch and the engine, which 'paged env' and --help do not need
+            from paged.core.parallel_rank import follow_torchrun
+
+            return follow_torchrun(platform.dist_backend)  # rank 0 runs the command (docs/distributed.md)
         return int(run(args) or 0)
     except USER_ERRORS as e:
         return fail(e)
@@ -163,6 +172,8 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--cpu-threads-bind", default="auto",
                         help="auto | none | <cpu list>[|<cpu list>...] (CPU platform; default: auto)")
+    parser.add_argument("-tp", "--tensor-parallel-size", default="1",
+                        help="show the layout of N tensor parallel ranks, or auto (default: 1)")
 
 
 def compiled_modules() -> dict[str, str]:
@@ -203,8 +214,20 @@ def env_report(platform, threads_bind: str) -> dict:
     }
 
 
+def parallel_layout(platform, threads_bind: str, tensor_parallel_size) -> dict:
+    """The tensor parallel layout ``paged ... -tp N`` would use here."""
+    from paged.core.engine_config import parse_tensor_parallel_size
+
+    env = torchrun_env()
+    size = env[1] if env else resolve_size(parse_tensor_parallel_size(tensor_parallel_size), platform)
+    return {"tensor_parallel_size": size, "collective_backend": platform.dist_backend,
+            "launcher": "torchrun" if env else ("spawn" if size > 1 else "single process"),
+            "ranks": [platform.rank_layout(r, size, threads_bind=threads_bind) for r in range(size)]}
+
+
 def run_env(args: argparse.Namespace) -> int:
     report = env_report(args.platform, args.cpu_threads_bind)
+    report["parallel"] = parallel_layout(args.platform, args.cpu_threads_bind, args.tensor_parallel_size)
     print(json.dumps(report, indent=2, default=str) if args.json else format_env(report))
     return 0
 
@@ -252,7 +275,15 @@ def format_env(report: dict) -> str:
                      f"of {size(report['memory']['total_bytes'])}")
     if "kv_cache_budget_bytes" in report:
         lines.append(f"kv cache budget {size(report['kv_cache_budget_bytes'])}")
+    par = report.get("parallel")
+    if par:
+        lines.append(f"parallel        -tp {par['tensor_parallel_size']} ({par['launcher']}), collectives "
+                     f"{par['collective_backend']}")
+        for r in par["ranks"]:
+            where = ", ".join(f"{k} {v}" for k, v in r.items() if k != "rank" and v is not None)
+            lines.append(f"  rank {r['rank']:<9}{where}")
     known = {"platform", "available", "reason", "paged", "python", "torch", "compiled_modules", "topology", "binding", "threads",
+             "parallel",
              "memory_policy", "libnuma", "cpu_features", "cpu_features_hidden", "kernel_builds", "dtypes", "memory",
              "kv_cache_budget_bytes"}
     lines += [f"{k:<16}{v}" for k, v in report.items() if k not in known]  # other platforms' extras

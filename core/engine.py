@@ -17,6 +17,7 @@ from typing import Optional, Union
 
 import torch
 
+from .distributed.group import RankGroup, start_group
 from .engine_config import EngineConfig
 from .outputs import RequestOutput
 from .request import Request, Sequence
@@ -69,16 +70,28 @@ class StepFailed(RuntimeError):
 
 
 class Engine:
-    def __init__(self, config: Optional[EngineConfig] = None):
+    def __init__(self, config: Optional[EngineConfig] = None, group: Optional[RankGroup] = None):
+        """``group``: a tensor-parallel follower's (core/parallel_rank.py);
+        rank 0 forms its own (spawned ranks, or torchrun's), none for -tp 1."""
+        self.config = config = config or EngineConfig()
+        self.platform = resolve_platform(config.device)
+        self.group = group or start_group(config, self.platform)
+        try:
+            self._start(config)
+        except BaseException as exc:
+            error = self.group.abort(exc)  # no rank is left waiting in a collective
+            if error is exc:
+                raise
+            raise error from exc  # names the rank that died
+
+    def _start(self, config: EngineConfig) -> None:
         from paged.core.config import resolve_dtype
         from paged.core.kv_cache_manager import KVCacheManager
         from paged.core.loaders import load_model_files
         from paged.core.model_files import resolve_model
 
-        self.config = config = config or EngineConfig()
-        self.platform = resolve_platform(config.device)
         # everything device-specific from here on is the worker's (core/worker.py)
-        self.worker = self.platform.worker_cls()(self.platform)
+        self.worker = self.platform.worker_cls()(self.platform, self.group.rank, self.group.world_size, self.group)
         self.worker.init_device(threads_bind=config.cpu_threads_bind, max_num_seqs=config.max_num_seqs,
                                 gpu_memory_utilization=config.gpu_memory_utilization,
                                 enforce_eager=config.enforce_eager)
@@ -147,6 +160,11 @@ class Engine:
             raise ValueError(f"--linear-activations {config.linear_activations}: {self.platform.name} runs no "
                              "packed-weight linears here (quantized weights are dequantized to --dtype)")
         return packed_linear
+
+    def close(self) -> None:
+        """Ends a tensor-parallel group (the other ranks stop and exit); a
+        one-rank engine has nothing to end."""
+        self.worker.shutdown()
 
     @property
     def runner(self):

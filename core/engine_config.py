@@ -22,6 +22,15 @@ def parse_memory_size(text) -> int:
     return size
 
 
+def parse_tensor_parallel_size(value) -> int | str:
+    """--tensor-parallel-size: a positive integer or 'auto'."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"--tensor-parallel-size: expected a positive integer or 'auto', got {value!r}")
+
+
 #: --linear-activations choices; auto = the platform's choice
 LINEAR_ACTIVATIONS = ("auto", "float32", "int8")
 
@@ -51,6 +60,9 @@ class EngineConfig:
     # "Choosing the CPU path"): float32 activations, or int8 per 32-block
     linear_activations: str = "auto"
     warm_up: bool = True
+    # tensor parallel ranks (docs/distributed.md): an int, or "auto" (CPU:
+    # one rank per NUMA node; a device platform: one per device)
+    tensor_parallel_size: int | str = 1
     # speculative decoding (docs/speculative.md): vLLM's JSON, e.g.
     # '{"method": "ngram", "num_speculative_tokens": 4}', a dict, or None (off)
     speculative_config: Optional[object] = None
@@ -80,6 +92,7 @@ class EngineConfig:
             raise ValueError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {u!r}")
         self.gpu_memory_utilization = float(u)
         self.speculative_config = parse_speculative_config(self.speculative_config)
+        self.tensor_parallel_size = parse_tensor_parallel_size(self.tensor_parallel_size)
         if self.attention_backend not in (None, "reference"):
             raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
 
@@ -105,7 +118,11 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size, e.g. 4GiB or 512MiB (default: a share of free memory)")
     g.add_argument("--cpu-threads-bind", default=d.cpu_threads_bind,
-                   help="auto | none | <cpu list>[|<cpu list>...] (CPU platform)")
+                   help="auto | none | <cpu list>[|<cpu list>...], one list per tensor parallel rank "
+                        "(CPU platform)")
+    g.add_argument("-tp", "--tensor-parallel-size", default=d.tensor_parallel_size,
+                   help="ranks the model is sharded over: N, or auto (CPU: one per NUMA node); on one "
+                        "machine they are spawned, under torchrun they are torchrun's (default: 1)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=d.enable_prefix_caching, help="automatic prefix caching (default: on)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of unseeded sampling (default: 0)")
@@ -146,6 +163,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         seed=args.seed,
         quantized_weights=args.quantized_weights,
         linear_activations=args.linear_activations,
+        tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=args.speculative_config,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,

@@ -31,6 +31,23 @@ log = logging.getLogger("paged.engine")
 
 
 @dataclass
+class HostBatch:
+    """A step's flat inputs as host arrays: all a rank needs to run it
+    (tensor parallelism broadcasts this from rank 0; it pickles small)."""
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    slot_mapping: np.ndarray
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    num_decodes: int
+    sample_rows: np.ndarray  # row of the last token of each sampling sequence
+    prompt_rows: list[tuple[int, int]] = field(default_factory=list)  # (first row, rows) per prompt_logprobs entry
+    copies: list = field(default_factory=list)  # copy-on-write (src, dst) block pairs
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -38,6 +55,7 @@ class StepInputs:
     sample_rows: np.ndarray  # row of the last token of each sampling sequence
     sample_seqs: list[Sequence]
     prompt_lp: list[tuple[ScheduledSeq, int]] = field(default_factory=list)  # (entry, first row)
+    batch: Optional[HostBatch] = None
 
 
 @dataclass
@@ -65,7 +83,9 @@ class ModelRunner:
 
     # -- inputs -------------------------------------------------------------------
     def build_inputs(self, out: SchedulerOutput, tables: list[list[int]]) -> StepInputs:
-        return self._build(out.scheduled, tables, len(out.decodes))
+        inp = self._build(out.scheduled, tables, len(out.decodes))
+        inp.batch.copies = list(out.copies)
+        return inp
 
     def _build(self, entries: list[ScheduledSeq], tables: list[list[int]], num_decodes: int) -> StepInputs:
         bs = self.block_size
@@ -96,53 +116,69 @@ class ModelRunner:
         slot_mapping = block_tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
 
         samples = [i for i, e in enumerate(entries) if e.samples]
-        sample_rows = draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples])
-        prompt_lp = [(e, int(qsl[i])) for i, e in enumerate(entries)
+        prompt_lp = [i for i, e in enumerate(entries)
                      if i >= num_decodes and not e.draft and e.seq.group.params.prompt_logprobs is not None]
+        batch = HostBatch(np.asarray(ids, dtype=np.int64), positions, slot_mapping, qsl.astype(np.int32),
+                          seq_lens.astype(np.int32), block_tables, num_decodes,
+                          draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples]),
+                          [(int(qsl[i]), entries[i].num_new_tokens) for i in prompt_lp])
+        return self.inputs_from(batch, [entries[i].seq for i in samples], [entries[i] for i in prompt_lp])
 
+    def inputs_from(self, b: HostBatch, sample_seqs: Optional[list[Sequence]] = None,
+                    prompt_entries: Optional[list] = None) -> StepInputs:
+        """The device inputs of a host batch; a tensor-parallel follower
+        has no sequences (its logits are rank 0's to sample)."""
         dev = self.device
+        num_seqs = len(b.seq_lens)
         common = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
-            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            block_tables=torch.from_numpy(block_tables).to(dev),
-            num_decodes=num_decodes,
-            max_query_len=int(lens.max()) if num_seqs else 0,
-            max_seq_len=int(seq_lens.max()) if num_seqs else 0,
+            slot_mapping=torch.from_numpy(b.slot_mapping).to(dev),
+            query_start_loc=torch.from_numpy(b.query_start_loc).to(dev),
+            seq_lens=torch.from_numpy(b.seq_lens).to(dev),
+            block_tables=torch.from_numpy(b.block_tables).to(dev),
+            num_decodes=b.num_decodes,
+            max_query_len=int(np.diff(b.query_start_loc).max()) if num_seqs else 0,
+            max_seq_len=int(b.seq_lens.max()) if num_seqs else 0,
         )
         # Once per step: what the backend derives from it (launch sizes, host
         # lists, masks) is shared by every layer.
         meta = self.backend.build_metadata(common)
+        entries = prompt_entries or [None] * len(b.prompt_rows)
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.from_numpy(positions).to(dev),
+            input_ids=torch.from_numpy(b.input_ids).to(dev),
+            positions=torch.from_numpy(b.positions).to(dev),
             meta=meta,
-            sample_rows=sample_rows,
-            sample_seqs=[entries[i].seq for i in samples],
-            prompt_lp=prompt_lp,
+            sample_rows=b.sample_rows,
+            sample_seqs=sample_seqs or [],
+            prompt_lp=[(e, r) for e, (r, _) in zip(entries, b.prompt_rows)],
+            batch=b,
         )
 
     # -- one step -------------------------------------------------------------------
-    @torch.inference_mode()
     def execute(self, out: SchedulerOutput, tables: list[list[int]]) -> StepResult:
-        if out.copies:
-            mapping = torch.tensor(out.copies, dtype=torch.int64, device=self.device)
-            self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
-        inp = self.build_inputs(out, tables)
-        hidden = self.run_model(inp)
-        logits = None
-        if inp.sample_seqs:
-            rows = torch.from_numpy(inp.sample_rows).to(self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, rows)).cpu()  # float32 already
-        prompt_logits = [(e, self.model.compute_logits(hidden[r:r + e.num_new_tokens]).cpu())
-                         for e, r in inp.prompt_lp]
-        return StepResult(inp.sample_seqs, logits, prompt_logits)
+        return self.run(self.build_inputs(out, tables))
 
     def run_model(self, inp: StepInputs) -> torch.Tensor:
         """The model over one step's inputs -> hidden states [T, hidden]. A
         platform's runner overrides it to replay a captured graph instead
         (backends/cuda/graphs.py: CUDA graphs for decode steps)."""
         return self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
+
+    @torch.inference_mode()
+    def run(self, inp: StepInputs) -> StepResult:
+        """The step's block copies, the model, and (host) logits of the
+        sampling rows and of the prompt_logprobs rows."""
+        copies = inp.batch.copies
+        if copies:
+            mapping = torch.tensor(copies, dtype=torch.int64, device=self.device)
+            self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
+        hidden = self.run_model(inp)
+        logits = None
+        if len(inp.sample_rows):
+            rows = torch.from_numpy(inp.sample_rows).to(self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, rows)).cpu()  # float32 already
+        prompt_logits = [(e, self.model.compute_logits(hidden[r:r + n]).cpu())
+                         for (e, r), (_, n) in zip(inp.prompt_lp, inp.batch.prompt_rows)]
+        return StepResult(inp.sample_seqs, logits, prompt_logits)
 
     @torch.inference_mode()
     def warm_up(self, prompt_len: int = 16) -> None:
@@ -155,6 +191,4 @@ class ModelRunner:
         table = list(range(need))
         seq = Request("warm-up", None, [0] * (prompt_len + 1), SamplingParams(max_tokens=1)).seqs[0]
         for entry, nd in ((ScheduledSeq(seq, 0, prompt_len), 0), (ScheduledSeq(seq, prompt_len, 1), 1)):
-            inp = self._build([entry], [table], nd)
-            hidden = self.model(inp.input_ids, inp.positions, self.kv_caches, inp.meta)
-            self.model.compute_logits(hidden[-1:])
+            self.run(self._build([entry], [table], nd))

@@ -16,9 +16,13 @@ elementwise ops for the model), ``stack_runner`` (a whole-stack runner), and
 ``profile_peak_bytes`` (a worst-case step's memory, where the device can
 measure it). The sizing itself, profile -> budget -> blocks, lives here once.
 
-Tensor parallelism (later): each rank has a worker and a KV pool of its own;
-``agree_num_blocks`` makes every rank use the smallest count any rank can
-hold (one rank: the count itself), so block ids mean the same on every rank.
+Tensor parallelism (docs/distributed.md): each rank has a worker, built
+with the rank group (core/distributed/group.py), its shard of the weights
+and a KV pool holding only its heads. ``agree_num_blocks`` makes every rank
+use the smallest count any rank can hold, so block ids mean the same on
+every rank; rank 0's ``execute`` broadcasts each step's host batch, and the
+other ranks run it in ``follow``. The whole-stack runner is off under
+tensor parallelism (the all-reduces sit between its layers).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ import logging
 
 import torch
 
+from paged.core.distributed.group import RankGroup
+from paged.core.distributed.layout import RankFailed
+from paged.core.distributed.parallel_ops import TensorParallelOps
+from paged.core.distributed.sharding import local_config, plan_shards, shard_weights
 from paged.core.model_runner import ModelRunner, StepResult
 from paged.core.models.layers import TorchLayerOps
 from paged.core.scheduler import SchedulerOutput
@@ -65,13 +73,17 @@ class Worker:
     """Runs the model on one device (one rank). Generic: torch layer ops, no
     stack runner, no profiling; a platform subclasses it to change that."""
 
-    def __init__(self, platform, rank: int = 0, world_size: int = 1):
+    def __init__(self, platform, rank: int = 0, world_size: int = 1, group: RankGroup | None = None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
         self.platform = platform
         self.rank, self.world_size = rank, world_size
-        self.device = platform.torch_device(rank)
+        self.group = group or RankGroup(rank, world_size)
+        if world_size > 1 and self.group.comm is None:
+            raise ValueError(f"group: expected a joined rank group for world_size {world_size}, got none")
+        self.device = platform.torch_device(self.group.local_rank)
         self.model = self.backend = self.runner = None
+        self.shard = None
         self.num_layers = 0
 
     # -- hooks a platform's worker overrides ---------------------------------
@@ -96,23 +108,30 @@ class Worker:
         parallelism reduces it over the group; one rank keeps its own)."""
         if self.world_size == 1:
             return num_blocks
-        raise NotImplementedError(f"world_size: expected 1 until tensor parallelism lands, got {self.world_size}")
+        return self.group.comm.min_int(num_blocks)
 
     # -- lifecycle ------------------------------------------------------------
     def init_device(self, **options) -> None:
         """Prepare this rank's device (the CPU binds threads and memory)."""
-        self.platform.init(rank=self.rank, **options)
+        self.platform.init(rank=self.rank, world_size=self.world_size, **options)
 
     def load_model(self, config, weights: dict, dtype: torch.dtype, block_size: int,
                    packed_linear=None, backend_cls=None):
-        """Builds the attention backend and the model from loaded weights,
-        then picks the layer ops and the stack runner."""
+        """Builds the attention backend and the model from loaded weights
+        (a tensor-parallel rank: its shard of them), then picks the layer
+        ops and the stack runner."""
         from paged.core.models import build_model
 
+        parallel = None
+        if self.world_size > 1:
+            self.shard = plan_shards(config, self.world_size)[self.rank]
+            weights = shard_weights(weights, config, self.shard)
+            config = local_config(config, self.shard)
+            parallel = TensorParallelOps(self.group.comm, self.shard)
         backend_cls = backend_cls or self.platform.attention_backend_cls()
         self.backend = backend_cls(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
                                    dtype, self.device, sliding_window=config.sliding_window)
-        self.model = build_model(config, weights, dtype, self.device, self.backend, packed_linear)
+        self.model = build_model(config, weights, dtype, self.device, self.backend, packed_linear, parallel)
         self.num_layers = config.num_layers
         self.prepare_model(self.model)
         return self.model
@@ -120,7 +139,8 @@ class Worker:
     def prepare_model(self, model) -> None:
         """Hands ``model`` this worker's layer ops and stack runner."""
         model.ops = self.layer_ops(model.dtype)
-        model.layer_stack = self.stack_runner(model)
+        # off under tensor parallelism: the all-reduces sit between its layers
+        model.layer_stack = self.stack_runner(model) if self.world_size == 1 else None
 
     @property
     def bytes_per_block(self) -> int:
@@ -147,5 +167,41 @@ class Worker:
         self.runner.warm_up()
 
     def execute(self, out: SchedulerOutput, block_tables: list[list[int]]) -> StepResult:
-        """One step: ``block_tables`` holds each scheduled sequence's blocks."""
-        return self.runner.execute(out, block_tables)
+        """One step: ``block_tables`` holds each scheduled sequence's blocks.
+        Tensor parallel (rank 0): the step's host batch goes to every rank
+        first; a rank that died is a RankFailed naming it."""
+        if self.world_size == 1:
+            return self.runner.execute(out, block_tables)
+        if self.group.stopped:
+            raise RankFailed(self.group.stopped)
+        inp = self.runner.build_inputs(out, block_tables)
+        try:
+            self.group.broadcast_object(inp.batch)
+            return self.runner.run(inp)
+        except Exception as exc:  # noqa: BLE001 - the other ranks are inside this step: the group cannot go on
+            error = self.group.failure(exc)
+            self.group.shutdown(grace_s=0)
+            raise error from exc
+
+    def follow(self) -> None:
+        """A tensor-parallel rank other than 0: runs rank 0's steps until it
+        sends the end (None); RankFailed when rank 0 is gone."""
+        while True:
+            try:
+                batch = self.group.broadcast_object()
+            except RuntimeError as exc:
+                raise RankFailed(f"rank {self.rank}: rank 0 left the group ({str(exc).splitlines()[0][:200]})") \
+                    from exc
+            if batch is None:
+                return
+            self.platform.bind_thread()
+            self.runner.run(self.runner.inputs_from(batch))
+
+    def shutdown(self) -> None:
+        """Rank 0: tells the other ranks to stop, then ends the group."""
+        if self.world_size > 1 and self.group.comm is not None and self.rank == 0:
+            try:
+                self.group.broadcast_object(None)
+            except RuntimeError:  # a rank already gone: nothing to tell it
+                pass
+        self.group.shutdown()

@@ -71,6 +71,16 @@ class Platform(abc.ABC):
     def set_device(self, index: int) -> None:
         pass
 
+    def auto_tensor_parallel_size(self) -> int:
+        """Ranks for ``--tensor-parallel-size auto``: one per device (the
+        CPU: one per NUMA node with cores)."""
+        return max(1, self.device_count())
+
+    def rank_layout(self, rank: int, world_size: int, **options: Any) -> dict:
+        """Where tensor parallel rank ``rank`` of ``world_size`` runs (``paged
+        env``): its device here; the CPU adds its cores and NUMA node."""
+        return {"rank": rank, "device": str(self.torch_device(rank))}
+
     def synchronize(self) -> None:
         pass
 

@@ -37,18 +37,20 @@ class BindingPlan:
                 "node": self.node, "memory_method": self.memory_method}
 
 
-def plan_binding(spec: str, topology: Topology, rank: int = 0) -> BindingPlan:
+def plan_binding(spec: str, topology: Topology, rank: int = 0, world_size: int = 1) -> BindingPlan:
     """Resolve ``auto | none | <cpulist>[|<cpulist>...]`` (one list per rank).
 
     auto: one thread per physical core of the node with the most usable
-    cores; a CPU list: exactly those CPUs, memory on the node holding most.
+    cores; under tensor parallelism (``world_size`` ranks) rank r takes node
+    r when there are as many nodes with cores as ranks, else a contiguous
+    share of the best node's cores. A CPU list: exactly those CPUs, memory
+    on the node holding most.
     """
     spec = (spec or "").strip()
     if spec == "none":
         return BindingPlan(spec)
     if spec == "auto":
-        node = topology.best_node()
-        return BindingPlan(spec, topology.one_thread_per_core(node), node.id)
+        return _auto_plan(topology, rank, world_size)
     lists = spec.split("|")
     if rank >= len(lists):
         raise ValueError(f"--cpu-threads-bind {spec!r} has {len(lists)} CPU list(s), none for rank {rank}")
@@ -57,6 +59,20 @@ def plan_binding(spec: str, topology: Topology, rank: int = 0) -> BindingPlan:
     except ValueError as e:
         raise ValueError(f"--cpu-threads-bind: {e} (use auto, none or a CPU list like 0-3)") from None
     return BindingPlan(spec, cpus, topology.node_of(cpus))
+
+
+def _auto_plan(topology: Topology, rank: int, world_size: int) -> BindingPlan:
+    nodes = [n for n in topology.nodes if n.cores]
+    if world_size > 1 and len(nodes) >= world_size:
+        node = nodes[rank]
+        return BindingPlan("auto", topology.one_thread_per_core(node), node.id)
+    node = topology.best_node()
+    cores = topology.one_thread_per_core(node)
+    if world_size > len(cores):
+        raise ValueError(f"--tensor-parallel-size {world_size}: expected at most the {len(cores)} physical "
+                         f"core(s) of NUMA node {node.id} for --cpu-threads-bind auto, got more ranks")
+    share = len(cores) // world_size
+    return BindingPlan("auto", cores[rank * share:(rank + 1) * share], node.id)
 
 
 class CpuPlatform(Platform):
@@ -90,6 +106,15 @@ class CpuPlatform(Platform):
     def device_count(self) -> int:
         return 1
 
+    def auto_tensor_parallel_size(self) -> int:
+        """One rank per NUMA node with usable cores."""
+        return max(1, sum(1 for n in self.topology().nodes if n.cores))
+
+    def rank_layout(self, rank: int, world_size: int, threads_bind: str = "auto", **options: Any) -> dict:
+        plan = plan_binding(threads_bind, self.topology(), rank, world_size)
+        return {"rank": rank, "device": "cpu", "cpus": format_cpulist(plan.cpus) or "not pinned",
+                "threads": len(plan.cpus), "node": plan.node}
+
     def topology(self) -> Topology:
         if self._topology is None:
             self._topology = read_topology(self._sysfs_root, self._process_cpus())
@@ -107,10 +132,11 @@ class CpuPlatform(Platform):
             return os.sched_getaffinity(0)
 
     # -- lifecycle ---------------------------------------------------------
-    def init(self, threads_bind: str = "auto", rank: int = 0, **options: Any) -> None:
+    def init(self, threads_bind: str = "auto", rank: int = 0, world_size: int = 1, **options: Any) -> None:
         """Pin OpenMP (and torch's intra-op) threads and bind memory to the
-        node of those threads. ``threads_bind``: auto | none | CPU list(s)."""
-        plan = plan_binding(threads_bind, self.topology(), rank)
+        node of those threads. ``threads_bind``: auto | none | CPU list(s),
+        one per tensor parallel rank."""
+        plan = plan_binding(threads_bind, self.topology(), rank, world_size)
         ops = self.ops_module()
         self.plan = plan
         self._bound_tid = None

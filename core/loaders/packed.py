@@ -16,6 +16,8 @@ from gguf import GGMLQuantizationType as Q
 
 #: GGUF types the packed form (and the CPU kernels) understand -> kernel name
 PACKABLE = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0"}
+#: values per quantization block of every packable type
+QUANT_BLOCK = 32
 
 
 @dataclass
@@ -44,6 +46,16 @@ class PackedBlocks:
         """The same type over another [rows, row_bytes] block matrix (after a
         row permutation or concatenation)."""
         return PackedBlocks(self.qtype, blocks.contiguous(), (blocks.shape[0], self.shape[1]))
+
+    def column_blocks(self, start: int, end: int) -> "PackedBlocks":
+        """Columns of quantization blocks [start, end) (values start*32 to
+        end*32): a tensor-parallel rank's slice of a row-parallel matrix."""
+        n, k = self.shape
+        _, type_size = GGML_QUANT_SIZES[self.qtype]
+        if not 0 <= start < end <= k // QUANT_BLOCK:
+            raise ValueError(f"column blocks: expected 0 <= start < end <= {k // QUANT_BLOCK}, got {start}:{end}")
+        b = self.blocks.view(n, k // QUANT_BLOCK, type_size)[:, start:end]
+        return PackedBlocks(self.qtype, b.reshape(n, -1).contiguous(), (n, (end - start) * QUANT_BLOCK))
 
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(qs, d, m) in the layout of ``_C_cpu.quant_linear``: qs uint8

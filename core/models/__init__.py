@@ -13,10 +13,12 @@ MODEL_CLASSES = {"llama": LlamaForCausalLM, "qwen2": LlamaForCausalLM, "mistral"
 
 
 def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                device: torch.device | str, attn_backend, packed_linear=None) -> LlamaForCausalLM:
+                device: torch.device | str, attn_backend, packed_linear=None, parallel=None) -> LlamaForCausalLM:
     """Instantiate the model for ``config.architecture`` from HF-named weights,
     cast to ``dtype`` on ``device``; attention runs through ``attn_backend``.
-    ``packed_linear`` (optional) wraps weights kept packed by the loader."""
+    ``packed_linear`` (optional) wraps weights kept packed by the loader;
+    ``parallel`` (optional) is a tensor-parallel rank's collectives, with
+    ``config`` and ``weights`` already its shard's."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise ValueError(f"no model implementation for architecture {config.architecture!r} "
@@ -24,7 +26,7 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], dtype: to
     missing = [n for n in expected_weight_shapes(config) if n not in weights]
     if missing:
         raise ValueError(f"weights are missing {len(missing)} tensors, e.g. {missing[0]!r}")
-    return cls(config, weights, dtype, device, attn_backend, packed_linear)
+    return cls(config, weights, dtype, device, attn_backend, packed_linear, parallel)
 
 
 __all__ = ["build_model", "MODEL_CLASSES", "LlamaForCausalLM"]

@@ -108,6 +108,24 @@ class RotaryTable:
         return torch.addcmul(x * cos, rotated, sin)
 
 
+class SingleDevice:
+    """The points where tensor-parallel ranks meet, for a model that is not
+    sharded: nothing to reduce or gather. A sharded model gets
+    core/distributed/parallel_ops.py's TensorParallelOps instead."""
+
+    def reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of a row-parallel matmul's partial output."""
+        return t
+
+    def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+        """Embedding rows of ``input_ids`` from this rank's vocab slice."""
+        return F.embedding(input_ids, table)
+
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's vocab columns of the logits -> every column."""
+        return logits
+
+
 class TorchLayerOps:
     """The elementwise part of a decoder layer as torch ops (any device).
 

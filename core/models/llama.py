@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from paged.core.config import ModelConfig
 from paged.core.loaders.packed import PackedBlocks, cat_rows
-from paged.core.models.layers import RotaryTable, TorchLayerOps, linear
+from paged.core.models.layers import RotaryTable, SingleDevice, TorchLayerOps, linear
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,9 @@ def _param(t):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], index: int,
-                 cast, attn_backend):
+                 cast, attn_backend, parallel=None):
         super().__init__()
+        self.parallel = parallel or SingleDevice()
         p = f"model.layers.{index}."
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
@@ -128,21 +128,25 @@ class LlamaDecoderLayer(nn.Module):
         qkv = linear(x, self.qkv, self.qkv_bias)
         q, k, v = ops.rope_split_qkv(qkv, rope, rope_in, self.num_heads, self.num_kv_heads, self.head_dim)
         attn = self.attn_backend.forward(q, k, v, kv_cache, meta)
-        hidden = linear(attn.view(q.shape[0], self.q_size), self.o_proj)
+        hidden = self.parallel.reduce(linear(attn.view(q.shape[0], self.q_size), self.o_proj))
 
         x, residual = ops.add_rms_norm(hidden, residual, self.post_norm, self.eps)
-        hidden = linear(ops.silu_and_mul(linear(x, self.gate_up)), self.down)
+        hidden = self.parallel.reduce(linear(ops.silu_and_mul(linear(x, self.gate_up)), self.down))
         return hidden, residual
 
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device | str, attn_backend, packed_linear=None):
+                 device: torch.device | str, attn_backend, packed_linear=None, parallel=None):
         """``weights`` may hold PackedBlocks (GGUF Q4_0/Q4_1/Q8_0 kept packed):
         ``packed_linear`` turns one into the platform's packed weight object
         (e.g. backends.cpu.quant_linear.CpuPackedLinear); without it they are
-        dequantized to ``dtype``."""
+        dequantized to ``dtype``. A tensor-parallel rank passes its shard's
+        config and weights and ``parallel`` (core/distributed/parallel_ops.py):
+        the all-reduce after o_proj and down, the vocab-parallel embedding and
+        the logits gather."""
         super().__init__()
+        self.parallel = parallel or SingleDevice()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -174,7 +178,7 @@ class LlamaForCausalLM(nn.Module):
             # bf16 LM head output ties near-equal tokens (one float32 copy of
             # the head; packed heads compute in float32 already)
             self.lm_head = _param(self.lm_head.detach().float())
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, weights, i, cast, attn_backend)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, weights, i, cast, attn_backend, self.parallel)
                                     for i in range(config.num_layers))
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                 config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
@@ -193,7 +197,7 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.parallel.embed(input_ids, self.embed)
         rope_in = self.ops.rope_inputs(self.rope, positions)
         stack = self.layer_stack
         if stack is not None and stack.accepts(self.ops) and stack.handles(hidden.shape[0]):
@@ -207,4 +211,4 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only the rows that need a next token) -> float32 [N, vocab],
         accumulated and kept in float32."""
-        return linear(hidden.float(), self.lm_head)
+        return self.parallel.gather_logits(linear(hidden.float(), self.lm_head))
