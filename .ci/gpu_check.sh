@@ -1,36 +1,66 @@
 #!/usr/bin/env bash
 # The one prepared check for a lent GPU machine (H200: torch 2.11 + CUDA 13,
-# Python 3.12, no network). Run from the repo root via the device tool:
-#   run(command="bash .ci/gpu_check.sh", timeout_s=540)
-# Builds _C_cuda for sm_90 only, runs the CUDA tests (kernels vs the reference
-# backend, shared kernel checks) and the decode benchmark; everything lands in
-# $OUT (build.log, pytest.log, junit.xml, bench.log, bench.json, env.json).
+# Python 3.12, 16 cores, no network). Run from the repo root via the device
+# tool, with the serving wheels of .ci/gpu_wheels.txt fetched into .whl/:
+#   run(command="bash .ci/gpu_check.sh", carry=[".whl"], timeout_s=420)
+# Budget: under 5 minutes on a fresh machine, so a rerun fits in 15 minutes
+# of device time. Each stage has its own timeout; a failed stage does not
+# stop the others. Everything lands in $OUT (8 files at most come back):
+#   summary.txt   one line per stage + the e2e and benchmark results
+#   build.log pytest.log e2e.log e2e.json conformance.txt bench.log bench.json
+# Stages: build _C_cuda for sm_90 | the CUDA tests (kernels vs the reference
+# backend at every head size, the shared kernel checks) | the engine end to
+# end on a generated model (benchmarks/gpu_e2e.py: cuda vs cpu float32
+# greedy in float32 and bfloat16, graphs vs --enforce-eager, paged serve
+# streaming a completion) | paged conformance --device cuda --quick |
+# decode (% of copy bandwidth) and prefill (TFLOP/s vs torch SDPA) benchmarks.
 set -uo pipefail
 OUT=${OUT:-/tmp/paged-gpu-check}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PAGED_CUDA_ARCHS=90 CMAKE_BUILD_PARALLEL_LEVEL=16
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/env.txt" 2>&1
-$PY -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))" >> "$OUT/env.txt" 2>&1
+S="$OUT/summary.txt"
+start=$(date +%s)
+stage() { echo "== $1 ($(( $(date +%s) - start )) s)" | tee -a "$S"; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } > "$S" 2>&1
 
-# --no-deps: the serving dependencies (fastapi, gguf, ...) are not needed by
-# these checks and cannot be fetched there.
-echo "== build" | tee "$OUT/summary.txt"
-if ! $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
-  echo "BUILD FAILED (see build.log)" | tee -a "$OUT/summary.txt"; tail -40 "$OUT/build.log"; exit 1
+if [ -d .whl ]; then  # carried serving dependencies (no network there)
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >> "$S" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+else
+  echo "no .whl/ carried: the engine stages need fastapi, pydantic, uvicorn, gguf, llguidance (.ci/gpu_wheels.txt)" | tee -a "$S"
 fi
-$PY -c "import json; from paged.platforms.cuda import CudaPlatform; print(json.dumps(CudaPlatform().env_report()))" \
-  > "$OUT/env.json" 2>&1
 
-echo "== tests" | tee -a "$OUT/summary.txt"
-timeout 300 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py --junitxml="$OUT/junit.xml" \
-  > "$OUT/pytest.log" 2>&1
+stage build
+t0=$(date +%s)
+if ! timeout 240 $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
+  echo "BUILD FAILED (see build.log)" | tee -a "$S"; tail -30 "$OUT/build.log"; exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s" | tee -a "$S"
+
+stage tests
+timeout 120 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_ids.py \
+  tests/test_cuda_sizing.py > "$OUT/pytest.log" 2>&1
 test_rc=$?
-tail -5 "$OUT/pytest.log" | tee -a "$OUT/summary.txt"
+tail -3 "$OUT/pytest.log" | tee -a "$S"
 
-echo "== benchmark" | tee -a "$OUT/summary.txt"
-timeout 180 $PY benchmarks/kernels_cuda.py --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+stage "engine end to end"
+timeout 150 $PY benchmarks/gpu_e2e.py --out "$OUT" > "$OUT/e2e.log" 2>&1
+e2e_rc=$?
+grep -E "^(PASS|FAIL)" "$OUT/e2e.log" | tee -a "$S"
+[ $e2e_rc -eq 0 ] || tail -15 "$OUT/e2e.log" | tee -a "$S"
+
+stage conformance
+timeout 90 $PY -m paged.core.cli conformance --device cuda --quick > "$OUT/conformance.txt" 2>&1
+conf_rc=$?
+tail -4 "$OUT/conformance.txt" | tee -a "$S"
+
+stage benchmarks
+timeout 60 $PY benchmarks/kernels_cuda.py --quick --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
 bench_rc=$?
-head -n -1 "$OUT/bench.log" | tee -a "$OUT/summary.txt"
-echo "tests rc=$test_rc bench rc=$bench_rc" | tee -a "$OUT/summary.txt"
-exit $(( test_rc || bench_rc ))
+head -n -1 "$OUT/bench.log" | tee -a "$S"
+
+echo "tests rc=$test_rc e2e rc=$e2e_rc conformance rc=$conf_rc bench rc=$bench_rc; $(( $(date +%s) - start )) s" \
+  | tee -a "$S"
+exit $(( test_rc || e2e_rc || conf_rc || bench_rc ))
