@@ -189,18 +189,20 @@ class Sampler:
         generators = [self._generator_for(s) for s in seqs]  # all made before any draw
         drafts = drafts or [None] * len(seqs)
         noise = torch.empty_like(probs)
-        accepted = []
+        u = torch.empty(len(seqs), dtype=probs.dtype)
         for i, (gen, d) in enumerate(zip(generators, drafts)):
-            if d is not None:  # step 7: accept d with probability p(d), else drop it from p
-                u = float(torch.rand((), generator=gen))
-                if u * float(probs[i].sum()) < float(probs[i, d]):
-                    accepted.append((i, d))
-                else:
-                    probs[i, d] = 0.0
+            if d is not None:
+                u[i:i + 1].uniform_(generator=gen)
             noise[i].exponential_(generator=gen)
+        rows = [i for i, d in enumerate(drafts) if d is not None]
+        if not rows:
+            return (probs / noise).argmax(dim=-1)
+        # step 7: accept d with probability p(d) (probs may be unnormalised after min_p), else drop it from p
+        r, d = torch.tensor(rows), torch.tensor([drafts[i] for i in rows])
+        ok = u[r] * probs[r].sum(dim=-1) < probs[r, d]
+        probs[r[~ok], d[~ok]] = 0.0
         tokens = (probs / noise).argmax(dim=-1)
-        for i, d in accepted:
-            tokens[i] = d
+        tokens[r[ok]] = d[ok]
         return tokens
 
     @staticmethod
