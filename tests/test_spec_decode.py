@@ -106,6 +106,24 @@ def test_greedy_batched_equals_plain_decoding_and_speculates(llm, plain):
     assert kv.num_free_blocks == kv.num_blocks
 
 
+def test_metrics_expose_acceptance_and_tokens_per_step(llm):
+    """/metrics' rendering of the engine's stats, parsed by prometheus_client;
+    the figures follow from the raw counters."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    from paged.core.server.metrics import ServerMetrics
+
+    run(llm, PROMPTS[:2], GREEDY, spec=True)
+    stats = llm.engine.stats()
+    text = ServerMetrics("m").render(stats, 0)
+    got = {s.name: s.value for f in parser.text_string_to_metric_families(text) for s in f.samples}
+    drafted, accepted = got["paged:spec_decode_num_draft_tokens_total"], got["paged:spec_decode_num_accepted_tokens_total"]
+    assert drafted > accepted > 0 and got["paged:spec_decode_num_drafts_total"] > 0
+    assert got["paged:spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)
+    assert 1 < got["paged:spec_decode_tokens_per_step"] <= 1 + SPEC["num_speculative_tokens"]
+    off = ServerMetrics("m").render({"num_running": 0}, 0)
+    assert "spec_decode" not in off
+
+
 def steps_of(llm, prompt, params_list):
     """Streams requests through engine.step(): per request, the number of
     new tokens each step delivered, and the final output."""

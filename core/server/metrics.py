@@ -118,6 +118,18 @@ class ServerMetrics:
             ("request_success", "Requests finished.", self.requests_finished),
             ("request_rejected", "Requests refused with 503 (queue full or shutting down).", self.requests_rejected),
         ]
+        if "spec_decode_num_drafts" in s:  # speculative decoding on (core/spec_decode.py)
+            gauges += [
+                ("spec_decode_acceptance_rate", "Draft tokens accepted over draft tokens proposed (0..1).",
+                 s["spec_decode_acceptance_rate"]),
+                ("spec_decode_tokens_per_step", "Mean tokens a decoding sequence emits per step (1 without "
+                 "speculation).", s["spec_decode_tokens_per_step"]),
+            ]
+            counters += [
+                ("spec_decode_num_drafts", "Steps that verified drafts for a sequence.", s["spec_decode_num_drafts"]),
+                ("spec_decode_num_draft_tokens", "Draft tokens proposed.", s["spec_decode_num_draft_tokens"]),
+                ("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s["spec_decode_num_accepted_tokens"]),
+            ]
         lines: list[str] = []
         for name, help_text, value in gauges:
             full = PREFIX + name
