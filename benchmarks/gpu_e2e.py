@@ -137,12 +137,13 @@ def summarize(name: str, results: list[dict], threshold: float) -> str:
             + (f"; diverged: {detail} (accepted below margin {threshold})" if diverged else ""))
 
 
-def stream_completion(model_dir: Path, port: int, timeout_s: float = 180.0) -> str:
+def stream_completion(model_dir: Path, port: int, timeout_s: float = 180.0, device: str = "cuda") -> str:
     """Starts ``paged --device cuda serve``, streams one completion, stops it."""
     import httpx
 
-    cmd = [sys.executable, "-m", "paged.core.cli", "--device", "cuda", "serve", "--model", str(model_dir),
-           "--port", str(port), "--gpu-memory-utilization", "0.3", "--max-model-len", "2048"]
+    cmd = [sys.executable, "-m", "paged.core.cli", "--device", device, "serve", "--model", str(model_dir),
+           "--port", str(port), "--gpu-memory-utilization", "0.3", "--max-model-len", "2048",
+           "--kv-cache-memory", "1GiB"]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + timeout_s
@@ -156,7 +157,7 @@ def stream_completion(model_dir: Path, port: int, timeout_s: float = 180.0) -> s
                 time.sleep(1)
         else:
             return "FAIL serve: /health did not answer in time"
-        body = {"model": str(model_dir), "prompt": "t5 t9 t11 t40", "max_tokens": 8, "temperature": 0,
+        body = {"prompt": "t5 t9 t11 t40", "max_tokens": 8, "temperature": 0,
                 "stream": True}
         chunks, done = 0, False
         with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60) as r:

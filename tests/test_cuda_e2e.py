@@ -69,3 +69,9 @@ def test_compare_accepts_divergence_only_below_the_margin():
 def test_top2_margin():
     assert e2e.top2_margin({1: -0.1, 2: -2.6, 3: -5.0}) == pytest.approx(2.5)
     assert e2e.top2_margin({1: -0.0}) == math.inf
+
+
+def test_stream_completion_against_a_cpu_server(tmp_path):
+    # the serve stage's client logic, against the same server on the CPU
+    line = e2e.stream_completion(e2e.write_tiny_llama(tmp_path), e2e._free_port(), device="cpu")
+    assert line.startswith("PASS serve: HTTP 200, 8 streamed chunks, [DONE] True"), line
