@@ -14,6 +14,12 @@
 #include "arg_error.h"
 #include "runtime/runtime.h"
 
+#if defined(__x86_64__)
+#define PAGED_ISA_X86 1
+#elif defined(__aarch64__)
+#define PAGED_ISA_ARM64 1
+#endif
+
 namespace paged::cpu {
 
 // What each build needs, asked of the one detector (runtime/cpu_features.cpp),
@@ -29,6 +35,11 @@ inline bool cpu_has_avx512() {
 
 inline bool cpu_has_avx512vnni() { return cpu_has_avx512() && runtime::cpu_has("avx512vnni"); }
 inline bool cpu_has_avxvnni() { return cpu_has_avx2() && runtime::cpu_has("avxvnni"); }
+
+// aarch64: Advanced SIMD (with fp16 conversions) is in every ARMv8-A core;
+// dotprod (sdot/udot) from ARMv8.2 (Cortex-A55/A75, Neoverse N1, Apple M1).
+inline bool cpu_has_neon() { return runtime::cpu_has("asimd"); }
+inline bool cpu_has_dotprod() { return cpu_has_neon() && runtime::cpu_has("dotprod"); }
 
 inline bool cpu_always() { return true; }
 

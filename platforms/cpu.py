@@ -18,7 +18,7 @@ from paged.platforms import cpu_isa
 from paged.platforms.base import Availability, MemoryInfo, Platform
 from paged.platforms.cpu_load import LoadWatch
 from paged.platforms.cpulist import format_cpulist, parse_cpulist
-from paged.platforms.topology import Topology, read_topology, system_memory
+from paged.platforms.topology import Topology, process_cpus, read_topology, set_thread_cpus, system_memory
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class CpuPlatform(Platform):
         try:
             return self.ops_module().initial_allowed_cpus()
         except ImportError:
-            return os.sched_getaffinity(0)
+            return process_cpus()
 
     # -- lifecycle ---------------------------------------------------------
     def init(self, threads_bind: str = "auto", rank: int = 0, world_size: int = 1, **options: Any) -> None:
@@ -178,7 +178,7 @@ class CpuPlatform(Platform):
         self.ops_module().bind_threads(self.plan.cpus)
         if self._bound_tid not in (None, tid):
             try:
-                os.sched_setaffinity(self._bound_tid, self._process_cpus())
+                set_thread_cpus(self._bound_tid, self._process_cpus())
             except OSError:  # that thread has exited
                 pass
         self._bound_tid = tid
@@ -191,7 +191,7 @@ class CpuPlatform(Platform):
         if self._bound_tid != threading.get_native_id():
             return
         self.ops_module().release_thread_pool()
-        os.sched_setaffinity(0, self._process_cpus())
+        set_thread_cpus(0, self._process_cpus())
         self._bound_tid = None
 
     # -- memory and dtypes -------------------------------------------------
@@ -215,12 +215,12 @@ class CpuPlatform(Platform):
         (docs/kernels.md, "Choosing the CPU path"), while GGUF weights stay
         packed either way, so float32 costs no weight bandwidth. bfloat16 is
         there to ask for (native where AVX512_BF16/AMX exist, else converted);
-        float16 where the CPU converts it (F16C)."""
+        float16 where the CPU converts it (F16C; every aarch64 core)."""
         import torch
 
         features = self.cpu_features()
         dtypes = [torch.float32, torch.bfloat16]
-        if features.get("f16c") or features.get("avx512fp16"):
+        if features.get("f16c") or features.get("avx512fp16") or features.get("asimd"):
             dtypes.append(torch.float16)
         return dtypes
 

@@ -2,8 +2,11 @@
 generations the suite and users can select.
 
 Every family (attention, linear, fused ops) names its builds from one
-vocabulary, ranked here; the C++ side (csrc_cpu/isa_select.h) picks the best
-build the CPU feature detector allows. A level caps every family at once:
+vocabulary, ranked here; the C++ side (csrc_cpu/isa_select.h,
+csrc_cpu/kernel_builds.cpp) compiles the builds of the target architecture and
+picks the best one the CPU feature detector allows. Levels are per
+architecture (x86-64: avx512, avx2, scalar; aarch64: dotprod, neon, scalar).
+A level caps every family at once:
 
 - in another process, through ``PAGED_CPU_HIDE`` (``hide_env(level)``), which
   hides the newer features from the detector itself, so dtype choice, `paged
@@ -15,13 +18,27 @@ build the CPU feature detector allows. A level caps every family at once:
 from __future__ import annotations
 
 import contextlib
+import platform
 from typing import Iterator
 
-#: build names, best first; every family's builds are a subset
-RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "scalar")
-#: levels a machine can be run at, best first, and the features hidden for each
-LEVELS = ("avx512", "avx2", "scalar")
-_HIDE = {"avx512": "", "avx2": "avx512,avxvnni", "scalar": "avx2"}
+#: build names, best first within each architecture; every family's builds are a subset
+RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "dotprod", "neon", "scalar")
+#: per architecture: levels, best first, and the features PAGED_CPU_HIDE hides for each
+_ARCH_LEVELS = {
+    "x86_64": {"avx512": "", "avx2": "avx512,avxvnni", "scalar": "avx2"},
+    "aarch64": {"dotprod": "", "neon": "dotprod,i8mm,sve", "scalar": "neon"},
+}
+
+
+def machine_arch(machine: str | None = None) -> str:
+    """x86_64, aarch64 (Linux's and macOS's arm64) or the machine's own name."""
+    m = (machine or platform.machine()).lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+#: levels this machine's architecture has (other CPUs: scalar only)
+_HIDE = _ARCH_LEVELS.get(machine_arch(), {"scalar": ""})
+LEVELS = tuple(_HIDE)
 #: family -> (current build, set build, builds this CPU runs) in paged._C_cpu
 _FAMILIES = {
     "attention": ("attention_isa", "set_attention_isa", "supported_attention_isas"),

@@ -3,7 +3,8 @@
 Sources (under ``sysfs_root``, "/sys" by default, so tests can point at a
 synthetic tree): devices/system/cpu/online, devices/system/cpu/cpuN/topology/
 {thread_siblings_list,core_id,physical_package_id}, devices/system/node/nodeN/
-{cpulist,meminfo}. Without NUMA information the machine is one node.
+{cpulist,meminfo}. Without NUMA information the machine is one node; without
+sysfs at all (macOS) every CPU the OS counts is online, one node, one core each.
 """
 
 from __future__ import annotations
@@ -87,11 +88,28 @@ class Topology:
         }
 
 
+def process_cpus() -> set[int]:
+    """CPUs this process may use: its affinity mask where the OS has one
+    (Linux), else every CPU (macOS has no affinity API)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def set_thread_cpus(tid: int, cpus: set[int] | list[int]) -> bool:
+    """Pin thread ``tid`` (0: the caller) to ``cpus``; False where the OS
+    cannot pin (macOS)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    os.sched_setaffinity(tid, cpus)
+    return True
+
+
 def read_topology(sysfs_root: str | os.PathLike = "/sys", allowed: set[int] | list[int] | None = None) -> Topology:
-    """Read the topology; ``allowed`` defaults to os.sched_getaffinity(0)."""
+    """Read the topology; ``allowed`` defaults to process_cpus()."""
     system = Path(sysfs_root) / "devices" / "system"
     cpu_dir, node_dir = system / "cpu", system / "node"
-    allowed_set = set(os.sched_getaffinity(0) if allowed is None else allowed)
+    allowed_set = set(process_cpus() if allowed is None else allowed)
     online = _online_cpus(cpu_dir)
     usable = sorted(set(online) & allowed_set)
 
@@ -124,6 +142,8 @@ def _read(path: Path) -> str | None:
 
 
 def _online_cpus(cpu_dir: Path) -> list[int]:
+    if not cpu_dir.is_dir():  # no sysfs (macOS): what the OS counts
+        return list(range(os.cpu_count() or 1))
     text = _read(cpu_dir / "online")
     if text is not None:
         return parse_cpulist(text, allow_empty=True)

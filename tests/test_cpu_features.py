@@ -14,11 +14,14 @@ import pytest
 from paged import _C_cpu
 from paged.platforms import cpu_isa
 
-# our feature name -> the Linux /proc/cpuinfo flag
-CPUINFO_FLAG = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avxvnni": "avx_vnni", "avx512f": "avx512f",
+# our feature name -> the Linux /proc/cpuinfo flag, per architecture
+ARM_CPUINFO_FLAG = {"asimd": "asimd", "fp16": "asimdhp", "dotprod": "asimddp", "i8mm": "i8mm", "bf16": "bf16",
+                    "sve": "sve", "sve2": "sve2"}
+X86_CPUINFO_FLAG = {"avx2": "avx2", "fma": "fma", "f16c": "f16c", "avxvnni": "avx_vnni", "avx512f": "avx512f",
                 "avx512bw": "avx512bw", "avx512vl": "avx512vl", "avx512dq": "avx512dq",
                 "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
                 "amx_tile": "amx_tile", "amx_bf16": "amx_bf16", "amx_int8": "amx_int8"}
+CPUINFO_FLAG = ARM_CPUINFO_FLAG if cpu_isa.machine_arch() == "aarch64" else X86_CPUINFO_FLAG
 
 
 def cpuinfo_flags() -> set[str]:
@@ -26,7 +29,9 @@ def cpuinfo_flags() -> set[str]:
         for line in f:
             if line.startswith("flags"):
                 return set(line.split(":", 1)[1].split())
-    pytest.skip("/proc/cpuinfo has no flags line (not x86 Linux)")
+            if line.startswith("Features"):  # aarch64
+                return set(line.split(":", 1)[1].split())
+    pytest.skip("/proc/cpuinfo has no flags line (not Linux on x86 or aarch64)")
 
 
 def child(code: str, hide: str | None, *argv: str) -> subprocess.CompletedProcess:
@@ -84,13 +89,34 @@ def test_bad_hide_is_a_one_line_error():
     assert "got 'sse9'" in out.stdout
 
 
+def test_features_are_the_running_architectures_and_hiding_takes_either():
+    """cpu_features() lists this architecture's names only; PAGED_CPU_HIDE
+    knows both architectures' names, so one value serves x86 and ARM hosts."""
+    names = set(_C_cpu.cpu_features())
+    ours, other = ((ARM_CPUINFO_FLAG, X86_CPUINFO_FLAG) if cpu_isa.machine_arch() == "aarch64"
+                   else (X86_CPUINFO_FLAG, ARM_CPUINFO_FLAG))
+    assert set(ours) <= names and not set(other) & names
+    plain, hiding_other = child(REPORT, None), child(REPORT, ",".join(other))
+    assert plain.returncode == 0 and hiding_other.returncode == 0, plain.stderr + hiding_other.stderr
+    plain, hiding_other = json.loads(plain.stdout), json.loads(hiding_other.stdout)
+    assert hiding_other["hidden"] == [] and hiding_other["builds"] == plain["builds"]
+
+
+def test_levels_per_architecture():
+    assert cpu_isa.machine_arch("AMD64") == "x86_64" and cpu_isa.machine_arch("arm64") == "aarch64"
+    arch = cpu_isa.machine_arch()
+    expected = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon", "scalar")}
+    assert cpu_isa.LEVELS == expected.get(arch, ("scalar",))
+    assert cpu_isa.supported_levels()[-1] == "scalar"
+
+
 def test_use_level_sets_and_restores_every_family():
     before = cpu_isa.active_builds()
     for level in cpu_isa.supported_levels():
         with cpu_isa.use_level(level) as chosen:
             assert cpu_isa.active_builds() == chosen == cpu_isa.builds_for_level(level)
         assert cpu_isa.active_builds() == before
-    with pytest.raises(ValueError, match="level: expected one of avx512, avx2, scalar, got 'sse'"):
+    with pytest.raises(ValueError, match=f"level: expected one of {', '.join(cpu_isa.LEVELS)}, got 'sse'"):
         cpu_isa.builds_for_level("sse")
 
 

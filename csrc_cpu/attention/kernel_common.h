@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include <omp.h>
+#include "runtime/omp_compat.h"
 
 namespace paged::cpu::attn {
 
@@ -108,6 +108,7 @@ inline void store_scalar(void* p, int64_t i, DType t, float v) {
 PAGED_DECLARE_ISA(isa_scalar)
 PAGED_DECLARE_ISA(isa_avx2)
 PAGED_DECLARE_ISA(isa_avx512)
+PAGED_DECLARE_ISA(isa_neon)
 #undef PAGED_DECLARE_ISA
 
 // The build chosen at run time (dispatch.cpp).

@@ -53,9 +53,13 @@ class HostArena {
     if (node < 0 || node >= kMaxNodes) return "node " + std::to_string(node) + " out of range";
     unsigned long mask[kMaxNodes / (8 * sizeof(unsigned long))] = {};
     mask[node / (8 * sizeof(unsigned long))] = 1UL << (node % (8 * sizeof(unsigned long)));
+#if defined(SYS_mbind)
     if (syscall(SYS_mbind, data_, bytes_, kMpolPreferred, mask, static_cast<unsigned long>(kMaxNodes + 1), 0) != 0)
       return std::string("mbind to node ") + std::to_string(node) + " failed: " + std::strerror(errno);
     return "";
+#else
+    return "no NUMA memory policy on this OS";
+#endif
   }
 
   uint8_t* data() const { return static_cast<uint8_t*>(data_); }

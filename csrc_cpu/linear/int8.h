@@ -74,5 +74,12 @@ namespace isa_avx512 {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 }
+// aarch64 (kernel_i8_neon.inc); both quantize x with isa_scalar::x8_quantize.
+namespace isa_neon {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
+namespace isa_dotprod {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
 
 }  // namespace paged::cpu::linear

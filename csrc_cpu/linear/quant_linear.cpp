@@ -3,9 +3,9 @@
 // weight rows and the ISA choice for the quantized linear; the per-ISA kernels
 // do the arithmetic.
 #include "linear/ops.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 
-#include <omp.h>
+#include "runtime/omp_compat.h"
 
 #include <algorithm>
 #include <cmath>
@@ -155,18 +155,9 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
   return q;
 }
 
-// An ISA name selects all kernels of that build. The VNNI builds differ only
-// in the int8 path and reuse the AVX2 float32 kernels (same bits).
+// The builds of this architecture, best first (kernel_builds.cpp).
 IsaSelector<Kernels>& selector() {
-  using namespace isa_avx2;  // the float32 kernels of every SIMD build
-  static IsaSelector<Kernels> s(
-      {{"avx512", {int16_rows, fp32_rows, isa_avx512::int8_rows, isa_avx512::x8_quantize}, cpu_has_avx512vnni},
-       {"avxvnni", {int16_rows, fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize}, cpu_has_avxvnni},
-       {"avx2", {int16_rows, fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize}, cpu_has_avx2},
-       {"scalar",
-        {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows, isa_scalar::x8_quantize},
-        cpu_always}},
-      "linear");
+  static IsaSelector<Kernels> s(linear_builds(), "linear");
   return s;
 }
 

@@ -115,6 +115,10 @@ namespace isa_avx2 {
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 }  // namespace isa_avx2
+namespace isa_neon {  // aarch64 (kernel_neon.cpp)
+void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+}  // namespace isa_neon
 
 // Horizontal sum of 8 lanes in the fixed order above.
 inline float hsum8(const float v[kLanes]) {

@@ -1,7 +1,7 @@
 // Boundary of the fused ops: argument checks (once per call, ValueError /
 // IndexError naming the value), the ISA choice and the split of rows over
 // OpenMP threads.
-#include <omp.h>
+#include "runtime/omp_compat.h"
 
 #include <cstring>
 #include <stdexcept>

@@ -1,9 +1,11 @@
-// The one CPU-feature detector: CPUID checked against what the OS enabled in
-// XCR0 (a CPU with AVX-512 whose kernel does not save ZMM state, or has not
-// granted AMX tile state, cannot use those instructions), minus the features
-// PAGED_CPU_HIDE names. Every kernel family's ISA choice (isa_select.h) and
-// the Python side (dtype choice, `paged env`) ask this detector, so hiding a
-// feature moves the whole process to the older generation's paths.
+// The one CPU-feature detector, minus the features PAGED_CPU_HIDE names.
+// x86: CPUID checked against what the OS enabled in XCR0 (a CPU with AVX-512
+// whose kernel does not save ZMM state, or has not granted AMX tile state,
+// cannot use those instructions). aarch64: the kernel's HWCAP words on Linux
+// (getauxval, which is also what qemu-user emulates per -cpu), sysctl's
+// hw.optional.arm.* on macOS. Every kernel family's ISA choice (isa_select.h)
+// and the Python side (dtype choice, `paged env`) ask this detector, so hiding
+// a feature moves the whole process to the older generation's paths.
 #include "runtime/runtime.h"
 
 #include "arg_error.h"
@@ -16,6 +18,14 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#define PAGED_CPU_X86 1
+#elif defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#define PAGED_CPU_ARM64 1
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#define PAGED_CPU_ARM64 1
 #endif
 
 namespace paged::cpu::runtime {
@@ -23,20 +33,37 @@ namespace {
 
 // What each feature needs: hiding a feature hides everything that needs it
 // (hiding avx2 leaves scalar builds only; hiding avx512f hides every AVX-512
-// extension and AMX, the "Zen 3 / Skylake-client" generation).
+// extension and AMX, the "Zen 3 / Skylake-client" generation; hiding asimd
+// leaves an aarch64 CPU the scalar builds). Both architectures' names are
+// known everywhere (a name of the other one is simply absent), so one
+// PAGED_CPU_HIDE value and one kernel table work on either; cpu_features()
+// lists the running architecture's.
+enum class Arch { X86, Arm64 };
 struct Feature {
   const char* name;
   const char* needs;  // nullptr: nothing we detect
+  Arch arch;
 };
+constexpr Arch X = Arch::X86, A = Arch::Arm64;
 constexpr Feature kFeatures[] = {
-    {"avx2", nullptr},          {"fma", "avx2"},           {"f16c", "avx2"},
-    {"avxvnni", "avx2"},        {"avx512f", "avx2"},       {"avx512bw", "avx512f"},
-    {"avx512vl", "avx512f"},    {"avx512dq", "avx512f"},   {"avx512vnni", "avx512f"},
-    {"avx512bf16", "avx512f"},  {"avx512fp16", "avx512f"}, {"amx_tile", "avx512f"},
-    {"amx_bf16", "amx_tile"},   {"amx_int8", "amx_tile"},
+    {"avx2", nullptr, X},       {"fma", "avx2", X},          {"f16c", "avx2", X},
+    {"avxvnni", "avx2", X},     {"avx512f", "avx2", X},      {"avx512bw", "avx512f", X},
+    {"avx512vl", "avx512f", X}, {"avx512dq", "avx512f", X},  {"avx512vnni", "avx512f", X},
+    {"avx512bf16", "avx512f", X}, {"avx512fp16", "avx512f", X}, {"amx_tile", "avx512f", X},
+    {"amx_bf16", "amx_tile", X}, {"amx_int8", "amx_tile", X},
+    // aarch64, named as /proc/cpuinfo does except dotprod (asimddp) and fp16 (asimdhp)
+    {"asimd", nullptr, A},      {"fp16", "asimd", A},        {"dotprod", "asimd", A},
+    {"i8mm", "asimd", A},       {"bf16", "asimd", A},        {"sve", "asimd", A},
+    {"sve2", "sve", A},
 };
+#if defined(PAGED_CPU_ARM64)
+constexpr Arch kArch = Arch::Arm64;
+#else
+constexpr Arch kArch = Arch::X86;  // and every other CPU: nothing detected, scalar builds
+#endif
 // Names PAGED_CPU_HIDE also takes for a family of features.
-constexpr std::pair<const char*, const char*> kAliases[] = {{"avx512", "avx512f"}, {"amx", "amx_tile"}};
+constexpr std::pair<const char*, const char*> kAliases[] = {
+    {"avx512", "avx512f"}, {"amx", "amx_tile"}, {"neon", "asimd"}};
 
 #if defined(__x86_64__) || defined(__i386__)
 struct Regs {
@@ -55,6 +82,32 @@ unsigned long long xcr0() {
   unsigned eax = 0, edx = 0;
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<unsigned long long>(edx) << 32) | eax;
+}
+#endif
+
+#if defined(PAGED_CPU_ARM64) && defined(__linux__)
+void detect_arm64(std::map<std::string, bool>& f) {
+  const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f["asimd"] = hw & HWCAP_ASIMD;
+  f["fp16"] = hw & HWCAP_ASIMDHP;
+  f["dotprod"] = hw & HWCAP_ASIMDDP;
+  f["sve"] = hw & HWCAP_SVE;
+  f["sve2"] = hw2 & HWCAP2_SVE2;
+  f["i8mm"] = hw2 & HWCAP2_I8MM;
+  f["bf16"] = hw2 & HWCAP2_BF16;
+}
+#elif defined(PAGED_CPU_ARM64)  // macOS (Apple Silicon): compiled nowhere in CI, see docs/cpu.md
+bool sysctl_flag(const char* name) {
+  int value = 0;
+  size_t size = sizeof(value);
+  return sysctlbyname(name, &value, &size, nullptr, 0) == 0 && value != 0;
+}
+void detect_arm64(std::map<std::string, bool>& f) {
+  f["asimd"] = true;  // every Apple Silicon core
+  f["fp16"] = sysctl_flag("hw.optional.arm.FEAT_FP16");
+  f["dotprod"] = sysctl_flag("hw.optional.arm.FEAT_DotProd");
+  f["i8mm"] = sysctl_flag("hw.optional.arm.FEAT_I8MM");
+  f["bf16"] = sysctl_flag("hw.optional.arm.FEAT_BF16");
 }
 #endif
 
@@ -85,12 +138,14 @@ std::map<std::string, bool> detect() {
   f["amx_tile"] = tile_os && bit(leaf7.edx, 24);
   f["amx_bf16"] = tile_os && bit(leaf7.edx, 22);
   f["amx_int8"] = tile_os && bit(leaf7.edx, 25);
+#elif defined(PAGED_CPU_ARM64)
+  detect_arm64(f);
 #endif
   return f;
 }
 
 std::string known_names() {
-  std::string s = "avx512, amx";
+  std::string s = "avx512, amx, neon";
   for (const Feature& x : kFeatures) s += std::string(", ") + x.name;
   return s;
 }
@@ -139,8 +194,9 @@ const State& state() {
 
 std::vector<std::pair<std::string, bool>> cpu_features() {
   std::vector<std::pair<std::string, bool>> out;
-  for (const Feature& x : kFeatures) out.emplace_back(x.name, state().visible.at(x.name));
-  out.emplace_back("amx", state().visible.at("amx_bf16"));  // kept for callers of the older name
+  for (const Feature& x : kFeatures)
+    if (x.arch == kArch) out.emplace_back(x.name, state().visible.at(x.name));
+  if (kArch == Arch::X86) out.emplace_back("amx", state().visible.at("amx_bf16"));  // the older name
   return out;
 }
 

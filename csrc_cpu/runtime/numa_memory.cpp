@@ -3,7 +3,7 @@
 // does the same job. A policy belongs to a thread, so it is applied on the
 // caller and on every OpenMP thread (the ones that first-touch KV blocks).
 #include <dlfcn.h>
-#include <omp.h>
+#include "runtime/omp_compat.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -97,9 +97,13 @@ int apply_syscall(int mode, int node) {
         1UL << (static_cast<size_t>(node) % (sizeof(unsigned long) * CHAR_BIT));
     mask_ptr = mask.data();
   }
+#if defined(SYS_set_mempolicy)
   // The kernel reads maxnode - 1 bits (a long-standing quirk of this ABI).
   const long rc = syscall(SYS_set_mempolicy, mode, mask_ptr, mask_ptr ? kMaxNodes + 1 : 0);
   return rc == 0 ? 0 : errno;
+#else  // no NUMA memory policy on this OS (macOS)
+  return mode == kMpolDefault ? 0 : ENOSYS;
+#endif
 }
 
 // Runs fn on the caller and on every thread of an OpenMP team of the
@@ -123,8 +127,10 @@ bool libnuma_available() { return libnuma().usable(); }
 std::pair<std::string, std::vector<int>> memory_policy() {
   int mode = 0;
   NodeMask mask{};
+#if defined(SYS_get_mempolicy)
   if (syscall(SYS_get_mempolicy, &mode, mask.data(), kMaxNodes, nullptr, 0UL) != 0)
     throw std::runtime_error(std::string("get_mempolicy failed: ") + std::strerror(errno));
+#endif
   std::vector<int> nodes;
   for (int n = 0; n < kMaxNodes; ++n)
     if (mask[static_cast<size_t>(n) / (sizeof(unsigned long) * CHAR_BIT)] >>

@@ -2,9 +2,13 @@
 // region: that is the only way to reach the pool's threads without knowing
 // their OS ids, and libgomp reuses the same threads for later regions (torch
 // shares this libgomp, so its intra-op threads are the pinned ones too).
-#include <omp.h>
+// Linux only; on macOS (no affinity API) nothing is pinned.
+#include "runtime/omp_compat.h"
 #include <pthread.h>
 #include <sched.h>
+
+#include <algorithm>
+#include <thread>
 
 #include <cerrno>
 #include <cstring>
@@ -18,10 +22,10 @@
 namespace paged::cpu::runtime {
 namespace {
 
-struct InitialState {
-  std::vector<int> allowed;  // the process's CPUs before any pinning
-  int max_threads;           // OpenMP team size before any binding
-};
+// The OS layer: Linux's affinity calls; elsewhere (macOS has no affinity
+// API, docs/cpu.md) every CPU is allowed and pinning is a no-op.
+#if defined(__linux__)
+constexpr int kMaxCpus = CPU_SETSIZE;
 
 std::vector<int> mask_to_list(const cpu_set_t& set) {
   std::vector<int> cpus;
@@ -30,19 +34,57 @@ std::vector<int> mask_to_list(const cpu_set_t& set) {
   return cpus;
 }
 
+std::vector<int> process_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)
+    throw std::runtime_error(std::string("sched_getaffinity failed: ") + std::strerror(errno));
+  return mask_to_list(set);
+}
+
+// Pins the calling thread to `cpus`; 0 or the error number.
+int pin_self(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+std::vector<int> own_affinity() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  pthread_getaffinity_np(pthread_self(), sizeof(set), &set);
+  return mask_to_list(set);
+}
+
+int current_cpu() { return sched_getcpu(); }
+#else
+constexpr int kMaxCpus = 1024;
+
+std::vector<int> process_cpus() {
+  std::vector<int> cpus(std::max(1u, std::thread::hardware_concurrency()));
+  for (size_t i = 0; i < cpus.size(); ++i) cpus[i] = int(i);
+  return cpus;
+}
+int pin_self(const std::vector<int>&) { return 0; }
+std::vector<int> own_affinity() { return process_cpus(); }
+int current_cpu() { return -1; }
+#endif
+
+struct InitialState {
+  std::vector<int> allowed;  // the process's CPUs before any pinning
+  int max_threads;           // OpenMP team size before any binding
+};
+
 const InitialState& initial_state() {
-  static const InitialState state = [] {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0)
-      throw std::runtime_error(std::string("sched_getaffinity failed: ") + std::strerror(errno));
-    return InitialState{mask_to_list(set), omp_get_max_threads()};
-  }();
+  static const InitialState state{process_cpus(), omp_get_max_threads()};
   return state;
 }
 
 // Runs in a team of `n` threads, each pinning itself to the mask that
 // mask_for(thread) returns; throws naming the first thread that failed.
+// Without OpenMP (omp_compat.h) the team is the calling thread alone: it
+// takes thread 0's mask, and the kernels run on it.
 template <typename MaskFor>
 void pin_team(int n, MaskFor mask_for) {
   omp_set_dynamic(0);
@@ -53,10 +95,9 @@ void pin_team(int n, MaskFor mask_for) {
   {
     const int t = omp_get_thread_num();
     if (t == 0) team = omp_get_num_threads();
-    const cpu_set_t set = mask_for(t);
-    errors[static_cast<size_t>(t)] = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+    errors[static_cast<size_t>(t)] = pin_self(mask_for(t));
   }
-  if (team != n)
+  if (team != (kHaveOpenMP ? n : 1))
     throw std::runtime_error("OpenMP started " + std::to_string(team) + " threads, " +
                              std::to_string(n) + " requested");
   for (int t = 0; t < n; ++t)
@@ -75,27 +116,19 @@ void bind_threads(const std::vector<int>& cpus) {
   const std::set<int> allowed_set(allowed.begin(), allowed.end());
   std::set<int> seen;
   for (int c : cpus) {
-    if (c < 0 || c >= CPU_SETSIZE)
-      args::fail("cpus (bind_threads)", "CPUs in [0, " + std::to_string(CPU_SETSIZE) + ")", "CPU " + std::to_string(c));
+    if (c < 0 || c >= kMaxCpus)
+      args::fail("cpus (bind_threads)", "CPUs in [0, " + std::to_string(kMaxCpus) + ")", "CPU " + std::to_string(c));
     if (!allowed_set.count(c))
       args::fail("cpus (bind_threads)", "CPUs allowed for this process", "CPU " + std::to_string(c) + " (not allowed)");
     if (!seen.insert(c).second)
       args::fail("cpus (bind_threads)", "distinct CPUs", "CPU " + std::to_string(c) + " listed twice");
   }
-  pin_team(static_cast<int>(cpus.size()), [&](int t) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpus[static_cast<size_t>(t)], &set);
-    return set;
-  });
+  pin_team(static_cast<int>(cpus.size()), [&](int t) { return std::vector<int>{cpus[static_cast<size_t>(t)]}; });
 }
 
 void unbind_threads() {
   const InitialState& init = initial_state();
-  cpu_set_t all;
-  CPU_ZERO(&all);
-  for (int c : init.allowed) CPU_SET(c, &all);
-  pin_team(init.max_threads, [&](int) { return all; });
+  pin_team(init.max_threads, [&](int) { return init.allowed; });
 }
 
 void release_thread_pool() {
@@ -113,11 +146,7 @@ std::vector<ThreadInfo> thread_report() {
   {
     const int t = omp_get_thread_num();
     if (t == 0) team = omp_get_num_threads();
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    pthread_getaffinity_np(pthread_self(), sizeof(set), &set);
-    if (static_cast<size_t>(t) < report.size())
-      report[static_cast<size_t>(t)] = ThreadInfo{t, sched_getcpu(), mask_to_list(set)};
+    if (static_cast<size_t>(t) < report.size()) report[static_cast<size_t>(t)] = ThreadInfo{t, current_cpu(), own_affinity()};
   }
   report.resize(static_cast<size_t>(team));
   return report;

@@ -1,0 +1,162 @@
+// Every quantized-linear build of this architecture (kernel_builds.h) against
+// the scalar build, bit for bit (the contract of quant_linear.h and int8.h:
+// one order of operations per output in every build): the int16 path
+// (M <= kInt16MaxRows), the fp32 path, and the int8 path with its quantizer
+// of x, for q4_0 / q4_1 / q8_0, output counts that leave partial tiles.
+// The int16 inputs are random valid codes and scales rather than a
+// quantization of x: the kernels must agree on any such input.
+// Built natively by tests/test_kernel_drivers.py, cross-built and run under
+// qemu-aarch64 by .ci/arm_emulation.sh.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernel_builds.h"
+#include "linear/int8.h"
+#include "tests/driver_util.h"
+
+namespace {
+
+using namespace paged::cpu;
+using namespace paged::cpu::linear;
+using namespace paged::cpu::test;
+
+constexpr int64_t kRowsPerChunk = 24;  // the float32 paths' work item (quant_linear.cpp)
+
+struct Weight {
+  QType qtype;
+  int64_t N, K;
+  std::vector<uint8_t> qs;
+  std::vector<float> d, m;
+};
+
+Weight random_weight(QType t, int64_t N, int64_t K) {
+  Weight w{t, N, K, {}, {}, {}};
+  w.qs.resize(size_t(N * (t == QType::Q8_0 ? K : K / 2)));
+  for (uint8_t& b : w.qs) b = uint8_t(uniform_int(0, 255));
+  if (t == QType::Q8_0)  // gguf's q8_0 codes are in [-127, 127]
+    for (uint8_t& b : w.qs) b = b == 0x80 ? 0x81 : b;
+  for (int64_t i = 0; i < N * K / kBlock; ++i) w.d.push_back(uniform(-0.02f, 0.02f));
+  if (t == QType::Q4_1)
+    for (int64_t i = 0; i < N * K / kBlock; ++i) w.m.push_back(uniform(-0.1f, 0.1f));
+  return w;
+}
+
+// x and everything the kernels read about it, for both float32 paths and the int8 one.
+struct X {
+  int64_t M;
+  std::vector<float> x, xscale, xs;
+  std::vector<int16_t> xq;
+  std::vector<int8_t> x8;
+  std::vector<float> x8_scale, x8_sum;
+  std::vector<int32_t> x8_corr;
+};
+
+X random_x(const Weight& w, int64_t M, Int8Quantize quantize) {
+  const int64_t nb = w.K / kBlock;
+  X x{M, {}, {}, {}, {}, {}, {}, {}, {}};
+  for (int64_t i = 0; i < M * w.K; ++i) x.x.push_back(uniform(-2.f, 2.f));
+  for (int64_t i = 0; i < M * nb * kXBlock; ++i) x.xq.push_back(int16_t(uniform_int(-kActMax, kActMax)));
+  for (int64_t i = 0; i < M * nb; ++i) {
+    const float s = uniform(1e-5f, 1e-4f);
+    x.xscale.push_back(s);
+    x.xscale.push_back(s * kLoScale);
+  }
+  for (int64_t i = 0; i < M * nb; ++i) x.xs.push_back(uniform(-8.f, 8.f));
+  x.x8.resize(size_t(M * w.K));
+  x.x8_scale.resize(size_t(M * nb));
+  x.x8_sum.resize(size_t(M * nb));
+  x.x8_corr.resize(size_t(M * nb));
+  for (int64_t r = 0; r < M; ++r)
+    quantize(x.x.data() + r * w.K, w.K, w.qtype, x.x8.data() + r * w.K, x.x8_scale.data() + r * nb,
+             x.x8_corr.data() + r * nb, x.x8_sum.data() + r * nb);
+  return x;
+}
+
+LinearArgs args(const Weight& w, const X& x, std::vector<float>& out) {
+  LinearArgs a;
+  a.qtype = w.qtype;
+  a.M = x.M;
+  a.N = w.N;
+  a.K = w.K;
+  a.x = x.x.data();
+  a.xq = x.xq.data();
+  a.xscale = x.xscale.data();
+  a.qs = w.qs.data();
+  a.d = w.d.data();
+  a.m = w.m.empty() ? nullptr : w.m.data();
+  a.xs = x.xs.data();
+  a.x8 = x.x8.data();
+  a.x8_scale = x.x8_scale.data();
+  a.x8_corr = x.x8_corr.data();
+  a.x8_sum = x.x8_sum.data();
+  out.assign(size_t(x.M * w.N), NAN);
+  a.out = out.data();
+  return a;
+}
+
+enum class Path { Int16, Fp32, Int8 };
+const char* path_name(Path p) { return p == Path::Int16 ? "int16" : (p == Path::Fp32 ? "fp32" : "int8"); }
+
+std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
+  std::vector<float> out;
+  const LinearArgs a = args(w, x, out);
+  if (p == Path::Int8) {
+    Int8Panel panel;
+    for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) k.int8_rows(a, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
+  } else {
+    std::vector<float> scratch;
+    const RowsKernel kernel = p == Path::Int16 ? k.int16_rows : k.fp32_rows;
+    for (int64_t n0 = 0; n0 < w.N; n0 += kRowsPerChunk) kernel(a, n0, std::min(w.N, n0 + kRowsPerChunk), scratch);
+  }
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// The build's quantizer of x against the scalar one on rows with zero and tiny blocks.
+void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_t K) {
+  const int64_t nb = K / kBlock;
+  std::vector<float> x(static_cast<size_t>(K));
+  for (float& v : x) v = uniform(-3.f, 3.f);
+  std::fill(x.begin(), x.begin() + kBlock, 0.f);            // an all-zero block
+  for (int k = kBlock; k < 2 * kBlock; ++k) x[size_t(k)] *= 1e-40f;  // subnormal values
+  std::vector<int8_t> c1(static_cast<size_t>(K)), c2(c1);
+  std::vector<float> d1(static_cast<size_t>(nb)), d2(d1), s1(d1), s2(d1);
+  std::vector<int32_t> r1(static_cast<size_t>(nb)), r2(r1);
+  b.kernel.x8_quantize(x.data(), K, t, c1.data(), d1.data(), r1.data(), s1.data());
+  s.kernel.x8_quantize(x.data(), K, t, c2.data(), d2.data(), r2.data(), s2.data());
+  DRIVER_CHECK(c1 == c2 && r1 == r2 && same_bits(d1, d2) && same_bits(s1, s2), "%s: x8_quantize differs", b.name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto expected = expected_builds(argc, argv);
+  check_features(expected);
+  const Int8Quantize quantize = isa_scalar::x8_quantize;
+  struct Shape {
+    int64_t N, K;
+  };
+  const Shape shapes[] = {{72, 256}, {37, 96}, {130, 512}};
+  check_family("linear", linear_builds(), expected, [&](const LinearBuild& b, const LinearBuild& s) {
+    for (QType t : {QType::Q4_0, QType::Q4_1, QType::Q8_0}) {
+      for (const Shape& sh : shapes) {
+        const Weight w = random_weight(t, sh.N, sh.K);
+        check_quantizer(b, s, t, sh.K);
+        for (int64_t M : {1, 2, 3, 5, 9}) {
+          const X x = random_x(w, M, quantize);
+          for (Path p : {Path::Int16, Path::Fp32, Path::Int8}) {
+            if (p == Path::Int16 && M > kInt16MaxRows) continue;
+            const std::vector<float> got = run(b.kernel, p, w, x), want = run(s.kernel, p, w, x);
+            DRIVER_CHECK(same_bits(got, want), "%s %s path, qtype %d, N=%lld K=%lld M=%lld: not bitwise equal",
+                         b.name, path_name(p), int(t), (long long)sh.N, (long long)sh.K, (long long)M);
+          }
+        }
+      }
+    }
+  });
+  return finish("kernel_linear_driver");
+}

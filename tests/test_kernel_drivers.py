@@ -1,0 +1,42 @@
+"""The C++ kernel drivers (csrc_cpu/tests/kernel_*_driver.cpp): every SIMD
+build this CPU runs against the scalar build on random inputs, the
+quantized linear bit for bit, attention within the drivers' stated
+tolerance. Oracle: the scalar build, plain C++ written from the contracts in
+docs/kernels.md.
+
+One private build (cached under the pytest cache) with OpenMP turned off
+(PAGED_OPENMP=OFF, the fallback Apple clang gets without libomp) serves both
+checks: the kernels on this CPU, and the C++ checks of the no-OpenMP
+configuration (the block pool driver too). The package's own OpenMP build
+runs the same kernels through Python in test_kernels / test_quant_linear.
+aarch64 builds run under qemu in CI's emulation stage (.ci/arm_emulation.sh)."""
+
+import subprocess
+
+import pytest
+
+from cmake_build import build_dir, build_targets
+
+DRIVERS = ["kernel_attention_driver", "kernel_linear_driver", "block_pool_driver"]
+
+
+@pytest.fixture(scope="module")
+def no_openmp_build(request):
+    build = build_dir(request, "cpu_no_openmp")
+    log = build_targets(build, DRIVERS, {"PAGED_BUILD_CUDA": "OFF", "PAGED_OPENMP": "OFF",
+                                         "CMAKE_BUILD_TYPE": "Release"})
+    return build, log
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_driver_passes_without_openmp(no_openmp_build, driver):
+    build, _ = no_openmp_build
+    exe = build / "csrc_cpu" / driver
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "all checks passed" in out, out
+    if driver.startswith("kernel_"):
+        assert "threads: no OpenMP" in out, out
+        family = driver.split("_")[1]
+        assert f"{family}: auto picks" in out, out
