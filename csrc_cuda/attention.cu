@@ -115,24 +115,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   const int* table = a.block_tables + std::int64_t(seq) * a.max_blocks_per_seq;
-  const uint4* kc = static_cast<const uint4*>(a.key_cache);
-  const uint4* vc = static_cast<const uint4*>(a.value_cache);
   for (int tile = key_begin; tile < key_end; tile += kKeyTile) {
     __syncthreads();  // the previous tile is consumed (and s_q is written)
     for (int v = threadIdx.x; v < kKeyTile * kRowVecs; v += kThreads) {
-      const int j = v / kRowVecs, c = v % kRowVecs, key = tile + j;
-      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-      if (key < key_end && key / block_size < a.max_blocks_per_seq) {  // guard: seq_len beyond the table
-        const int block = table[key / block_size];
-        if (block >= 0 && block < num_blocks) {  // device-side guard against stray block ids
-          const std::int64_t off =
-              ((std::int64_t(block) * num_kv_heads + kvh) * block_size + key % block_size) * kRowVecs + c;
-          kraw = kc[off];
-          vraw = vc[off];
-        }
-      }
-      const T* ke = reinterpret_cast<const T*>(&kraw);
-      const T* ve = reinterpret_cast<const T*>(&vraw);
+      const int j = v / kRowVecs, c = v % kRowVecs;
+      const KvVectors kv = load_kv_vectors(a, table, kvh, tile + j, key_end, c, kRowVecs, num_kv_heads,
+                                           block_size, num_blocks);
+      const T* ke = reinterpret_cast<const T*>(&kv.k);
+      const T* ve = reinterpret_cast<const T*>(&kv.v);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         s_k[j][c * kVec + e] = to_float(ke[e]);

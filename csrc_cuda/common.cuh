@@ -55,6 +55,26 @@ void dispatch_dtype(DType dt, Fn&& fn) {
 // First key visible from position `pos` (keys j with pos - window < j <= pos).
 __device__ inline int first_visible_key(int pos, int window) { return window > 0 ? max(0, pos - window + 1) : 0; }
 
+// 16-byte vector `c` of one key's row (kv head `kvh`, `row_vecs` vectors a
+// row) in the key and value caches, read through the sequence's block
+// `table`; zeros for keys at or past `key_end`, past the table, or in a stray
+// block (the device-side guard: never an out-of-bounds read).
+struct KvVectors {
+  uint4 k, v;
+};
+__device__ __forceinline__ KvVectors load_kv_vectors(const AttentionArgs& a, const int* table, int kvh, int key,
+                                                     int key_end, int c, int row_vecs, int num_kv_heads,
+                                                     int block_size, int num_blocks) {
+  KvVectors out{make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+  if (key >= key_end || key / block_size >= a.max_blocks_per_seq) return out;
+  const int block = table[key / block_size];
+  if (block < 0 || block >= num_blocks) return out;
+  const std::int64_t off = ((std::int64_t(block) * num_kv_heads + kvh) * block_size + key % block_size) * row_vecs + c;
+  out.k = static_cast<const uint4*>(a.key_cache)[off];
+  out.v = static_cast<const uint4*>(a.value_cache)[off];
+  return out;
+}
+
 // Prefill attention in float16 / bfloat16 on tensor cores (prefill_tc.cu);
 // `a.query_start_loc` is set, arguments validated by bindings.cpp.
 void prefill_tensor_core(const AttentionArgs& a, const CacheGeometry& g, cudaStream_t stream);

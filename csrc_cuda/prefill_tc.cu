@@ -108,24 +108,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
 
   const int* table = a.block_tables + std::int64_t(seq) * a.max_blocks_per_seq;
-  const uint4* kc = static_cast<const uint4*>(a.key_cache);
-  const uint4* vc = static_cast<const uint4*>(a.value_cache);
   for (int tile = key_begin; tile < key_end; tile += kKeys) {
     __syncthreads();  // the previous tile is consumed (and Q is written)
     for (int i = threadIdx.x; i < kKeys * kVecs; i += kThreads) {
-      const int j = i / kVecs, c = i % kVecs, key = tile + j;
-      uint4 kraw = make_uint4(0, 0, 0, 0), vraw = make_uint4(0, 0, 0, 0);
-      if (key < key_end && key / block_size < a.max_blocks_per_seq) {  // guard: seq_len beyond the table
-        const int block = table[key / block_size];
-        if (block >= 0 && block < num_blocks) {  // device-side guard against stray block ids
-          const std::int64_t off =
-              ((std::int64_t(block) * num_kv_heads + kvh) * block_size + key % block_size) * kVecs + c;
-          kraw = kc[off];
-          vraw = vc[off];
-        }
-      }
-      *reinterpret_cast<uint4*>(s_k + j * kLd + c * 8) = kraw;
-      *reinterpret_cast<uint4*>(s_v + j * kLd + c * 8) = vraw;
+      const int j = i / kVecs, c = i % kVecs;
+      const KvVectors kv = load_kv_vectors(a, table, kvh, tile + j, key_end, c, kVecs, num_kv_heads, block_size,
+                                           num_blocks);
+      *reinterpret_cast<uint4*>(s_k + j * kLd + c * 8) = kv.k;
+      *reinterpret_cast<uint4*>(s_v + j * kLd + c * 8) = kv.v;
     }
     __syncthreads();
     // warp-uniform skips: the whole tile is after every row's position, or
