@@ -93,9 +93,20 @@ class NpuPlatform(Platform):
         return MemoryInfo(total_bytes=int(total), available_bytes=int(free))
 
     def supported_dtypes(self) -> list:
-        import torch
+        from paged.backends.npu import layout
 
-        return [torch.bfloat16, torch.float16]
+        return list(layout.SUPPORTED_DTYPES)
+
+    def capabilities(self):
+        """The CANN operators' limits (backends/npu/layout.py, one source with
+        NpuBackend's own checks); no batch invariance: the fused operator
+        does not promise one split of the work for every batch."""
+        from paged.backends.npu import layout
+        from paged.platforms.capabilities import Capabilities
+
+        return Capabilities(dtypes=layout.SUPPORTED_DTYPES, block_size_multiple=layout.BLOCK_SIZE_MULTIPLE,
+                            max_block_size=layout.MAX_BLOCK_SIZE, head_size_multiple=layout.HEAD_SIZE_ALIGN,
+                            max_head_size=layout.MAX_HEAD_SIZE, batch_invariant={})
 
     def attention_backend_cls(self):
         from paged.backends.npu import NpuBackend

@@ -4,20 +4,20 @@ fail, and full CLI runs for cpu and for the example third-party plugin."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import entry_point_site
 import pytest
 import torch
 
 from paged.backends.reference import ReferenceBackend
 from paged.core.block_pool_model import BlockPoolModel
-from paged.core.conformance import e2e_checks, pool_checks
-from paged.core.conformance.runner import FAIL, PASS, SKIP, Check, Context, Report, Skip, run_check
+from paged.core.conformance import e2e_checks, kernel_checks, pool_checks
+from paged.core.conformance.runner import FAIL, PASS, SKIP, Check, Context, Measured, Report, Skip, run_check
 from paged.platforms.base import Availability, MemoryInfo, Platform
+from paged.platforms.capabilities import Capabilities
 
 PLUGIN_DIR = Path(__file__).parent / "plugin_example"
 PAGED = Path(sys.executable).with_name("paged")
@@ -51,7 +51,10 @@ def test_runner_turns_errors_and_skips_into_results():
 class _Platform(Platform):
     """A minimal in-test platform whose pieces a test can swap for broken ones."""
     name, device_type, default_block_size = "test", "cpu", 16
-    backend_cls, pool_cls = ReferenceBackend, BlockPoolModel
+    backend_cls, pool_cls, caps = ReferenceBackend, BlockPoolModel, None
+
+    def capabilities(self):
+        return self.caps or super().capabilities()
 
     def is_available(self):
         return Availability(True)
@@ -108,23 +111,64 @@ def test_batch_invariance_check_catches_a_batch_dependent_backend():
     assert bad.status == FAIL and "batch composition" in bad.detail
 
 
+class _Only128Backend(ReferenceBackend):
+    """Refuses block sizes that are not multiples of 128, as the NPU operators do."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        if self.block_size % 128:
+            raise ValueError(f"block_size: expected a multiple of 128, got {self.block_size}")
+
+
+def test_undeclared_invariance_is_measured_declared_is_asserted():
+    p = _Platform()
+    p.backend_cls = _BatchDependentBackend
+    p.caps = Capabilities(dtypes=(torch.float32,), batch_invariant={"float32": ("prefill", "engine")})
+    r = run_check(Check("bi", e2e_checks._batch_invariance), Context(p, quick=True))
+    assert r.status == PASS and r.max_error == pytest.approx(1e-3, rel=0.05), r
+    assert "not declared batch invariant" in r.detail and "decode" in r.detail
+    p.caps = Capabilities(dtypes=(torch.float32,), batch_invariant={"float32": ("decode",)})
+    r = run_check(Check("bi", e2e_checks._batch_invariance), Context(p, quick=True))
+    assert r.status == FAIL and "decode outputs change with the batch composition" in r.detail
+
+
+def test_kernel_cases_are_built_from_the_declaration():
+    """A 128-only backend fails the fixed 16/32-token cases unless the
+    platform declares 128-token blocks; declared, every check runs on them."""
+    only128 = Capabilities(dtypes=(torch.float32,), block_size_multiple=128, batch_invariant={})
+    assert all(c.block_size % 128 == 0 for c in kernel_checks.edge_cases(0, only128))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        kernel_checks.check_cache_roundtrip(_Only128Backend, "cpu", torch.float32)
+    for check in (kernel_checks.check_cache_roundtrip, kernel_checks.check_copy_and_swap,
+                  kernel_checks.check_argument_errors):
+        assert check(_Only128Backend, "cpu", torch.float32, caps=only128) == 0.0
+    assert kernel_checks.check_edge_cases(_Only128Backend, "cpu", torch.float32, quick=True, caps=only128) < 1e-5
+    got = kernel_checks.check_batch_invariance(_Only128Backend, "cpu", torch.float32, caps=only128)
+    assert isinstance(got, Measured) and got.value == 0.0  # the reference is invariant, measured all the same
+
+
+def test_declaration_checks_name_the_value():
+    caps = Capabilities(dtypes=(torch.bfloat16,), block_size_multiple=128, max_block_size=512,
+                        head_size_multiple=16, max_head_size=256, batch_invariant={})
+    for kw, msg in ((dict(block_size=16), "--block-size on x: expected a multiple of 128 in [128, 512], got 16"),
+                    (dict(block_size=640), "got 640"), (dict(dtype=torch.float32), "--dtype on x: expected one "
+                                                                                     "of bfloat16, got float32"),
+                    (dict(head_size=72), "the model's head size on x: expected a multiple of 16 in [16, 256], "
+                                         "got 72")):
+        with pytest.raises(ValueError) as e:
+            caps.check("x", **kw)
+        assert str(e.value).endswith(msg), e.value
+    caps.check("x", block_size=384, dtype=torch.bfloat16, head_size=64)
+    assert [caps.block_size_near(n) for n in (1, 16, 129, 4096)] == [128, 128, 256, 512]
+    assert not caps.invariant(torch.bfloat16, "decode") and Capabilities(dtypes=()).invariant(torch.float16, "engine")
+
+
 # ---- end to end through the CLI ----------------------------------------------
 
 @pytest.fixture(scope="session")
 def plugin_env(tmp_path_factory):
-    """The example plugin made importable without pip: its source dir on
-    PYTHONPATH plus a .dist-info generated from its own pyproject.toml, so
-    importlib.metadata finds the real entry point."""
-    meta = tomllib.loads((PLUGIN_DIR / "pyproject.toml").read_text())["project"]
-    site = tmp_path_factory.mktemp("plugin_site")
-    info = site / f"{meta['name'].replace('-', '_')}-{meta['version']}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta['name']}\nVersion: {meta['version']}\n")
-    eps = meta["entry-points"]["paged.platforms"]
-    (info / "entry_points.txt").write_text("[paged.platforms]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(PLUGIN_DIR), env.get("PYTHONPATH", "")])
-    return env
+    """The example plugin made importable without pip, with its real entry point."""
+    return entry_point_site.plugin_env(PLUGIN_DIR, tmp_path_factory.mktemp("plugin_site"))
 
 
 def _conformance(device, tmp_path, env=None, *extra):
@@ -150,9 +194,21 @@ def test_plugin_passes_the_suite(plugin_env, tmp_path):
     _check_report(proc, rep, "reference-cpu")
     assert proc.returncode == 0 and rep["passed"], proc.stdout
     status = {r["name"]: r["status"] for r in rep["results"]}
-    for name in ("platform.detection", "platform.attention_backend", "pool.random_ops_vs_model",
-                 "e2e.kernel_batch_invariance"):
+    for name in ("platform.detection", "platform.attention_backend", "platform.capabilities",
+                 "pool.random_ops_vs_model", "e2e.kernel_batch_invariance", "kernels.batch_invariance[float32]"):
         assert status[name] == PASS, proc.stdout
+    # the 128-only declaration, listed; invariance measured, not asserted
+    assert rep["declaration"]["block_sizes"] == "a multiple of 128 in [128, 512]", rep["declaration"]
+    assert "declared: dtypes float32, bfloat16; block sizes a multiple of 128" in proc.stdout
+    detail = {r["name"]: r["detail"] for r in rep["results"]}
+    assert "not declared batch invariant" in detail["kernels.batch_invariance[float32]"], detail
+
+
+def test_engine_refuses_an_undeclared_block_size(plugin_env):
+    proc = subprocess.run([str(PAGED), "--device", "reference-cpu", "generate", "--block-size", "16", "hi"],
+                          capture_output=True, text=True, env=plugin_env, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--block-size on reference-cpu: expected a multiple of 128 in [128, 512], got 16" in proc.stderr
 
 
 def test_cpu_suite(tmp_path):

@@ -8,6 +8,11 @@ for the CPU backend (with hypothesis generating extra cases).
 
 Each backend allocates and fills its own cache through its own
 reshape_and_cache, so the KV layout stays the backend's choice.
+
+``caps`` (a platform's Capabilities, platforms/capabilities.py; None = it
+accepts everything and guarantees invariance everywhere) adapts every case
+to sizes the platform declares (``fit``), and says where batch invariance is
+asserted bitwise and where the difference is only measured and returned.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from paged.backends.reference import ReferenceBackend
+from paged.platforms.capabilities import Capabilities
+
+#: accepts every size and guarantees invariance: the checks' cases unchanged
+ANY = Capabilities(dtypes=(torch.float32, torch.bfloat16, torch.float16))
 
 #: allowed max |out - ref| / max |ref| per dtype
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -48,6 +57,13 @@ class AttnCase:
 
 # --------------------------------------------------------------------------
 # building inputs
+
+
+def fit(case: AttnCase, caps: Capabilities | None) -> AttnCase:
+    """``case`` on the nearest block and head sizes ``caps`` accepts."""
+    caps = caps or ANY
+    return dataclasses.replace(case, block_size=caps.block_size_near(case.block_size),
+                               head_size=caps.head_size_near(case.head_size))
 
 
 def _blocks_needed(n: int, bs: int) -> int:
@@ -149,8 +165,9 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # checks
 
 
-def compare_case(backend_cls, device, dtype, case: AttnCase) -> float:
-    """One case against the reference (reference computed on the CPU)."""
+def compare_case(backend_cls, device, dtype, case: AttnCase, caps: Capabilities | None = None) -> float:
+    """One case (fitted to ``caps``) against the reference (computed on the CPU)."""
+    case = fit(case, caps)
     batch = make_batch(case, dtype)
     ref = run_attention(make_backend(ReferenceBackend, case, "cpu", dtype), batch, case)
     out = run_attention(make_backend(backend_cls, case, device, dtype), _to(batch, device), case)
@@ -161,10 +178,11 @@ def compare_case(backend_cls, device, dtype, case: AttnCase) -> float:
     return err
 
 
-def edge_cases(seed: int = 0) -> list[AttnCase]:
-    """The cases the contract is most likely to get wrong."""
+def edge_cases(seed: int = 0, caps: Capabilities | None = None) -> list[AttnCase]:
+    """The cases the contract is most likely to get wrong (block-relative
+    lengths on each distinct block size ``caps`` gives for 16, 32, 128)."""
     c = []
-    for bs in (16, 32, 128):
+    for bs in sorted({(caps or ANY).block_size_near(b) for b in (16, 32, 128)}):
         c.append(AttnCase(4, 4, 64, bs, (1, bs, bs + 1, 3 * bs), seed=seed))  # len 1, full block, new block
     c.append(AttnCase(9, 3, 64, 16, (2048, 5), table_pad=0, seed=seed))  # max context: table exactly full
     for ratio in (1, 3, 8):
@@ -179,7 +197,7 @@ def edge_cases(seed: int = 0) -> list[AttnCase]:
     c.append(AttnCase(9, 3, 64, 16, (600, 90, 33), query_lens=(64, 17, 1), seed=seed))
     c.append(AttnCase(4, 1, 128, 32, (520, 300), query_lens=(520, 45), sliding_window=100, seed=seed))
     c.append(AttnCase(6, 2, 64, 128, (129, 256, 2), query_lens=(1, 128, 2), seed=seed))
-    return c
+    return [fit(x, caps) for x in c]
 
 
 def random_case(rng: random.Random, prefill: bool, max_context: int = 1200,
@@ -195,24 +213,26 @@ def random_case(rng: random.Random, prefill: bool, max_context: int = 1200,
 
 
 def check_random_attention(backend_cls, device, dtype, head_size: int | None = None,
-                           block_size: int | None = None, quick: bool = False, seed: int = 0) -> float:
+                           block_size: int | None = None, quick: bool = False, seed: int = 0,
+                           caps: Capabilities | None = None) -> float:
     """Seeded random batches (decode and prefill alternately)."""
     rng = random.Random(seed)
     cases = [random_case(rng, i % 2 == 1, 600 if quick else 1200, head_size, block_size)
              for i in range(2 if quick else 6)]
-    return max(compare_case(backend_cls, device, dtype, c) for c in cases)
+    return max(compare_case(backend_cls, device, dtype, c, caps) for c in cases)
 
 
-def check_edge_cases(backend_cls, device, dtype, quick: bool = False, seed: int = 0) -> float:
+def check_edge_cases(backend_cls, device, dtype, quick: bool = False, seed: int = 0,
+                     caps: Capabilities | None = None) -> float:
     """The fixed edge cases of edge_cases() (every other one when quick)."""
-    cases = edge_cases(seed)
-    return max(compare_case(backend_cls, device, dtype, c) for c in (cases[::2] if quick else cases))
+    cases = edge_cases(seed, caps)
+    return max(compare_case(backend_cls, device, dtype, c, caps) for c in (cases[::2] if quick else cases))
 
 
-def check_cache_roundtrip(backend_cls, device, dtype, seed: int = 0) -> float:
+def check_cache_roundtrip(backend_cls, device, dtype, seed: int = 0, caps: Capabilities | None = None) -> float:
     """reshape_and_cache then read_kv returns exactly what was written;
     padding slots write nothing and read as zeros."""
-    case = AttnCase(6, 3, 64, 16, (40, 17, 1), pad_slots=5, seed=seed)
+    case = fit(AttnCase(6, 3, 64, 16, (40, 17, 1), pad_slots=5, seed=seed), caps)
     be = make_backend(backend_cls, case, device, dtype)
     batch = _to(make_batch(case, dtype), device)
     kc, vc = filled_cache(be, batch)
@@ -232,10 +252,10 @@ def check_cache_roundtrip(backend_cls, device, dtype, seed: int = 0) -> float:
     return 0.0
 
 
-def check_copy_and_swap(backend_cls, device, dtype, seed: int = 0) -> float:
+def check_copy_and_swap(backend_cls, device, dtype, seed: int = 0, caps: Capabilities | None = None) -> float:
     """copy_blocks over all layers and swap_blocks to/from a host tensor match
     the reference exactly (they move bytes)."""
-    case = AttnCase(4, 2, 64, 16, (64, 30), spare_blocks=6, seed=seed)
+    case = fit(AttnCase(4, 2, 64, 16, (64, 30), spare_blocks=6, seed=seed), caps)
     be = make_backend(backend_cls, case, device, dtype)
     batch = _to(make_batch(case, dtype), device)
     layers = [filled_cache(be, batch) for _ in range(2)]
@@ -267,43 +287,73 @@ def check_copy_and_swap(backend_cls, device, dtype, seed: int = 0) -> float:
     return 0.0
 
 
-def check_batch_invariance(backend_cls, device, dtype, thread_counts=(1, 2), seed: int = 0) -> float:
-    """A sequence's output is bitwise the same alone or in a batch, and under
-    any torch/OpenMP thread count."""
+def check_batch_invariance(backend_cls, device, dtype, thread_counts=(1, 2), seed: int = 0,
+                           caps: Capabilities | None = None):
+    """A sequence's output is the same alone or in a batch, in any batch
+    order and under any torch/OpenMP thread count: bitwise where ``caps``
+    declares the path (decode / prefill) invariant; elsewhere the largest
+    difference is measured and returned as a Measured."""
+    caps = caps or ANY
     # large enough that a CPU backend really runs the batch multi-threaded,
     # while the sequences alone may run on one thread
-    cases = [AttnCase(9, 3, 64, 16, (3000, 3, 700, 260, 1200), seed=seed),
-             AttnCase(9, 3, 64, 16, (900, 40, 300), query_lens=(70, 40, 1), seed=seed),
-             AttnCase(8, 2, 128, 32, (3000, 513, 1500), sliding_window=300, seed=seed)]
+    cases = [fit(c, caps) for c in (
+        AttnCase(9, 3, 64, 16, (3000, 3, 700, 260, 1200), seed=seed),
+        AttnCase(9, 3, 64, 16, (900, 40, 300), query_lens=(70, 40, 1), seed=seed),
+        AttnCase(8, 2, 128, 32, (3000, 513, 1500), sliding_window=300, seed=seed))]
+    measured: dict[str, float] = {}
     saved = torch.get_num_threads()
     try:
         for case in cases:
-            be = make_backend(backend_cls, case, device, dtype)
-            batch = _to(make_batch(case, dtype), device)
-            kv = filled_cache(be, batch)
-            torch.set_num_threads(thread_counts[0])
-            full = run_attention(be, batch, case, kv)
-            qsl = batch.query_start_loc.cpu().tolist()
-            for r in range(len(case.seq_lens)):
-                alone = run_attention(be, batch, case, kv, rows=[r])
-                if not torch.equal(alone, full[qsl[r]:qsl[r + 1]]):
-                    raise AssertionError(f"sequence {r} alone differs from in-batch ({dtype}, {case})")
-            rev = list(reversed(range(len(case.seq_lens))))
-            shuffled = run_attention(be, batch, case, kv, rows=rev)
-            at = 0
-            for r in rev:
-                n = qsl[r + 1] - qsl[r]
-                if not torch.equal(shuffled[at:at + n], full[qsl[r]:qsl[r + 1]]):
-                    raise AssertionError(f"sequence {r} differs when the batch order changes ({dtype}, {case})")
-                at += n
-            for t in thread_counts[1:]:
-                torch.set_num_threads(t)
-                if not torch.equal(run_attention(be, batch, case, kv), full):
-                    raise AssertionError(f"output differs between {thread_counts[0]} and {t} threads "
-                                         f"({dtype}, {case})")
+            path = "decode" if case.decode else "prefill"
+            for what, diff in _invariance_diffs(backend_cls, device, dtype, case, thread_counts):
+                if caps.invariant(dtype, path) and diff != 0:
+                    raise AssertionError(f"{what} ({dtype}, {case})")
+                if not caps.invariant(dtype, path):
+                    measured[path] = max(measured.get(path, 0.0), diff)
     finally:
         torch.set_num_threads(saved)
-    return 0.0
+    return measured_result(measured)
+
+
+def measured_result(measured: dict[str, float]):
+    """0.0 when every path was asserted, else a Measured naming the paths."""
+    from paged.core.conformance.runner import Measured
+
+    if not measured:
+        return 0.0
+    parts = ", ".join(f"{p} {d:.3g}" for p, d in measured.items())
+    return Measured(max(measured.values()), f"not declared batch invariant; measured max abs difference: {parts}")
+
+
+def _invariance_diffs(backend_cls, device, dtype, case: AttnCase, thread_counts):
+    """(what differed, max abs difference) for each comparison of one case."""
+    be = make_backend(backend_cls, case, device, dtype)
+    batch = _to(make_batch(case, dtype), device)
+    kv = filled_cache(be, batch)
+    torch.set_num_threads(thread_counts[0])
+    full = run_attention(be, batch, case, kv)
+    qsl = batch.query_start_loc.cpu().tolist()
+    for r in range(len(case.seq_lens)):
+        alone = run_attention(be, batch, case, kv, rows=[r])
+        yield f"sequence {r} alone differs from in-batch", _max_diff(alone, full[qsl[r]:qsl[r + 1]])
+    rev = list(reversed(range(len(case.seq_lens))))
+    shuffled = run_attention(be, batch, case, kv, rows=rev)
+    at = 0
+    for r in rev:
+        n = qsl[r + 1] - qsl[r]
+        yield (f"sequence {r} differs when the batch order changes",
+               _max_diff(shuffled[at:at + n], full[qsl[r]:qsl[r + 1]]))
+        at += n
+    for t in thread_counts[1:]:
+        torch.set_num_threads(t)
+        yield (f"output differs between {thread_counts[0]} and {t} threads",
+               _max_diff(run_attention(be, batch, case, kv), full))
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if torch.equal(a, b):
+        return 0.0
+    return float((a.float() - b.float()).abs().max().cpu()) if a.numel() else 0.0
 
 
 def _bad_calls(be, batch: Batch, kv, device, dtype):
@@ -353,10 +403,10 @@ def _bad_calls(be, batch: Batch, kv, device, dtype):
     ]
 
 
-def check_argument_errors(backend_cls, device, dtype, seed: int = 0) -> float:
+def check_argument_errors(backend_cls, device, dtype, seed: int = 0, caps: Capabilities | None = None) -> float:
     """Each bad argument raises ValueError / IndexError / TypeError whose
     message names it, and leaves the process alive."""
-    case = AttnCase(4, 2, 64, 16, (20, 33), seed=seed)
+    case = fit(AttnCase(4, 2, 64, 16, (20, 33), seed=seed), caps)
     be = make_backend(backend_cls, case, device, dtype)
     batch = _to(make_batch(case, dtype), device)
     kv = filled_cache(be, batch)

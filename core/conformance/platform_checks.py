@@ -87,6 +87,38 @@ def _attention_backend(ctx: Context):
     assert be.bytes_per_block(1) == 2 * elems // 3 * elem, f"bytes_per_block(1) = {be.bytes_per_block(1)}"
 
 
+def _capabilities(ctx: Context):
+    """The declaration is coherent (its dtypes are the supported ones, it
+    accepts the default block size) and binding: the engine refuses, at
+    start and before loading a model, a block size it does not accept."""
+    from paged.core.engine import Engine, EngineConfig
+
+    p, caps = ctx.platform, ctx.caps
+    assert list(caps.dtypes) == list(p.supported_dtypes()), \
+        f"capabilities().dtypes {caps.dtypes} differ from supported_dtypes() {p.supported_dtypes()}"
+    assert caps.accepts_block_size(p.default_block_size), \
+        f"default_block_size {p.default_block_size} is outside the declared block sizes"
+    refused = _refused_block_size(caps)
+    if refused is None:
+        return None  # every block size is accepted: nothing to refuse
+    try:  # model path that does not exist: only the start-up check may stop it first
+        Engine(EngineConfig(model="/nonexistent/conformance-model.gguf", device=p.name, block_size=refused,
+                            warm_up=False))
+    except ValueError as e:
+        assert "--block-size" in str(e) and str(refused) in str(e), f"refused with an unclear message: {e}"
+        return None
+    except FileNotFoundError:
+        pass
+    raise AssertionError(f"the engine went on to load a model with --block-size {refused}, "
+                         "which the platform does not declare")
+
+
+def _refused_block_size(caps) -> int | None:
+    if caps.block_size_multiple > 1:
+        return caps.block_size_multiple + 1
+    return caps.max_block_size + 1 if caps.max_block_size else None
+
+
 def _env_report(ctx: Context):
     rep = ctx.platform.env_report()
     json.dumps(rep)  # must be JSON-serialisable
@@ -96,4 +128,5 @@ def _env_report(ctx: Context):
 def checks(ctx: Context) -> list[Check]:
     return [Check("platform.detection", _detection), Check("platform.memory", _memory),
             Check("platform.dtypes", _dtypes), Check("platform.dist_backend", _dist_backend),
-            Check("platform.attention_backend", _attention_backend), Check("platform.env_report", _env_report)]
+            Check("platform.attention_backend", _attention_backend), Check("platform.capabilities", _capabilities),
+            Check("platform.env_report", _env_report)]

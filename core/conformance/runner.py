@@ -1,9 +1,14 @@
 """Runs conformance checks, one at a time, never letting one crash the run.
 
-A check is a function ``fn(ctx) -> float | None`` (the max error it saw, if
-it measures one). It passes by returning, skips by raising Skip(reason
-naming the missing hardware or feature), and fails by raising anything else:
-the exception text becomes the FAIL detail.
+A check is a function ``fn(ctx) -> float | Measured | None`` (the max error
+it saw, if it measures one). It passes by returning, skips by raising
+Skip(reason naming the missing hardware or feature), and fails by raising
+anything else: the exception text becomes the FAIL detail. A Measured is a
+pass that reports what the platform does not guarantee (e.g. batch
+invariance it does not declare): the value and what it is.
+
+The platform's declaration (``Platform.capabilities()``) is read once into
+the Context; checks build their cases from it and the report lists it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,26 @@ class Skip(Exception):
 
 
 @dataclass
+class Measured:
+    """A passing check's measurement of something not declared guaranteed."""
+
+    value: float
+    note: str
+
+
+@dataclass
 class Context:
     platform: object  # paged.platforms.Platform
     quick: bool = False
     seed: int = 0
     cache: dict = field(default_factory=dict)  # shared by checks (e.g. a loaded engine)
+
+    @property
+    def caps(self):
+        """The platform's Capabilities (platform.capabilities checks that it can be read)."""
+        if "caps" not in self.cache:
+            self.cache["caps"] = self.platform.capabilities()
+        return self.cache["caps"]
 
 
 @dataclass
@@ -53,6 +73,7 @@ class Report:
     platform: str
     quick: bool
     results: list[CheckResult] = field(default_factory=list)
+    declaration: dict | None = None  # Capabilities.to_json() of the platform, when it could be read
 
     @property
     def passed(self) -> bool:
@@ -65,7 +86,7 @@ class Report:
 
     def to_json(self) -> dict:
         return {"platform": self.platform, "quick": self.quick, "passed": self.passed,
-                "counts": self.counts(), "host": _host.node(),
+                "counts": self.counts(), "host": _host.node(), "declaration": self.declaration,
                 "results": [asdict(r) for r in self.results]}
 
     def write_json(self, path: str) -> None:
@@ -81,6 +102,11 @@ class Report:
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else "")
                  for row in rows]
+        if self.declaration:
+            d = self.declaration
+            inv = "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in d["batch_invariant"].items())
+            lines.insert(0, f"declared: dtypes {', '.join(d['dtypes'])}; block sizes {d['block_sizes']}; "
+                            f"head sizes {d['head_sizes']}; batch invariant paths {inv}")
         c = self.counts()
         verdict = "CONFORMS" if self.passed else "DOES NOT CONFORM"
         lines.append(f"{self.platform}: {verdict} ({c[PASS]} passed, {c[FAIL]} failed, {c[SKIP]} skipped)")
@@ -97,6 +123,8 @@ def run_check(check: Check, ctx: Context) -> CheckResult:
     try:
         err = check.fn(ctx)
         status, detail = PASS, ""
+        if isinstance(err, Measured):
+            err, detail = err.value, _one_line(err.note)
     except Skip as e:
         err, status, detail = None, SKIP, _one_line(e)
     except BaseException as e:  # noqa: BLE001  a failing check must never stop the run
@@ -137,13 +165,14 @@ def kernel_checks(ctx: Context) -> list[Check]:
         return [Check("kernels", empty)]
     p = ctx.platform
     try:
-        dtypes = list(p.supported_dtypes())
-    except Exception:  # reported by platform.dtypes; kernels then have nothing to run with
-        dtypes = []
+        dtypes, caps = list(p.supported_dtypes()), ctx.caps
+    except Exception:  # reported by platform.dtypes / platform.capabilities; nothing to run with
+        dtypes, caps = [], None
+    head_sizes = sorted({caps.head_size_near(d) for d in KERNEL_HEAD_SIZES}) if caps else KERNEL_HEAD_SIZES
     out = []
     for name, fn in sorted(fns):
         params = inspect.signature(fn).parameters
-        sizes = KERNEL_HEAD_SIZES if "head_size" in params else (None,)
+        sizes = head_sizes if "head_size" in params else (None,)
         for dtype in dtypes:
             for head_size in sizes:
                 label = f"kernels.{name[len('check_'):]}[{str(dtype).replace('torch.', '')}"
@@ -155,10 +184,11 @@ def kernel_checks(ctx: Context) -> list[Check]:
 def _kernel_runner(fn, params, dtype, head_size):
     def run(ctx: Context):
         p = ctx.platform
-        extra = {"head_size": head_size, "block_size": p.default_block_size, "quick": ctx.quick, "seed": ctx.seed}
+        extra = {"head_size": head_size, "block_size": p.default_block_size, "quick": ctx.quick, "seed": ctx.seed,
+                 "caps": ctx.caps}
         kwargs = {k: v for k, v in extra.items() if k in params and v is not None}
         result = fn(p.attention_backend_cls(), p.torch_device(0), dtype, **kwargs)
-        if isinstance(result, dict):
+        if isinstance(result, dict) and "max_error" in result:
             result = result.get("max_error")
         return result
     return run
@@ -169,6 +199,11 @@ def run_suite(platform, quick: bool = False, seed: int = 0, only: str | None = N
     ctx = Context(platform=platform, quick=quick, seed=seed)
     report = Report(platform=getattr(platform, "name", str(platform)), quick=quick)
     available = platform.is_available()
+    if available.ok:
+        try:
+            report.declaration = ctx.caps.to_json()
+        except Exception:  # noqa: BLE001  platform.capabilities reports it as a FAIL
+            pass
     checks = collect_checks(ctx)
     if only:
         checks = [c for c in checks if only in c.name]
