@@ -42,7 +42,7 @@ COMMANDS: dict[str, Command] = {
 }
 
 #: commands that run an engine: under torchrun, ranks > 0 follow rank 0's instead
-FOLLOWERS = ("serve", "generate", "chat", "bench")
+FOLLOWERS = ("serve", "generate", "chat")
 
 #: errors a user can fix; printed as one line with exit status 2
 USER_ERRORS = (ValueError, PlatformUnavailable, FileNotFoundError, RankFailed)

@@ -72,19 +72,24 @@ def run(args) -> int:
     if not any(p.strip() for p in prompts):
         raise ValueError("no prompt given (pass it as an argument or on stdin)")
     llm, params = _make_llm(args)
-    if len(prompts) == 1:
-        stream = _Streamer()
-        llm.generate(prompts[0], params, on_output=stream)
-        print()
-        return 0
-    for i, out in enumerate(llm.generate(prompts, params)):
-        print(f"--- [{i}] {prompts[i]!r}")
-        print(out.outputs[0].text)
+    with llm:  # a tensor parallel group ends with the command
+        if len(prompts) == 1:
+            llm.generate(prompts[0], params, on_output=_Streamer())
+            print()
+            return 0
+        for i, out in enumerate(llm.generate(prompts, params)):
+            print(f"--- [{i}] {prompts[i]!r}")
+            print(out.outputs[0].text)
     return 0
 
 
 def run_chat(args) -> int:
     llm, params = _make_llm(args)
+    with llm:  # a tensor parallel group ends with the command
+        return _chat_loop(args, llm, params)
+
+
+def _chat_loop(args, llm, params) -> int:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     interactive = sys.stdin.isatty()
     if interactive:

@@ -2,6 +2,7 @@
 
     from paged import LLM, SamplingParams
     llm = LLM()                                   # the default model, best device
+    llm = LLM(tensor_parallel_size=2)             # sharded over 2 ranks (docs/distributed.md); llm.close() ends them
     outs = llm.generate(["Hello", "2 + 2 ="], SamplingParams(max_tokens=16))
     print(outs[0].outputs[0].text)
     llm.chat([{"role": "user", "content": "Hi!"}])
@@ -57,6 +58,17 @@ class LLM:
     def __init__(self, model: Optional[str] = None, device: str = "auto", dtype: str = "auto", **engine_options):
         self.engine = Engine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Ends the engine's tensor parallel group (its other ranks exit);
+        nothing to do for one rank. ``with LLM(...) as llm:`` calls it."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @classmethod
     def from_engine(cls, engine: Engine) -> "LLM":

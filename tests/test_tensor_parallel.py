@@ -78,34 +78,53 @@ def compare(reference, outputs) -> float:
     return worst
 
 
-@pytest.mark.parametrize("tp, bind", [(2, "0|1"), (3, "0|1|1")])
-def test_greedy_output_equals_one_rank(reference, tp, bind):
-    engine = make_engine(tp, bind)
-    try:
-        assert engine.worker.world_size == tp and engine.worker.model.layer_stack is None
-        outputs = greedy(engine)
-        stats = engine.stats()
-    finally:
-        engine.close()
+@pytest.fixture(scope="module")
+def tp2(default_model_path):
+    """One -tp 2 engine for the module's last tests (the last kills a rank);
+    one process holds one group at a time, so -tp 3 runs before it."""
+    engine = make_engine(2, "0|1")
+    yield engine
+    engine.close()
+
+
+def check_against_reference(engine: Engine, reference) -> None:
+    tp = engine.worker.world_size
+    assert engine.worker.model.layer_stack is None  # off under tensor parallelism
+    outputs = greedy(engine)
     worst = compare(reference, outputs)
     print(f"\n-tp {tp}: max |logprob difference| vs -tp 1 = {worst:.2e}")
     assert worst < 1e-3
-    assert stats["kv_cache"]["used"] == 0  # every block back in rank 0's pool
+    assert engine.stats()["kv_cache"]["used"] == 0  # every block back in rank 0's pool
 
 
-def test_killing_a_rank_stops_the_group_naming_it(default_model_path):
-    engine = make_engine(2, "0|1")
+def test_tp3_even_greedy_equals_one_rank(reference):
+    engine = make_engine(3, "0|1|1")
     try:
-        child = engine.group.children[1]
-        os.kill(child.pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        engine.add_request("r", "Hello", SamplingParams(max_tokens=4))
-        with pytest.raises(StepFailed, match="tensor parallel rank 1 was killed by signal 9"):
-            while engine.has_unfinished_requests():
-                engine.step()
-        assert time.monotonic() - t0 < 10
-        with pytest.raises(StepFailed, match="rank 1 was killed"):  # the group stays stopped
-            engine.add_request("r2", "Hello", SamplingParams(max_tokens=4))
-            engine.step()
+        check_against_reference(engine, reference)
     finally:
         engine.close()
+
+
+def test_one_group_per_process(tp2):
+    with pytest.raises(ValueError, match="one tensor parallel engine per process"):
+        make_engine(2, "0|1")
+    assert tp2.worker.group.stopped is None
+
+
+def test_tp2_uneven_kv_groups_greedy_equals_one_rank(reference, tp2):
+    assert tp2.worker.shard.kv_heads == (0, 2)  # rank 0: 2 KV groups, rank 1: 1
+    check_against_reference(tp2, reference)
+
+
+def test_killing_a_rank_stops_the_group_naming_it(tp2):
+    child = tp2.group.children[1]
+    os.kill(child.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    tp2.add_request("r", "Hello", SamplingParams(max_tokens=4))
+    with pytest.raises(StepFailed, match="tensor parallel rank 1 was killed by signal 9"):
+        while tp2.has_unfinished_requests():
+            tp2.step()
+    assert time.monotonic() - t0 < 10
+    tp2.add_request("r2", "Hello", SamplingParams(max_tokens=4))
+    with pytest.raises(StepFailed, match="rank 1 was killed"):  # the group stays stopped
+        tp2.step()

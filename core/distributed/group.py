@@ -136,6 +136,18 @@ class RankGroup:
                 self.on_failure(self.dead_rank())
         threading.Thread(target=loop, name="paged-tp-watch", daemon=True).start()
 
+    def stop_process_on_failure(self) -> None:
+        """Rank 0 of a server: when a spawned rank dies, print one error
+        naming it and end this process (the others then see rank 0 gone and
+        exit), instead of serving errors. Nothing for one rank."""
+        def stop(message: str) -> None:
+            print(f"paged: error: {message}; the server stops", file=sys.stderr, flush=True)
+            os._exit(1)
+
+        if self.children:
+            self.on_failure = stop
+            self.watch()
+
     def abort(self, exc: BaseException) -> BaseException:
         """Start-up failed with ``exc``: the other ranks are stopped; returns
         the error to raise (a RankFailed naming a rank that died, else ``exc``)."""
@@ -205,6 +217,9 @@ def spawn_group(world_size: int, backend: str) -> RankGroup:
     announce itself (RankFailed naming the first that died or is late)."""
     import torch.multiprocessing as mp
 
+    if dist.is_initialized():
+        raise ValueError("tensor_parallel_size: expected one tensor parallel engine per process, got a second "
+                         "while the first is open (close() it first)")
     port = _free_port()
     store = dist.TCPStore("127.0.0.1", port, world_size, is_master=True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
@@ -261,6 +276,9 @@ def _spawned_main(rank: int, world_size: int, port: int, backend: str, log_level
         store.set(f"paged/joined/{rank}", "1")
         group = _init(backend, rank, world_size, "spawn", rank, store=store)
         _run_entry(group)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # nothing left to clean up: skip a second of interpreter teardown
     except KeyboardInterrupt:
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - one line on stderr, the exit code tells rank 0

@@ -165,6 +165,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         engine = Engine(config)  # loads the model, sizes the KV cache, warms up
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         return fail(exc)
+    engine.group.stop_process_on_failure()  # tensor parallel: a rank that dies ends the server
 
     name = _served_name(args, engine)
     server_config = ServerConfig(
@@ -205,6 +206,7 @@ def _serve(args: argparse.Namespace, sock: socket.socket) -> int:
         # Free the engine (KV block pool, layer stack) while its extension
         # module is loaded: left to interpreter teardown, reference cycles kept
         # it alive and nanobind printed "leaked instances" on every shutdown.
+        engine.close()  # tensor parallel: the other ranks stop
         del app, server, aengine, engine, uv_config, serve
         gc.collect()
     if not started:
