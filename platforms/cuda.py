@@ -160,6 +160,20 @@ class CudaPlatform(Platform):
         bf16 = [torch.bfloat16] if major >= 8 else []
         return [*bf16, torch.float16, torch.float32]
 
+    def capabilities(self):
+        """Head sizes: the kernels' set (64, 80, 96, 112, 128, 256) is not a
+        multiple-and-maximum rule, so the declaration is its hull (multiples
+        of 16 up to 256) and CudaBackend refuses the rest with one line.
+        Batch invariance: decode (split-K by each sequence's own length) and
+        prefill (tiles within one sequence) in every dtype; not the engine
+        path, whose GEMMs cuBLAS may run differently per batch size."""
+        from paged.platforms.capabilities import Capabilities
+
+        dtypes = tuple(self.supported_dtypes())
+        names = [str(d).removeprefix("torch.") for d in dtypes]
+        return Capabilities(dtypes=dtypes, head_size_multiple=16, max_head_size=256,
+                            batch_invariant={n: ("decode", "prefill") for n in names})
+
     # -- kernels -----------------------------------------------------------
     def worker_cls(self):
         from paged.backends.cuda.worker import CudaWorker

@@ -77,3 +77,20 @@ def test_decode_graph_sizes_and_padding():
     for n in range(1, 65):  # the padded size covers n with the least waste among the captured sizes
         p = padded_size(n, sizes)
         assert p >= n and all(s < n or s >= p for s in sizes)
+
+
+def test_capabilities_cover_every_kernel_head_size():
+    import torch
+
+    from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+    from paged.platforms.cuda import CudaPlatform
+
+    class NoGpuToAsk(CudaPlatform):  # the dtype list a GPU of sm_80+ reports
+        def supported_dtypes(self):
+            return [torch.bfloat16, torch.float16, torch.float32]
+
+    caps = NoGpuToAsk().capabilities()
+    assert all(caps.accepts_head_size(d) for d in SUPPORTED_HEAD_SIZES)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert caps.invariant(dtype, "decode") and caps.invariant(dtype, "prefill")
+        assert not caps.invariant(dtype, "engine")
