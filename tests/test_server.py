@@ -265,16 +265,18 @@ def test_32_concurrent_streams_equal_alone(server):
     assert m["paged:kv_cache_blocks_used"] == 0
 
 
+async def open_and_drop(c: httpx.AsyncClient, model: str, prompt: str, max_tokens: int) -> None:
+    """A streamed completion the client leaves after two events."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    async with c.stream("POST", "/v1/completions", json=body) as r:
+        n = 0
+        async for line in r.aiter_lines():
+            n += line.startswith("data: ")
+            if n >= 2:
+                break  # leaving the block closes the connection mid-stream
+
+
 def test_disconnect_storm_frees_all_blocks(server):
-    async def open_and_drop(c: httpx.AsyncClient, i: int):
-        body = {"model": server.model, "prompt": PROMPTS[i % len(PROMPTS)] * 8, "max_tokens": 1500,
-                "ignore_eos": True, "stream": True}
-        async with c.stream("POST", "/v1/completions", json=body) as r:
-            n = 0
-            async for line in r.aiter_lines():
-                n += line.startswith("data: ")
-                if n >= 2:
-                    break  # leaving the block closes the connection mid-stream
 
     async def non_streaming_drop(c: httpx.AsyncClient):
         body = {"model": server.model, "prompt": "Tell me a long story.", "max_tokens": 1500, "ignore_eos": True}
@@ -284,7 +286,8 @@ def test_disconnect_storm_frees_all_blocks(server):
     async def main():
         async with httpx.AsyncClient(base_url=server.url, timeout=120,
                                      limits=httpx.Limits(max_connections=64)) as c:
-            await asyncio.gather(*(open_and_drop(c, i) for i in range(24)), non_streaming_drop(c))
+            await asyncio.gather(*(open_and_drop(c, server.model, PROMPTS[i % len(PROMPTS)] * 8, 1500)
+                                   for i in range(24)), non_streaming_drop(c))
 
     asyncio.run(main())
     m = wait_idle(server.url)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_server import PROMPTS, ServerProcess, _stream_text, wait_idle
+from test_server import PROMPTS, ServerProcess, _stream_text, open_and_drop, wait_idle
 
 pytestmark = pytest.mark.skipif(not os.environ.get("PAGED_TP_SLOW"),
                                 reason="slow stage: .ci/run runs it with PAGED_TP_SLOW=1")
@@ -48,22 +48,13 @@ def rank_pids(parent: int) -> list[int]:
 def test_tp2_server_streams_frees_blocks_and_stops_when_a_rank_dies():
     server = ServerProcess("-tp", "2", "--cpu-threads-bind", "0|1")
     try:
-        async def storm(c: httpx.AsyncClient, i: int):
-            body = {"model": server.model, "prompt": PROMPTS[i % len(PROMPTS)] * 4, "max_tokens": 500,
-                    "ignore_eos": True, "stream": True}
-            async with c.stream("POST", "/v1/completions", json=body) as r:
-                n = 0
-                async for line in r.aiter_lines():
-                    n += line.startswith("data: ")
-                    if n >= 2:
-                        break  # leaving the block closes the connection mid-stream
-
         async def main():
             async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
                 streamed = await _stream_text(c, server.model, PROMPTS[0], 12)
                 whole = (await c.post("/v1/completions", json={"model": server.model, "prompt": PROMPTS[0],
                                                                "max_tokens": 12, "temperature": 0})).json()
-                await asyncio.gather(*(storm(c, i) for i in range(12)))
+                await asyncio.gather(*(open_and_drop(c, server.model, PROMPTS[i % len(PROMPTS)] * 4, 500)
+                                       for i in range(12)))
             return streamed, whole["choices"][0]["text"]
 
         streamed, whole = asyncio.run(main())

@@ -177,3 +177,26 @@ def test_plan_rejects_bad_sizes():
         plan_shards(tiny_config(), 0)
     with pytest.raises(ValueError, match="at most 3 ranks for an intermediate size of 96"):
         plan_shards(dataclasses.replace(tiny_config(), num_heads=8, num_kv_heads=8, intermediate_size=96), 4)
+
+
+# -- CPU placement of ranks (platforms/cpu.py plan_binding under -tp) ---------------
+
+def _topology(node_cpus: dict[int, list[int]]):
+    from paged.platforms.topology import NumaNode, Topology
+
+    nodes = tuple(NumaNode(i, tuple(cpus), tuple((c,) for c in cpus), None, None) for i, cpus in node_cpus.items())
+    every = tuple(c for cpus in node_cpus.values() for c in cpus)
+    return Topology(nodes, every, every, True, {c: i for i, cpus in node_cpus.items() for c in cpus})
+
+
+def test_auto_binding_gives_each_rank_its_numa_node_or_a_share_of_one():
+    from paged.platforms.cpu import plan_binding
+
+    two_sockets = _topology({0: [0, 1, 2, 3], 1: [4, 5, 6, 7]})
+    plans = [plan_binding("auto", two_sockets, r, 2) for r in range(2)]
+    assert [(p.cpus, p.node) for p in plans] == [([0, 1, 2, 3], 0), ([4, 5, 6, 7], 1)]
+    one_node = _topology({0: [0, 1, 2, 3]})
+    assert [plan_binding("auto", one_node, r, 2).cpus for r in range(2)] == [[0, 1], [2, 3]]
+    assert plan_binding("0-1|2-3", one_node, 1, 2).cpus == [2, 3]
+    with pytest.raises(ValueError, match="expected at most the 4 physical core"):
+        plan_binding("auto", one_node, 0, 5)
