@@ -14,8 +14,10 @@ are discarded. The block-table buffer is as wide as the longest sequence
 the cache can hold, so the split-K partition count is the one for that width;
 each sequence still uses the partitions its own length needs (the kernel's
 batch invariance), so a replayed step computes the attention of an eager
-one. Steps with prefills, prompt logprobs, more than one token per sequence or
-more sequences than the largest graph run eagerly.
+one. Steps with prefills (prompt logprobs come with those), more than one token
+per sequence or more sequences than the largest graph run eagerly; the choice
+depends on the step's shape alone, so every tensor-parallel rank makes the
+same one.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class CudaGraphRunner(ModelRunner):
         one_token_each = meta.num_decodes == n and inp.input_ids.shape[0] == n  # (no draft rows)
         size = padded_size(n, self.sizes) if self.graphs and one_token_each else None
         width = meta.block_tables.shape[1]
-        if size is None or inp.prompt_lp or width > self.width:
+        if size is None or width > self.width:
             return super().run_model(inp)
         self.ids[:n].copy_(inp.input_ids)
         self.pos[:n].copy_(inp.positions)
