@@ -2,7 +2,11 @@
 // quantized linear, fused layer ops): "auto" = the best build this CPU can
 // run, or a build by name; PAGED_CPU_ISA picks the initial one for every
 // family that has a build of that name (tests and benchmarks use it). Build
-// names are shared by every family: scalar (runs everywhere), avx2, avx512.
+// names are shared by every family: scalar (runs everywhere); on x86-64 avx2,
+// avxvnni, avx512; on aarch64 neon, dotprod, i8mm. A family lists only the
+// builds compiled for the target architecture (kernel_builds.cpp, with
+// PAGED_ISA_X86 / PAGED_ISA_ARM64 below: the same split as
+// csrc_cpu/CMakeLists.txt makes on file names).
 #pragma once
 
 #include <cstdlib>
@@ -40,6 +44,8 @@ inline bool cpu_has_avxvnni() { return cpu_has_avx2() && runtime::cpu_has("avxvn
 // dotprod (sdot/udot) from ARMv8.2 (Cortex-A55/A75, Neoverse N1, Apple M1).
 inline bool cpu_has_neon() { return runtime::cpu_has("asimd"); }
 inline bool cpu_has_dotprod() { return cpu_has_neon() && runtime::cpu_has("dotprod"); }
+// i8mm (smmla) from ARMv8.6 (Neoverse V1/N2, Graviton 3, Apple M2).
+inline bool cpu_has_i8mm() { return cpu_has_dotprod() && runtime::cpu_has("i8mm"); }
 
 inline bool cpu_always() { return true; }
 

@@ -20,7 +20,7 @@ std::vector<AttentionBuild> attention_builds() {
 
 // An ISA name selects all kernels of that build. The VNNI builds differ only
 // in the int8 path and reuse the AVX2 float32 kernels (same bits); likewise
-// dotprod reuses NEON's, and every aarch64 build quantizes x with the scalar
+// dotprod and i8mm reuse NEON's, and every aarch64 build quantizes x with the scalar
 // quantizer.
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
@@ -33,6 +33,8 @@ std::vector<LinearBuild> linear_builds() {
       {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize},
        cpu_has_avx2},
 #elif defined(PAGED_ISA_ARM64)
+      {"i8mm", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_i8mm::int8_rows, isa_scalar::x8_quantize},
+       cpu_has_i8mm},
       {"dotprod", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_dotprod::int8_rows, isa_scalar::x8_quantize},
        cpu_has_dotprod},
       {"neon", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_neon::int8_rows, isa_scalar::x8_quantize},

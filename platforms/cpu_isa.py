@@ -5,7 +5,7 @@ Every family (attention, linear, fused ops) names its builds from one
 vocabulary, ranked here; the C++ side (csrc_cpu/isa_select.h,
 csrc_cpu/kernel_builds.cpp) compiles the builds of the target architecture and
 picks the best one the CPU feature detector allows. Levels are per
-architecture (x86-64: avx512, avx2, scalar; aarch64: dotprod, neon, scalar).
+architecture (x86-64: avx512, avx2, scalar; aarch64: i8mm, dotprod, neon, scalar).
 A level caps every family at once:
 
 - in another process, through ``PAGED_CPU_HIDE`` (``hide_env(level)``), which
@@ -22,11 +22,11 @@ import platform
 from typing import Iterator
 
 #: build names, best first within each architecture; every family's builds are a subset
-RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "dotprod", "neon", "scalar")
+RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "i8mm", "dotprod", "neon", "scalar")
 #: per architecture: levels, best first, and the features PAGED_CPU_HIDE hides for each
 _ARCH_LEVELS = {
     "x86_64": {"avx512": "", "avx2": "avx512,avxvnni", "scalar": "avx2"},
-    "aarch64": {"dotprod": "", "neon": "dotprod,i8mm,sve", "scalar": "neon"},
+    "aarch64": {"i8mm": "", "dotprod": "i8mm", "neon": "dotprod,i8mm,sve", "scalar": "neon"},
 }
 
 

@@ -4,13 +4,20 @@ Sources (under ``sysfs_root``, "/sys" by default, so tests can point at a
 synthetic tree): devices/system/cpu/online, devices/system/cpu/cpuN/topology/
 {thread_siblings_list,core_id,physical_package_id}, devices/system/node/nodeN/
 {cpulist,meminfo}. Without NUMA information the machine is one node; without
-sysfs at all (macOS) every CPU the OS counts is online, one node, one core each.
+sysfs at all (macOS) every CPU the OS counts is online, one node, one core
+each, and on Apple Silicon `sysctl hw.perflevel*` tells performance from
+efficiency cores (efficiency_cpus, which `auto` leaves out). macOS numbers no
+CPU for us and pins nothing, so there the ids are labels: the first
+hw.perflevel0.logicalcpu ones stand for the performance cores.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +50,7 @@ class Topology:
     allowed: tuple[int, ...]  # CPUs this process may use (its affinity mask)
     numa_info: bool = True  # False: sysfs had no node directory, one node assumed
     cpu_node: dict[int, int] = field(default_factory=dict)  # usable CPU -> its node
+    efficiency_cpus: tuple[int, ...] = ()  # Apple Silicon efficiency cores (auto leaves them out)
 
     @property
     def usable(self) -> tuple[int, ...]:
@@ -63,8 +71,11 @@ class Topology:
         return max(candidates, key=lambda n: (len(n.cores), -n.id))
 
     def one_thread_per_core(self, node: NumaNode) -> list[int]:
-        """The first usable SMT sibling of each physical core of ``node``."""
-        return sorted(core[0] for core in node.cores)
+        """The first usable SMT sibling of each physical core of ``node``
+        (efficiency cores left out where there are performance cores)."""
+        firsts = sorted(core[0] for core in node.cores)
+        performance = [c for c in firsts if c not in self.efficiency_cpus]
+        return performance or firsts
 
     def node_of(self, cpus: list[int]) -> int:
         """The node holding most of ``cpus`` (lowest id on ties)."""
@@ -85,6 +96,7 @@ class Topology:
             "usable_cpus": format_cpulist(self.usable),
             "physical_cores": sum(len(n.cores) for n in self.nodes),
             "nodes": [n.to_dict() for n in self.nodes],
+            **({"efficiency_cpus": format_cpulist(self.efficiency_cpus)} if self.efficiency_cpus else {}),
         }
 
 
@@ -105,8 +117,30 @@ def set_thread_cpus(tid: int, cpus: set[int] | list[int]) -> bool:
     return True
 
 
-def read_topology(sysfs_root: str | os.PathLike = "/sys", allowed: set[int] | list[int] | None = None) -> Topology:
-    """Read the topology; ``allowed`` defaults to process_cpus()."""
+def macos_sysctl(name: str) -> int | None:
+    """An integer sysctl value on macOS (None elsewhere or when absent)."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=5)
+        return int(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def _efficiency_cpus(online: list[int], sysctl: Callable[[str], int | None]) -> tuple[int, ...]:
+    """Apple Silicon: CPUs past hw.perflevel0's (the performance cores) when
+    a second perf level exists; () elsewhere."""
+    performance, efficiency = sysctl("hw.perflevel0.logicalcpu"), sysctl("hw.perflevel1.logicalcpu")
+    if not performance or not efficiency:
+        return ()
+    return tuple(c for c in online if c >= performance)
+
+
+def read_topology(sysfs_root: str | os.PathLike = "/sys", allowed: set[int] | list[int] | None = None,
+                  sysctl: Callable[[str], int | None] = macos_sysctl) -> Topology:
+    """Read the topology; ``allowed`` defaults to process_cpus(); ``sysctl``
+    answers the macOS queries where there is no sysfs (tests pass their own)."""
     system = Path(sysfs_root) / "devices" / "system"
     cpu_dir, node_dir = system / "cpu", system / "node"
     allowed_set = set(process_cpus() if allowed is None else allowed)
@@ -131,7 +165,8 @@ def read_topology(sysfs_root: str | os.PathLike = "/sys", allowed: set[int] | li
             continue  # nothing usable on this node
         cores = tuple(sorted(tuple(sorted(g)) for g in groups.values()))
         nodes.append(NumaNode(node_id, tuple(cpus), cores, total, free))
-    return Topology(tuple(nodes), tuple(online), tuple(sorted(allowed_set)), numa_info, cpu_node)
+    efficiency = () if cpu_dir.is_dir() else _efficiency_cpus(online, sysctl)
+    return Topology(tuple(nodes), tuple(online), tuple(sorted(allowed_set)), numa_info, cpu_node, efficiency)
 
 
 def _read(path: Path) -> str | None:

@@ -105,7 +105,7 @@ def test_features_are_the_running_architectures_and_hiding_takes_either():
 def test_levels_per_architecture():
     assert cpu_isa.machine_arch("AMD64") == "x86_64" and cpu_isa.machine_arch("arm64") == "aarch64"
     arch = cpu_isa.machine_arch()
-    expected = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("dotprod", "neon", "scalar")}
+    expected = {"x86_64": ("avx512", "avx2", "scalar"), "aarch64": ("i8mm", "dotprod", "neon", "scalar")}
     assert cpu_isa.LEVELS == expected.get(arch, ("scalar",))
     assert cpu_isa.supported_levels()[-1] == "scalar"
 

@@ -7,7 +7,8 @@ docs/kernels.md.
 One private build (cached under the pytest cache) with OpenMP turned off
 (PAGED_OPENMP=OFF, the fallback Apple clang gets without libomp) serves both
 checks: the kernels on this CPU, and the C++ checks of the no-OpenMP
-configuration (the block pool driver too). The package's own OpenMP build
+configuration: its std::thread pool (parallel_driver; the attention kernel
+runs on it too) and the block pool driver. The package's own OpenMP build
 runs the same kernels through Python in test_kernels / test_quant_linear.
 aarch64 builds run under qemu in CI's emulation stage (.ci/arm_emulation.sh)."""
 
@@ -17,7 +18,7 @@ import pytest
 
 from cmake_build import build_dir, build_targets
 
-DRIVERS = ["kernel_attention_driver", "kernel_linear_driver", "block_pool_driver"]
+DRIVERS = ["kernel_attention_driver", "kernel_linear_driver", "parallel_driver", "block_pool_driver"]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,8 @@ def test_driver_passes_without_openmp(no_openmp_build, driver):
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert "all checks passed" in out, out
+    if driver != "block_pool_driver":
+        assert "threads: std::thread pool (no OpenMP)" in out, out
     if driver.startswith("kernel_"):
-        assert "threads: no OpenMP" in out, out
         family = driver.split("_")[1]
         assert f"{family}: auto picks" in out, out

@@ -44,9 +44,16 @@ def test_cache_layout():
 def test_pad_unpad_roundtrip():
     q = torch.randn(9, 4, 16)
     lens = [2, 1, 6]
-    padded = layout.pad_queries(q, lens)
-    assert padded.shape == (3, 6, 64) and torch.equal(padded[1, 1:], torch.zeros(5, 64))
-    assert torch.equal(layout.unpad_output(padded, lens, 4), q)
+    idx = layout.padding_indices(lens, "cpu")
+    padded = layout.pad_queries(q, idx["pad_index"], len(lens))
+    assert padded.shape == (3, 6, 64)
+    assert torch.equal(padded[0, :2], q[:2].reshape(2, 64)) and torch.equal(padded[2], q[3:].reshape(6, 64))
+    assert torch.equal(padded[1, 1:], q[2].reshape(1, 64).expand(5, 64))  # padding repeats the last row
+    assert torch.equal(layout.unpad_output(padded, idx["unpad_index"], 4), q)
+
+
+def test_causal_mask_is_made_once_per_device():
+    assert layout.causal_mask(torch.device("cpu")) is layout.causal_mask(torch.device("cpu"))
 
 
 @pytest.mark.parametrize("window", [0, 1, 3, 50])

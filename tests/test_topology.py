@@ -166,3 +166,20 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError, match=repr(text).replace(".", r"\.")):
         parse_size(text)
+
+
+def test_no_sysfs_counts_the_os_cpus_and_leaves_out_efficiency_cores(tmp_path):
+    """macOS has no /sys: every CPU the OS counts is online, one node, and an
+    Apple Silicon machine's efficiency cores (hw.perflevel1) stay out of
+    auto's threads. The sysctl answers here are given by the test (this runs
+    the glue, not macOS: docs/cpu.md)."""
+    n = os.cpu_count()
+    apple = {"hw.perflevel0.logicalcpu": max(1, n - 1), "hw.perflevel1.logicalcpu": 1}
+    topo = read_topology(tmp_path, allowed=set(range(n)), sysctl=apple.get)
+    assert topo.online == tuple(range(n)) and len(topo.nodes) == 1 and not topo.numa_info
+    plan = plan_binding("auto", topo)
+    if n > 1:
+        assert topo.efficiency_cpus == (n - 1,) and plan.cpus == list(range(n - 1))
+        assert topo.to_dict()["efficiency_cpus"] == str(n - 1)
+    plain = read_topology(tmp_path, allowed=set(range(n)), sysctl=lambda name: None)
+    assert plain.efficiency_cpus == () and plan_binding("auto", plain).cpus == list(range(n))

@@ -7,7 +7,12 @@ Written against torch_npu 2.13.0 (docs/ascend.md):
   with block_table, actual_seq_lengths (query) and actual_seq_lengths_kv,
   BSH layout, the cache viewed as [num_blocks, block_size, Hkv*D]; causal
   prefill uses sparse_mode=3 (right-down causal, so the query rows are the
-  LAST positions of each sequence), sliding windows an explicit mask.
+  LAST positions of each sequence), sliding windows an explicit mask;
+  a step whose every query is one token (Q_S = 1) goes through the decode
+  call, the operator's incremental branch (metadata.py).
+Every host-side list and mask is derived once per step (build_metadata);
+the per-layer path makes no device->host copy (tests/test_npu_sim.py checks
+it on the simulated NPU).
 Block copies and reads are plain torch indexing, which torch_npu runs on
 the device. torch_npu is imported only when an operator runs.
 """
@@ -93,22 +98,44 @@ class NpuBackend(ReferenceBackend):
             input_layout="BSH", block_size=self.block_size, **extra)
         return out
 
-    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
-                        scale: float, sliding_window: int = 0) -> None:
-        self._check_decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
-        if not query.shape[0]:
-            return
-        lens = seq_lens.tolist()
-        mask = step.decode_extra(lens, block_tables.shape[1] * self.block_size, int(sliding_window or 0),
-                                 query.device)
-        self._decode(out, query, key_cache, value_cache, block_tables, lens, scale, mask)
-
     def _decode(self, out, query, key_cache, value_cache, block_tables, lens: list[int], scale, mask) -> None:
+        """Q_S = 1: the operator's incremental branch (no sparse_mode; a mask is [B, KV_S])."""
         s, h, d = query.shape
         extra = {} if mask is None else {"atten_mask": mask}
         o = self._fused_attention(query.reshape(s, 1, h * d), key_cache, value_cache, block_tables,
                                   lens, scale, **extra)
         out.copy_(o.reshape(s, h, d))
+
+    def _prefill(self, out, query, key_cache, value_cache, block_tables, meta, scale) -> None:
+        """Q_S > 1: queries right-padded to BSH by the step's gather indices."""
+        padded = layout.pad_queries(query, meta.pad_index, len(meta.prefill_q_lens))
+        o = self._fused_attention(padded, key_cache, value_cache, block_tables, meta.prefill_kv_lens, scale,
+                                  actual_seq_lengths=meta.prefill_q_lens, **meta.prefill_extra)
+        out.copy_(layout.unpad_output(o, meta.unpad_index, self.num_heads))
+
+    def _attend(self, out, query, key_cache, value_cache, meta, block_tables, scale) -> None:
+        """The prefill part of a step (or all of it when decode-shaped)."""
+        if meta.num_decodes:
+            self._decode(out, query, key_cache, value_cache, block_tables, meta.decode_kv_lens, scale,
+                         meta.decode_mask)
+        else:
+            self._prefill(out, query, key_cache, value_cache, block_tables, meta, scale)
+
+    # -- the contract ops: a one-call step (host lists derived here, not per layer) --
+    def _one_call_meta(self, query_start_loc, seq_lens, block_tables, num_decodes, window):
+        common = AttentionMetadata(
+            slot_mapping=torch.empty(0, dtype=torch.int64, device=seq_lens.device), query_start_loc=query_start_loc,
+            seq_lens=seq_lens, block_tables=block_tables, num_decodes=num_decodes, max_query_len=0, max_seq_len=0)
+        return step.build_step(self, common, None, window)  # (the max lengths: unused by the NPU)
+
+    def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
+                        scale: float, sliding_window: int = 0) -> None:
+        self._check_decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window)
+        if not query.shape[0]:
+            return
+        qsl = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
+        meta = self._one_call_meta(qsl, seq_lens, block_tables, query.shape[0], sliding_window)
+        self._attend(out, query, key_cache, value_cache, meta, block_tables, scale)
 
     def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
                           block_tables, scale: float, sliding_window: int = 0) -> None:
@@ -117,15 +144,8 @@ class NpuBackend(ReferenceBackend):
         v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens)
         if not seq_lens.shape[0]:
             return
-        q_lens, kv_lens = layout.query_lens(query_start_loc), seq_lens.tolist()
-        extra = step.prefill_extra(q_lens, kv_lens, block_tables.shape[1] * self.block_size,
-                                   int(sliding_window or 0), query.device)
-        self._prefill(out, query, key_cache, value_cache, block_tables, q_lens, kv_lens, scale, extra)
-
-    def _prefill(self, out, query, key_cache, value_cache, block_tables, q_lens, kv_lens, scale, extra) -> None:
-        o = self._fused_attention(layout.pad_queries(query, q_lens), key_cache, value_cache, block_tables,
-                                  kv_lens, scale, actual_seq_lengths=q_lens, **extra)
-        out.copy_(layout.unpad_output(o, q_lens, self.num_heads))
+        meta = self._one_call_meta(query_start_loc, seq_lens, block_tables, 0, sliding_window)
+        self._attend(out, query, key_cache, value_cache, meta, block_tables, scale)
 
     # -- once per step, then every layer: no host round-trip per layer ---------
     def build_metadata(self, common: AttentionMetadata) -> step.NpuMetadata:
@@ -148,5 +168,4 @@ class NpuBackend(ReferenceBackend):
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         _, _, tables = meta.prefill_part
-        self._prefill(out, query, kv_cache[0], kv_cache[1], tables, meta.prefill_q_lens,
-                      meta.prefill_kv_lens, self.scale, meta.prefill_extra)
+        self._prefill(out, query, kv_cache[0], kv_cache[1], tables, meta, self.scale)

@@ -7,6 +7,8 @@ The constraints come from the torch_npu 2.13.0 operator docs
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from paged.backends.arg_checks import check_choice, fail
@@ -45,31 +47,38 @@ def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_siz
     return (num_blocks, block_size, num_kv_heads, head_size)
 
 
-def query_lens(query_start_loc: torch.Tensor) -> list[int]:
-    q = query_start_loc.tolist()
-    return [b - a for a, b in zip(q[:-1], q[1:])]
-
-
-def pad_queries(query: torch.Tensor, q_lens: list[int]) -> torch.Tensor:
-    """[T, H, D] varlen rows -> [B, max_q, H*D] right-padded (the BSH layout)."""
-    t, h, d = query.shape
-    b, max_q = len(q_lens), max(q_lens)
-    out = query.new_zeros((b, max_q, h * d))
-    start = 0
-    for i, n in enumerate(q_lens):
-        out[i, :n] = query[start:start + n].reshape(n, h * d)
+def padding_indices(q_lens: list[int], device) -> dict:
+    """The two gathers that turn varlen rows [T, H*D] into the BSH layout
+    [B, max_q, H*D] (right-padded) and back, as index tensors built once per
+    step: ``pad_index`` [B*max_q] picks each padded row's query row (padding
+    rows repeat their sequence's last row: the operator reads only the first
+    actual_seq_lengths[b] rows); ``unpad_index`` [T] picks each real row of
+    the flattened output. Two index_selects per layer instead of B copies."""
+    max_q, pad, unpad, start = max(q_lens), [], [], 0
+    for b, n in enumerate(q_lens):
+        pad += [start + min(r, n - 1) for r in range(max_q)]
+        unpad += range(b * max_q, b * max_q + n)
         start += n
-    return out
+    as_index = lambda rows: torch.tensor(rows, dtype=torch.int64, device=device)  # noqa: E731
+    return {"pad_index": as_index(pad), "unpad_index": as_index(unpad)}
 
 
-def unpad_output(padded: torch.Tensor, q_lens: list[int], num_heads: int) -> torch.Tensor:
-    """Inverse of pad_queries: [B, max_q, H*D] -> [T, H, D]."""
-    rows = [padded[i, :n] for i, n in enumerate(q_lens)]
-    return torch.cat(rows).reshape(sum(q_lens), num_heads, -1)
+def pad_queries(query: torch.Tensor, pad_index: torch.Tensor, batch: int) -> torch.Tensor:
+    """[T, H, D] varlen rows -> [B, max_q, H*D] (BSH)."""
+    t, h, d = query.shape
+    return query.reshape(t, h * d).index_select(0, pad_index).view(batch, -1, h * d)
 
 
+def unpad_output(padded: torch.Tensor, unpad_index: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, max_q, H*D] -> [T, H, D], the real rows only."""
+    b, s, hd = padded.shape
+    return padded.reshape(b * s, hd).index_select(0, unpad_index).view(-1, num_heads, hd // num_heads)
+
+
+@functools.lru_cache(maxsize=None)
 def causal_mask(device) -> torch.Tensor:
-    """The compressed mask sparse_mode=3 (right-down causal) takes: True = masked."""
+    """The compressed mask sparse_mode=3 (right-down causal) takes: True =
+    masked. Made once per device (a 4 MiB bool tensor), never per step."""
     return torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu_(1)
 
 

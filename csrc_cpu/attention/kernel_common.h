@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/omp_compat.h"
+#include "runtime/parallel.h"
 
 namespace paged::cpu::attn {
 

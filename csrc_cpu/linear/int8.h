@@ -81,5 +81,8 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 namespace isa_dotprod {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 }
+namespace isa_i8mm {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
+}
 
 }  // namespace paged::cpu::linear

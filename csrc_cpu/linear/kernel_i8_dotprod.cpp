@@ -8,8 +8,7 @@
 
 #include <algorithm>
 
-#include "linear/int8.h"
-#include "linear/neon_codes.h"
+#include "linear/neon_panel.h"
 
 #if defined(__clang__)  // Apple clang (macOS): the same, as a function attribute
 #pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)

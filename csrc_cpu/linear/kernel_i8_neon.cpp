@@ -8,8 +8,7 @@
 
 #include <algorithm>
 
-#include "linear/int8.h"
-#include "linear/neon_codes.h"
+#include "linear/neon_panel.h"
 
 namespace paged::cpu::linear::isa_neon {
 namespace {

@@ -1,11 +1,11 @@
 // Boundary checks, the choice of path (activations "int8", else int16 or fp32
-// by M; quant_linear.h, int8.h), the quantization of x, the OpenMP split over
-// weight rows and the ISA choice for the quantized linear; the per-ISA kernels
-// do the arithmetic.
+// by M; quant_linear.h, int8.h), the quantization of x, the split over weight
+// rows (parallel_for: OpenMP, or the std::thread pool without it) and the ISA
+// choice for the quantized linear; the per-ISA kernels do the arithmetic.
 #include "linear/ops.h"
 #include "kernel_builds.h"
 
-#include "runtime/omp_compat.h"
+#include "runtime/parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -233,13 +233,10 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const RowsKernel kernel = int16_path ? kernels.int16_rows : kernels.fp32_rows;
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> scratch;
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);
-  }
+  parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
+    static thread_local std::vector<float> scratch;
+    kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);
+  });
 }
 
 // Separate multiply and add, as gguf does (this file is built without FMA, so

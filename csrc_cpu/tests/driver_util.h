@@ -61,7 +61,7 @@ inline std::map<std::string, std::string> expected_builds(int argc, char** argv)
 }
 
 inline void check_features(const std::map<std::string, std::string>& expected) {
-  std::printf("threads: %s\n", kHaveOpenMP ? "OpenMP" : "no OpenMP (regions run on the calling thread)");
+  std::printf("threads: %s\n", kHaveOpenMP ? "OpenMP" : "std::thread pool (no OpenMP)");
   std::printf("cpu features:");
   for (const auto& [name, on] : runtime::cpu_features()) std::printf(" %s%c", name.c_str(), on ? '+' : '-');
   std::printf("\n");
