@@ -46,9 +46,11 @@ def bind_lists(tp: int) -> str:
     return "|".join(",".join(map(str, cpus[r * share:(r + 1) * share] or cpus[-1:])) for r in range(tp))
 
 
-def engine_for(tp: int, dtype: str) -> Engine:
-    engine = Engine(EngineConfig(dtype=dtype, tensor_parallel_size=tp, cpu_threads_bind=bind_lists(tp), num_kv_blocks=64,
-                                 max_num_seqs=64, max_num_batched_tokens=1024, max_model_len=1024,
+def engine_for(tp: int, dtype: str, step_tokens: int) -> Engine:
+    """Every prompt of a measurement prefills in one step of ``step_tokens``."""
+    engine = Engine(EngineConfig(dtype=dtype, tensor_parallel_size=tp, cpu_threads_bind=bind_lists(tp),
+                                 num_kv_blocks=64, max_num_seqs=64, max_num_batched_tokens=step_tokens,
+                                 max_prefill_tokens_with_decodes=None, max_model_len=1024,
                                  enable_prefix_caching=False))
     engine.worker.model.layer_stack = None  # the same Python layer path on both sides
     return engine
@@ -69,7 +71,7 @@ def measure(engine: Engine, prompt_len: int, batch: int, decode_tokens: int, tag
     for i in range(batch):
         engine.add_request(f"{tag}-{i}", [100 + (i * 7 + j) % 1000 for j in range(prompt_len)], params)
     t0 = time.perf_counter()
-    engine.step()  # every prompt in one step (max_num_batched_tokens)
+    engine.step()  # every prompt in one step (engine_for's max_num_batched_tokens)
     prefill_s = time.perf_counter() - t0
     if comm is not None:
         comm.reduce_s, comm.reduce_calls = 0.0, 0
@@ -148,7 +150,7 @@ def main() -> None:
     report = {"machine": platform.machine(), "cores": os.cpu_count(), "dtype": args.dtype,
               "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens, "runs": {}}
     for tp in (1, args.tp):
-        engine = engine_for(tp, args.dtype)
+        engine = engine_for(tp, args.dtype, max(args.batch) * args.prompt_len)
         hidden = engine.model_config.hidden_size
         layers = engine.model_config.num_layers
         measure(engine, 32, 1, 4, "warm")

@@ -3,13 +3,15 @@
 A platform makes it (``Platform.worker_cls()``); the engine drives it through
 these calls, in this order, and nothing else:
 
-    worker = platform.worker_cls()(platform, rank=0, world_size=1)
+    worker = platform.worker_cls()(platform, rank, world_size, group)   # group: core/distributed/group.py
     worker.init_device(threads_bind=...)        # bind threads / pick the device
     worker.load_model(config, weights, dtype, block_size, packed_linear, backend_cls)
     n = worker.determine_num_blocks(requested_bytes, max_model_len, max_num_seqs, max_num_batched_tokens)
     worker.init_kv_cache(n)                     # KV memory, through the attention backend
     worker.warm_up()
-    result = worker.execute(scheduler_output, block_tables)   # every step
+    result = worker.execute(scheduler_output, block_tables)   # every step (rank 0)
+    worker.follow()                             # ranks > 0: run rank 0's steps until it ends
+    worker.shutdown()                           # rank 0: end the group
 
 What differs per platform is a handful of hooks: ``layer_ops`` (faster
 elementwise ops for the model), ``stack_runner`` (a whole-stack runner), and
@@ -108,7 +110,7 @@ class Worker:
         parallelism reduces it over the group; one rank keeps its own)."""
         if self.world_size == 1:
             return num_blocks
-        return self.group.comm.min_int(num_blocks)
+        return self.group.min_int(num_blocks)
 
     # -- lifecycle ------------------------------------------------------------
     def init_device(self, **options) -> None:

@@ -34,8 +34,10 @@ MARGIN = 0.01
 
 
 def make_engine(tp: int, bind: str) -> Engine:
-    return Engine(EngineConfig(dtype="float32", tensor_parallel_size=tp, cpu_threads_bind=bind, num_kv_blocks=16,
-                               max_num_seqs=8, max_model_len=512))
+    # float32 activations into the packed linears: the path exact to fp32
+    # rounding (auto may quantize activations, which moves logprobs ~1e-3)
+    return Engine(EngineConfig(dtype="float32", linear_activations="float32", tensor_parallel_size=tp,
+                               cpu_threads_bind=bind, num_kv_blocks=16, max_num_seqs=8, max_model_len=512))
 
 
 def greedy(engine: Engine):

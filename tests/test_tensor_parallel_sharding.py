@@ -200,3 +200,16 @@ def test_auto_binding_gives_each_rank_its_numa_node_or_a_share_of_one():
     assert plan_binding("0-1|2-3", one_node, 1, 2).cpus == [2, 3]
     with pytest.raises(ValueError, match="expected at most the 4 physical core"):
         plan_binding("auto", one_node, 0, 5)
+
+
+def test_paged_env_reports_the_parallel_layout():
+    from paged.core.cli import format_env, parallel_layout
+    from paged.platforms.cpu import CpuPlatform
+
+    platform = CpuPlatform(allowed=[0, 1])
+    layout = parallel_layout(platform, "0|1", "2")
+    assert layout["tensor_parallel_size"] == 2 and layout["collective_backend"] == "gloo"
+    assert [(r["rank"], r["cpus"], r["threads"]) for r in layout["ranks"]] == [(0, "0", 1), (1, "1", 1)]
+    text = format_env({"platform": "cpu", "paged": "x", "torch": "x", "python": "x", "compiled_modules": {},
+                       "parallel": layout})
+    assert "parallel        -tp 2 (spawn), collectives gloo" in text and "rank 1        device cpu, cpus 1" in text

@@ -74,10 +74,6 @@ class Collectives:
         dist.all_gather(parts, padded, group=self.group)
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
 
-    def min_int(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
-        return int(t.item())
 
 
 @dataclass
@@ -102,6 +98,13 @@ class RankGroup:
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self.control)
         return box[0]
+
+    def min_int(self, value: int) -> int:
+        """The smallest ``value`` over the ranks (over the host control
+        group: a CPU tensor whatever the compute backend)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
+        return int(t.item())
 
     def dead_rank(self) -> str | None:
         """'tensor parallel rank R exited with code C' for the first spawned
