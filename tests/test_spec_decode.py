@@ -22,16 +22,17 @@ from paged.core.engine_config import EngineConfig
 from paged.core.llm import LLM
 from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
 
-CODE = '''def merge_sort(xs):
-    if len(xs) <= 1:
-        return xs
-    mid = len(xs) // 2
-    left = merge_sort(xs[:mid])
-    right = merge_sort(xs[mid:])
-    out = []
-    while left and right:
-        out.append(left.pop(0) if left[0] <= right[0] else right.pop(0))
-    return out + left + right
+CODE = '''def binary_search(items, target):
+    lo, hi = 0, len(items) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if items[mid] == target:
+            return mid
+        if items[mid] < target:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return -1
 '''
 PROMPTS = ["Repeat this code exactly:\n" + CODE + "\nHere it is again:\n",
            "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,", "The capital of France is",
@@ -117,7 +118,8 @@ def test_metrics_expose_acceptance_and_tokens_per_step(llm):
     stats = llm.engine.stats()
     text = ServerMetrics("m").render(stats, 0)
     got = {s.name: s.value for f in parser.text_string_to_metric_families(text) for s in f.samples}
-    drafted, accepted = got["paged:spec_decode_num_draft_tokens_total"], got["paged:spec_decode_num_accepted_tokens_total"]
+    drafted = got["paged:spec_decode_num_draft_tokens_total"]
+    accepted = got["paged:spec_decode_num_accepted_tokens_total"]
     assert drafted > accepted > 0 and got["paged:spec_decode_num_drafts_total"] > 0
     assert got["paged:spec_decode_acceptance_rate"] == pytest.approx(accepted / drafted)
     assert 1 < got["paged:spec_decode_tokens_per_step"] <= 1 + SPEC["num_speculative_tokens"]
