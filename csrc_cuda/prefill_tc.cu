@@ -51,6 +51,24 @@ struct Tile {
   }
 };
 
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+// acc = A B for one warp: A 16 x (16 kSteps) row-major at `a` (ld lda), B
+// (16 kSteps) x 16 in layout BLayout at `b` (ld ldb), its k-th 16-slice at
+// b + k * b_step (16 for K^T read col-major from K rows, 16 rows for V).
+template <typename T, typename BLayout, int kSteps>
+__device__ __forceinline__ void warp_mma(Acc& acc, const T* a, int lda, const T* b, int ldb, int b_step) {
+  wmma::fill_fragment(acc, 0.f);
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> fb;
+    wmma::load_matrix_sync(fa, a + k * 16, lda);
+    wmma::load_matrix_sync(fb, b + k * b_step, ldb);
+    wmma::mma_sync(acc, fa, fb, acc);
+  }
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
     prefill_tc_kernel(AttentionArgs a, int num_kv_heads, int block_size, int num_blocks) {
@@ -125,17 +143,9 @@ __global__ void __launch_bounds__(kThreads)
 
     // S = Q K^T for the warp's 16 rows
 #pragma unroll
-    for (int n = 0; n < kKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s_acc;
-      wmma::fill_fragment(s_acc, 0.f);
-#pragma unroll
-      for (int k = 0; k < D / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kb;  // K^T: K row-major is K^T col-major
-        wmma::load_matrix_sync(qa, s_q + (warp * 16) * kLd + k * 16, kLd);
-        wmma::load_matrix_sync(kb, s_k + (n * 16) * kLd + k * 16, kLd);
-        wmma::mma_sync(s_acc, qa, kb, s_acc);
-      }
+    for (int n = 0; n < kKeys / 16; ++n) {  // K rows, row-major, are K^T col-major
+      Acc s_acc;
+      warp_mma<T, wmma::col_major, D / 16>(s_acc, s_q + (warp * 16) * kLd, kLd, s_k + (n * 16) * kLd, kLd, 16);
       wmma::store_matrix_sync(s_s + n * 16, s_acc, kLdS, wmma::mem_row_major);
     }
     __syncwarp();
@@ -174,16 +184,8 @@ __global__ void __launch_bounds__(kThreads)
     // O = alpha O + P V, one 16-dim tile at a time through the scratch
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o_acc;
-      wmma::fill_fragment(o_acc, 0.f);
-#pragma unroll
-      for (int k = 0; k < kKeys / 16; ++k) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vb;
-        wmma::load_matrix_sync(pa, s_p + k * 16, kLdP);
-        wmma::load_matrix_sync(vb, s_v + (k * 16) * kLd + j * 16, kLd);
-        wmma::mma_sync(o_acc, pa, vb, o_acc);
-      }
+      Acc o_acc;
+      warp_mma<T, wmma::row_major, kKeys / 16>(o_acc, s_p, kLdP, s_v + j * 16, kLd, 16 * kLd);
       wmma::store_matrix_sync(s_o, o_acc, 16, wmma::mem_row_major);
       __syncwarp();
 #pragma unroll
