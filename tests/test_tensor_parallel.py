@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from paged.core.distributed.layout import RankFailed
 from paged.core.engine import Engine, StepFailed
 from paged.core.engine_config import EngineConfig
 from paged.core.llm import LLM
@@ -78,6 +79,31 @@ def compare(reference, outputs) -> float:
                 break
             worst = max(worst, max_logprob_diff([r.logprobs[i]], [o.logprobs[i]]))
     return worst
+
+
+def test_a_rank_failing_at_start_is_named(default_model_path, capfd):
+    with pytest.raises(RankFailed, match="tensor parallel rank 1 exited with code 1"):
+        make_engine(2, "0|99")  # rank 1's CPU list names a CPU this machine lacks
+    assert "paged: error: tensor parallel rank 1: ValueError: --cpu-threads-bind" in capfd.readouterr().err
+
+
+class _Child:
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+
+@pytest.mark.parametrize("exitcode, message", [(None, "tensor parallel rank 1 did not join within 0.3 s"),
+                                               (3, "tensor parallel rank 1 exited with code 3 before joining")])
+def test_join_waits_for_every_rank_and_names_the_missing_one(monkeypatch, exitcode, message):
+    import torch.distributed as dist
+
+    from paged.core.distributed import group as g
+
+    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
+    store.set("paged/joined/2", "1")  # rank 2 joined, rank 1 never does
+    monkeypatch.setattr(g, "JOIN_TIMEOUT_S", 0.3)
+    with pytest.raises(RankFailed, match=message):
+        g._await_joins(store, g.RankGroup(children={1: _Child(exitcode), 2: _Child(None)}), 3)
 
 
 @pytest.fixture(scope="module")

@@ -259,7 +259,7 @@ def _await_joins(store, group: RankGroup, world_size: int) -> None:
         if dead:
             raise RankFailed(f"{dead} before joining the group (see its error above)")
         if missing and time.monotonic() > deadline:
-            raise RankFailed(f"tensor parallel rank {missing[0]} did not join within {JOIN_TIMEOUT_S:.0f} s "
+            raise RankFailed(f"tensor parallel rank {missing[0]} did not join within {JOIN_TIMEOUT_S:g} s "
                              "(PAGED_TP_JOIN_TIMEOUT)")
         time.sleep(0.02)
 
