@@ -36,8 +36,6 @@ import torch.nn.functional as F
 
 from paged.core.distributed.layout import INITIAL_AFFINITY, RankFailed, resolve_size, torchrun_env
 
-log = logging.getLogger("paged.engine")
-
 #: seconds every rank has to join the group (model loading comes after)
 JOIN_TIMEOUT_S = float(os.environ.get("PAGED_TP_JOIN_TIMEOUT", "120"))
 #: seconds a collective may wait for a rank that is alive but stuck
@@ -73,7 +71,6 @@ class Collectives:
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded, group=self.group)
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
-
 
 
 @dataclass
