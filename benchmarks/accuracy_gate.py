@@ -15,7 +15,7 @@ loading the same GGUF in float32 (the correctness oracle):
    name, cut into --window-token windows (--ppl-tokens in all). Gate: within
    1% of paged's float32 path.
 
-Paths measured: --dtype float32 with float32 and int8 linear activations,
+Paths measured: --dtype float32 with float32, int8 and int8x2 linear activations,
 and bfloat16. Prints a table, then JSON (--json PATH also writes it).
 """
 
@@ -59,6 +59,7 @@ PROMPTS = [
 ]
 PATHS = {"float32": dict(dtype="float32", linear_activations="float32"),
          "int8": dict(dtype="float32", linear_activations="int8"),
+         "int8x2": dict(dtype="float32", linear_activations="int8x2"),
          "bfloat16": dict(dtype="bfloat16", linear_activations="float32")}
 
 

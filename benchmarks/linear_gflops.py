@@ -9,6 +9,7 @@ o_proj 576x576, gate_up 3072x576, down 576x1536, plus the q8_0 lm_head
            (int16 / fp32 activations) below DENSE_ROWS rows, dequantize +
            torch's fp32 GEMM from there (the engine's path today)
   int8     CpuPackedLinear(activations="int8").linear: int8 activations, any M
+  int8x2   CpuPackedLinear(activations="int8x2").linear: int8 plus the residual's int8
   bf16     torch.matmul(x.bfloat16(), W_bf16.T) (oneDNN)
   fp32     torch.matmul(x, W.T)
 
@@ -47,7 +48,7 @@ SHAPES = [  # name, GGUF type, N, K, matrices per step
     ("down", Q.Q4_1, 576, 1536, LAYERS),
     ("lm_head", Q.Q8_0, 49152, 576, 1),
 ]
-PATHS = ["float32", "int8", "bf16", "fp32"]
+PATHS = ["float32", "int8", "int8x2", "bf16", "fp32"]
 # int8 multiply-adds per cycle and core of one build's inner instruction, as assumed for the peak
 MACS_PER_CYCLE = {
     "avx512": (64, "1 zmm vpdpbusd (64 MACs) per cycle per core (Zen 4: two 256-bit pipes; Intel: port 0 (+5))"),
@@ -84,6 +85,7 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
     blocks = [packed_blocks(qtype, n, k, rng) for _ in range(copies)]
     f32 = [CpuPackedLinear(b) for b in blocks]
     i8 = [CpuPackedLinear(b, activations="int8") for b in blocks]
+    i8x2 = [CpuPackedLinear(b, activations="int8x2") for b in blocks]
     dense = []
     for w in f32:
         out = torch.empty(n, k)
@@ -95,6 +97,7 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
     calls = {
         "float32": lambda: [w.linear(x) for w in f32],
         "int8": lambda: [w.linear(x) for w in i8],
+        "int8x2": lambda: [w.linear(x) for w in i8x2],
         "bf16": lambda: [torch.matmul(x_bf16, w.T) for w in dense_bf16],
         "fp32": lambda: [torch.matmul(x, w.T) for w in dense],
     }

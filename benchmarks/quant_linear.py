@@ -155,8 +155,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--isa", default="auto", help="auto or a build from paged._C_cpu.supported_linear_isas()")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 256])
-    ap.add_argument("--activations", choices=["float32", "int8"], default="float32",
-                    help="the kernel's activations argument (int8: x quantized per 32-block)")
+    ap.add_argument("--activations", choices=["float32", "int8", "int8x2"], default="float32",
+                    help="the kernel's activations argument (int8: x quantized per 32-block; "
+                         "int8x2: plus the residual's int8)")
     ap.add_argument("--baseline", nargs="+", default=[],
                     help="other _C_cpu*.so builds to time side by side (child processes, default ISA)")
     ap.add_argument("--extension", help=argparse.SUPPRESS)  # the child's build under test

@@ -32,7 +32,7 @@ def parse_tensor_parallel_size(value) -> int | str:
 
 
 #: --linear-activations choices; auto = the platform's choice
-LINEAR_ACTIVATIONS = ("auto", "float32", "int8")
+LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2")
 
 
 @dataclass
@@ -132,6 +132,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--linear-activations", choices=LINEAR_ACTIVATIONS, default=d.linear_activations,
                    help="activations of packed-weight linears: float32 (exact to fp32 rounding), int8 "
                         "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
+                        "int8x2 (int8 plus the residual's int8: float32's accuracy, integer speed), "
                         "auto = the platform's choice (default: auto)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="share of the GPU's memory to use for weights, activations and the KV cache; "

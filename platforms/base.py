@@ -169,7 +169,7 @@ class Platform(abc.ABC):
 
     def linear_activations(self, setting: str = "auto") -> str | None:
         """What --linear-activations ``setting`` runs here ("float32",
-        "int8"), or None without packed-weight kernels."""
+        "int8", "int8x2"), or None without packed-weight kernels."""
         return None
 
     def block_pool_cls(self):

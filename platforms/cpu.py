@@ -249,7 +249,7 @@ class CpuPlatform(Platform):
         return functools.partial(quant_linear.CpuPackedLinear, activations=self.linear_activations(activations))
 
     def linear_activations(self, setting: str = "auto") -> str | None:
-        """auto = float32 (docs/kernels.md, "Choosing the CPU path")."""
+        """auto = int8x2 (docs/kernels.md, "Choosing the CPU path")."""
         from paged.backends.cpu import quant_linear
 
         return quant_linear.resolve_activations(setting) if quant_linear.available() else None

@@ -1,10 +1,11 @@
 """The batch-invariance guarantee of each CPU compute path, exactly as
 docs/kernels.md ("Batch invariance, per path") states it:
 
-- int8 linear activations: a sequence's logits are bitwise the same alone
-  and batched with others (any row count per call, chunked or whole prefill);
-  checked here through the logprobs of every generated token.
-- float32 activations (the default): equal greedy tokens alone and batched
+- int8 and int8x2 (auto, the default) linear activations: a sequence's
+  logits are bitwise the same alone and batched with others (any row count
+  per call, chunked or whole prefill); checked here through the logprobs of
+  every generated token.
+- float32 activations: equal greedy tokens alone and batched
   (tests/test_engine.py and tests/test_server.py check it under batching,
   chunked prefill and preemption); logits agree to float32 rounding only,
   because a row's linear arithmetic depends on its call's row count.
@@ -34,14 +35,15 @@ def run(llm, prompts):
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, PARAMS)]
 
 
-@pytest.fixture(scope="module")
-def int8_llm(default_model_path, isa_level):
+@pytest.fixture(scope="module", params=[("int8", "int8"), ("auto", "int8x2")], ids=["int8", "auto"])
+def int8_llm(request, default_model_path, isa_level):
+    setting, resolved = request.param
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
-                                 linear_activations="int8", max_model_len=512, max_num_seqs=16,
+                                 linear_activations=setting, max_model_len=512, max_num_seqs=16,
                                  max_num_batched_tokens=48, max_prefill_tokens_with_decodes=16,
                                  kv_cache_memory="128MiB", block_size=16,
                                  cpu_threads_bind=str(min(os.sched_getaffinity(0)))))
-    assert engine.linear_activations == "int8"
+    assert engine.linear_activations == resolved
     return LLM.from_engine(engine)
 
 

@@ -280,7 +280,7 @@ def test_float32_default_unchanged_and_bad_activations():
     C.quant_linear(x, "q4_1", qs, d, m, explicit, "float32")
     assert torch.equal(default, explicit)
     assert not torch.equal(run(x, "q4_1", qs, d, m), default)  # int8 is another arithmetic
-    with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
+    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8' or 'int8x2', got 'int4'"):
         C.quant_linear(x, "q4_1", qs, d, m, default, "int4")
     with pytest.raises(ValueError, match="x: expected dtype float32, got dtype float64"):  # the same checks as float32
         C.quant_linear(x.double(), "q4_1", qs, d, m, default, "int8")
@@ -344,10 +344,10 @@ def test_layer_stack_mixed_or_bad_activations():
     model, _ = int8_model(config, tiny_weights(config))
     model.layers[1].down.activations = "float32"
     assert LayerStack.for_model(model) is None  # mixed settings keep the Python path
-    with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
+    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8' or 'int8x2', got 'int4'"):
         CpuPackedLinear(packed(np.random.default_rng(0), 8, 64), activations="int4")
-    with pytest.raises(ValueError, match=r"activations: expected 'float32' or 'int8', got 'int4'"):
+    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8' or 'int8x2', got 'int4'"):
         C.LayerStack(1, 1, 32, 32, 32, 1e-6, 1.0, 0, torch.ones(32), "int4")
-    assert resolve_activations("auto") == "float32" and resolve_activations("int8") == "int8"
-    with pytest.raises(ValueError, match="'auto', 'float32' or 'int8', got 'fp8'"):
+    assert resolve_activations("auto") == "int8x2" and resolve_activations("int8") == "int8"
+    with pytest.raises(ValueError, match="'auto', 'float32', 'int8' or 'int8x2', got 'fp8'"):
         resolve_activations("fp8")

@@ -13,8 +13,8 @@ the fused CPU layer ops (``accepts``), every layer's
 matrices packed (``CpuPackedLinear``, all with the same ``activations``) and
 attention on ``CpuBackend``. The stack runs the packed kernel with its
 layers' ``activations``: with "float32", steps of ``DENSE_ROWS`` tokens or
-more keep the Python path (they run a dense GEMM there); with "int8" the
-stack runs every step. ``PAGED_LAYER_STACK=0`` turns the stack off (read on
+more keep the Python path (they run a dense GEMM there); with "int8" or
+"int8x2" the stack runs every step. ``PAGED_LAYER_STACK=0`` turns the stack off (read on
 every step).
 
 Single-threaded: a stack belongs to the engine thread that runs the model.
@@ -103,7 +103,7 @@ class LayerStack:
         """Whether a step of ``num_tokens`` runs here (switch on; with float32
         activations, fewer rows than the Python path's dense GEMM takes)."""
         dense_rows = packed_linear.DENSE_ROWS
-        packed_rows = self.activations == "int8" or dense_rows <= 0 or num_tokens < dense_rows
+        packed_rows = self.activations != "float32" or dense_rows <= 0 or num_tokens < dense_rows
         return packed_rows and enabled()
 
     def run(self, hidden: torch.Tensor, rope_in, kv_caches, meta) -> torch.Tensor:

@@ -1,4 +1,4 @@
-// Boundary checks, the choice of path (activations "int8", else int16 or fp32
+// Boundary checks, the choice of path (activations "int8"/"int8x2", else int16 or fp32
 // by M; quant_linear.h, int8.h), the quantization of x, the split over weight
 // rows (parallel_for: OpenMP, or the std::thread pool without it) and the ISA
 // choice for the quantized linear; the per-ISA kernels do the arithmetic.
@@ -161,37 +161,63 @@ IsaSelector<Kernels>& selector() {
   return s;
 }
 
-// The int8 path: the rows of x quantized (int8.h; split over the threads by
+// The int8 paths: the rows of x quantized (int8.h; split over the threads by
 // rows), then the weight rows in chunks of kI8ChunkRows split over the
 // threads (static: a thread's chunks are consecutive, which the kernels'
 // prefetch of the chunk after next relies on), each thread building its
 // panels in its own scratch. Splitting N only: every model matrix has >= 18
 // chunks, enough for the threads, and no panel is built twice.
-void int8_linear(LinearArgs& a) {
-  const int64_t M = a.M, K = a.K, nb = a.blocks();
-  std::vector<int8_t> codes(size_t(M * K));
-  std::vector<float> scale(size_t(M * nb)), sums(size_t(M * nb));
-  std::vector<int32_t> corr(size_t(M * nb));
-  a.x8 = codes.data();
-  a.x8_scale = scale.data();
-  a.x8_corr = corr.data();
-  a.x8_sum = sums.data();
+//
+// With `terms` = 2 (int8x2), row r of x becomes two rows of codes for the
+// kernels: its quantization (xq, dx), then that of the residual
+// x - dx * xq (one fp32 multiply, one subtraction: this file is compiled
+// without FMA contraction). The kernels compute each term's outputs as for
+// any row (sharing the weight unpacking), and out[r] = term 0 + term 1, one
+// fp32 addition: a row's bits still depend on that row alone.
+void int8_linear(LinearArgs& a, int64_t terms) {
+  const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks(), rows = M * terms;
+  std::vector<int8_t> codes(size_t(rows * K));
+  std::vector<float> scale(size_t(rows * nb)), sums(size_t(rows * nb));
+  std::vector<int32_t> corr(size_t(rows * nb));
+  std::vector<float> parts(terms > 1 ? size_t(rows * N) : 0);  // each term's outputs
+  LinearArgs k = a;  // what the kernels see: `rows` rows of codes
+  k.M = rows;
+  k.x8 = codes.data();
+  k.x8_scale = scale.data();
+  k.x8_corr = corr.data();
+  k.x8_sum = sums.data();
+  if (terms > 1) k.out = parts.data();
   const Kernels kernels = active_kernels();
   const Int8Kernel kernel = kernels.int8_rows;
-  const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
-  const bool parallel = M * a.N * K >= kSerialMacs && (chunks > 1 || M > 1);
+  const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
+  const bool parallel = rows * N * K >= kSerialMacs && (chunks > 1 || rows > 1);
+  const auto quantize = [&](const float* x, int64_t row) {
+    kernels.x8_quantize(x, K, a.qtype, codes.data() + row * K, scale.data() + row * nb, corr.data() + row * nb,
+                        sums.data() + row * nb);
+  };
 #pragma omp parallel if (parallel)
   {
+    std::vector<float> residual(terms > 1 ? size_t(K) : 0);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < M; ++r)
-      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes.data() + r * K, scale.data() + r * nb,
-                          corr.data() + r * nb, sums.data() + r * nb);
+    for (int64_t r = 0; r < M; ++r) {
+      const float* x = a.x + r * K;
+      quantize(x, r * terms);
+      if (terms == 1) continue;
+      const int8_t* q = codes.data() + r * terms * K;
+      const float* dx = scale.data() + r * terms * nb;
+      for (int64_t i = 0; i < K; ++i) residual[size_t(i)] = x[i] - dx[i / kBlock] * float(q[i]);
+      quantize(residual.data(), r * terms + 1);
+    }
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); OpenMP's worker threads live as long as the process.
     static thread_local Int8Panel panel;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      kernel(a, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows), panel);
+    for (int64_t c = 0; c < chunks; ++c) kernel(k, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
+    if (terms > 1) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < N; ++n) a.out[r * N + n] = parts[size_t(2 * r * N + n)] + parts[size_t((2 * r + 1) * N + n)];
+    }
   }
 }
 
@@ -200,7 +226,8 @@ void int8_linear(LinearArgs& a) {
 Activations parse_activations(const std::string& s) {
   if (s == "float32") return Activations::Float32;
   if (s == "int8") return Activations::Int8;
-  fail("activations", "'float32' or 'int8'", "'" + s + "'");
+  if (s == "int8x2") return Activations::Int8x2;
+  fail("activations", "'float32', 'int8' or 'int8x2'", "'" + s + "'");
 }
 
 Kernels active_kernels() { return selector().active().kernel; }
@@ -222,7 +249,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   a.out = static_cast<float*>(to.data);
   a.x = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
-  if (act == Activations::Int8) return int8_linear(a);
+  if (act != Activations::Float32) return int8_linear(a, act == Activations::Int8x2 ? 2 : 1);
   const bool int16_path = a.M <= kInt16MaxRows;
   const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();

@@ -35,7 +35,9 @@
 //
 // Those two are the activations="float32" paths. activations="int8" (int8.h)
 // quantizes x to int8 per 32-block for any M: one arithmetic, bitwise the same
-// for a row alone or in any call.
+// for a row alone or in any call. activations="int8x2" adds a second int8 term,
+// the residual x - dx * xq quantized the same way, and sums the two terms'
+// outputs: ~15 bits of x per block, still one arithmetic for any M.
 #pragma once
 
 #include <cstdint>
@@ -62,9 +64,9 @@ static_assert(kInt16MaxRows <= kDirectMaxRows, "the int16 kernels only have dire
 enum class QType { Q4_0, Q4_1, Q8_0 };
 
 // What the kernels multiply the weight codes by: x itself (the float32 paths
-// above) or its int8 quantization (int8.h).
-enum class Activations { Float32, Int8 };
-// "float32" / "int8", else ValueError "activations: expected ..., got '<s>'".
+// above), its int8 quantization (int8.h), or two int8 terms (int8.h).
+enum class Activations { Float32, Int8, Int8x2 };
+// "float32" / "int8" / "int8x2", else ValueError "activations: expected ..., got '<s>'".
 Activations parse_activations(const std::string& s);
 
 struct LinearArgs {
