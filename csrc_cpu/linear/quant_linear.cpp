@@ -174,26 +174,43 @@ IsaSelector<Kernels>& selector() {
 // without FMA contraction). The kernels compute each term's outputs as for
 // any row (sharing the weight unpacking), and out[r] = term 0 + term 1, one
 // fp32 addition: a row's bits still depend on that row alone.
+//
+// The quantized x and the terms' outputs live in the calling thread's
+// scratch, kept between calls: a fresh buffer per call costs a zero fill and
+// page faults (the lm_head's outputs at 64 rows are 25 MB in int8x2 mode).
+struct Int8Scratch {
+  std::vector<int8_t> codes;
+  std::vector<float> scale, sums, parts;
+  std::vector<int32_t> corr;
+};
+
+template <class V>
+auto* at_least(V& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+  return v.data();
+}
+
 void int8_linear(LinearArgs& a, int64_t terms) {
   const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks(), rows = M * terms;
-  std::vector<int8_t> codes(size_t(rows * K));
-  std::vector<float> scale(size_t(rows * nb)), sums(size_t(rows * nb));
-  std::vector<int32_t> corr(size_t(rows * nb));
-  std::vector<float> parts(terms > 1 ? size_t(rows * N) : 0);  // each term's outputs
+  static thread_local Int8Scratch scratch;  // the caller's: its OpenMP team shares it for this call
+  int8_t* const codes = at_least(scratch.codes, rows * K);
+  float* const scale = at_least(scratch.scale, rows * nb);
+  float* const sums = at_least(scratch.sums, rows * nb);
+  int32_t* const corr = at_least(scratch.corr, rows * nb);
+  float* const parts = terms > 1 ? at_least(scratch.parts, rows * N) : nullptr;  // each term's outputs
   LinearArgs k = a;  // what the kernels see: `rows` rows of codes
   k.M = rows;
-  k.x8 = codes.data();
-  k.x8_scale = scale.data();
-  k.x8_corr = corr.data();
-  k.x8_sum = sums.data();
-  if (terms > 1) k.out = parts.data();
+  k.x8 = codes;
+  k.x8_scale = scale;
+  k.x8_corr = corr;
+  k.x8_sum = sums;
+  if (terms > 1) k.out = parts;
   const Kernels kernels = active_kernels();
   const Int8Kernel kernel = kernels.int8_rows;
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = rows * N * K >= kSerialMacs && (chunks > 1 || rows > 1);
   const auto quantize = [&](const float* x, int64_t row) {
-    kernels.x8_quantize(x, K, a.qtype, codes.data() + row * K, scale.data() + row * nb, corr.data() + row * nb,
-                        sums.data() + row * nb);
+    kernels.x8_quantize(x, K, a.qtype, codes + row * K, scale + row * nb, corr + row * nb, sums + row * nb);
   };
 #pragma omp parallel if (parallel)
   {
@@ -203,8 +220,8 @@ void int8_linear(LinearArgs& a, int64_t terms) {
       const float* x = a.x + r * K;
       quantize(x, r * terms);
       if (terms == 1) continue;
-      const int8_t* q = codes.data() + r * terms * K;
-      const float* dx = scale.data() + r * terms * nb;
+      const int8_t* q = codes + r * terms * K;
+      const float* dx = scale + r * terms * nb;
       for (int64_t i = 0; i < K; ++i) residual[size_t(i)] = x[i] - dx[i / kBlock] * float(q[i]);
       quantize(residual.data(), r * terms + 1);
     }
@@ -216,7 +233,7 @@ void int8_linear(LinearArgs& a, int64_t terms) {
     if (terms > 1) {
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < M; ++r)
-        for (int64_t n = 0; n < N; ++n) a.out[r * N + n] = parts[size_t(2 * r * N + n)] + parts[size_t((2 * r + 1) * N + n)];
+        for (int64_t n = 0; n < N; ++n) a.out[r * N + n] = parts[2 * r * N + n] + parts[(2 * r + 1) * N + n];
     }
   }
 }
