@@ -110,9 +110,9 @@ def test_join_waits_for_every_rank_and_names_the_missing_one(monkeypatch, exitco
 def tp2(default_model_path):
     """One -tp 2 engine for the module's last tests (the last kills a rank);
     one process holds one group at a time, so -tp 3 runs before it."""
-    engine = make_engine(2, "0|1")
-    yield engine
-    engine.close()
+    with LLM(dtype="float32", linear_activations="float32", tensor_parallel_size=2, cpu_threads_bind="0|1",
+             num_kv_blocks=16, max_num_seqs=8, max_model_len=512) as llm:  # the offline API's way in
+        yield llm.engine
 
 
 def check_against_reference(engine: Engine, reference) -> None:
@@ -142,6 +142,16 @@ def test_one_group_per_process(tp2):
 def test_tp2_uneven_kv_groups_greedy_equals_one_rank(reference, tp2):
     assert tp2.worker.shard.kv_heads == (0, 2)  # rank 0: 2 KV groups, rank 1: 1
     check_against_reference(tp2, reference)
+
+
+def test_tp2_copy_on_write_reaches_every_rank(reference, tp2):
+    # n = 2 forks the prompt's blocks; the first write to the shared last
+    # block copies it (rank 0 decides, every rank must copy its own heads)
+    params = SamplingParams(n=2, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    out = LLM.from_engine(tp2).generate(PROMPTS[0], params)[0]
+    want = reference[0].outputs[0].token_ids
+    assert [c.token_ids for c in out.outputs] == [want, want]
+    assert tp2.stats()["kv_cache"]["used"] == 0
 
 
 def test_killing_a_rank_stops_the_group_naming_it(tp2):
