@@ -5,20 +5,14 @@ steps until it ends the group (docs/distributed.md)."""
 
 from __future__ import annotations
 
-import logging
-
 from paged.core.distributed.group import RankGroup, join_torchrun
 from paged.core.engine import Engine
-
-log = logging.getLogger("paged.engine")
 
 
 def follow(group: RankGroup) -> None:
     """Joined rank ``group.rank``: build, then follow rank 0."""
     config = group.broadcast_object()
     engine = Engine(config, group=group)
-    log.info("tensor parallel rank %d of %d ready: %s", group.rank, group.world_size,
-             engine.worker.shard.describe())
     try:
         engine.worker.follow()
     finally:

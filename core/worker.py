@@ -130,6 +130,8 @@ class Worker:
             weights = shard_weights(weights, config, self.shard)
             config = local_config(config, self.shard)
             parallel = TensorParallelOps(self.group.comm, self.shard)
+            log.info("tensor parallel %d ranks (%s, %s): %s", self.world_size, self.group.launcher,
+                     self.group.backend, self.shard.describe())
         backend_cls = backend_cls or self.platform.attention_backend_cls()
         self.backend = backend_cls(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
                                    dtype, self.device, sliding_window=config.sliding_window)
