@@ -26,25 +26,28 @@ Checked check_common(Array& out, Array& query, Array& key_cache, Array& value_ca
   Checked c;
   AttnArgs& a = c.args;
   DType kd, vd, qd, od;
-  c.key_cache = float_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &kd);
-  c.value_cache = float_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
+  c.key_cache = cache_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &kd);
+  c.value_cache = cache_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
   require_same_shape(c.key_cache, c.value_cache);
+  // an int8 cache row holds head_size values and the row's float32 scale
+  const int64_t extra = kd == DType::I8 ? kI8ScaleBytes : 0;
   const int64_t num_blocks = c.key_cache.dim(0), hkv = c.key_cache.dim(1), bs = c.key_cache.dim(2),
-                d = c.key_cache.dim(3);
+                d = c.key_cache.dim(3) - extra;
   if (d % 16 || d < 16 || d > kMaxHeadSize)
-    fail("head_size (key_cache dim 3)", "a multiple of 16 in [16, " + std::to_string(kMaxHeadSize) + "]", d);
+    fail(extra ? "head_size (key_cache dim 3 minus the 4 scale bytes of an int8 cache)" : "head_size (key_cache dim 3)",
+         "a multiple of 16 in [16, " + std::to_string(kMaxHeadSize) + "]", d);
   if (bs < 1) fail("block_size (key_cache dim 2)", ">= 1", bs);
   if (hkv < 1) fail("num_kv_heads (key_cache dim 1)", ">= 1", hkv);
   c.query = float_tensor("query", query, {-1, -1, d}, &qd);
   c.out = float_tensor("out", out, {-1, -1, d}, &od);
   require_same_shape(c.query, c.out);
-  if (kd != vd || qd != kd || od != kd) {
-    const char* name = vd != kd ? "value_cache" : qd != kd ? "query" : "out";
-    const DType got = vd != kd ? vd : qd != kd ? qd : od;
-    fail(name, std::string("the dtype of key_cache (") + dtype_name(kd) + ")",
-         std::string("dtype ") + dtype_name(got) + " (query " + dtype_name(qd) + ", out " + dtype_name(od) +
-             ", key_cache " + dtype_name(kd) + ", value_cache " + dtype_name(vd) + ")");
-  }
+  // the cache may hold another dtype than the query (a bfloat16 or int8 KV
+  // cache under a float32 model); key and value caches, and query and out, agree
+  if (vd != kd)
+    fail("value_cache", std::string("the dtype of key_cache (") + dtype_name(kd) + ")",
+         std::string("dtype ") + dtype_name(vd));
+  if (od != qd)
+    fail("out", std::string("the dtype of query (") + dtype_name(qd) + ")", std::string("dtype ") + dtype_name(od));
   const int64_t h = c.query.dim(1);
   if (h < 1 || h % hkv)
     fail("num_heads (query dim 1)", "a positive multiple of num_kv_heads (" + std::to_string(hkv) + ")", h);
@@ -77,7 +80,8 @@ Checked check_common(Array& out, Array& query, Array& key_cache, Array& value_ca
   a.query = c.query.data;
   a.key_cache = c.key_cache.data;
   a.value_cache = c.value_cache.data;
-  a.dtype = kd;
+  a.dtype = qd;
+  a.cache_dtype = kd;
   a.num_heads = h;
   a.num_kv_heads = hkv;
   a.head_size = d;

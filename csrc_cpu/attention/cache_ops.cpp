@@ -1,8 +1,11 @@
-// KV cache writes, reads and block copies. They only move bytes, so one
-// implementation serves every dtype; arguments are checked once up front.
+// KV cache writes, reads and block copies; arguments are checked once up
+// front. Block copies only move bytes, so one implementation serves every
+// dtype; writes and reads convert when the tokens' dtype is not the cache's
+// (an int8 cache quantizes on write and dequantizes on read: kernel_common.h).
 #include <cstring>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 
@@ -23,8 +26,8 @@ struct CachePair {
 CachePair check_caches(Array& key_cache, Array& value_cache) {
   CachePair c;
   DType vd;
-  c.key = float_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &c.dtype);
-  c.value = float_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
+  c.key = cache_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &c.dtype);
+  c.value = cache_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
   require_same_shape(c.key, c.value);
   if (vd != c.dtype)
     fail("value_cache", std::string("the dtype of key_cache (") + dtype_name(c.dtype) + ")",
@@ -32,7 +35,9 @@ CachePair check_caches(Array& key_cache, Array& value_cache) {
   c.num_blocks = c.key.dim(0);
   c.num_kv_heads = c.key.dim(1);
   c.block_size = c.key.dim(2);
-  c.head_size = c.key.dim(3);
+  c.head_size = c.key.dim(3) - (c.dtype == DType::I8 ? kI8ScaleBytes : 0);
+  if (c.head_size < 1)
+    fail("key_cache", "dim 3 >= 1 (>= 5 for int8: the values plus a 4-byte scale)", c.key.shape_str());
   return c;
 }
 
@@ -47,24 +52,43 @@ const int64_t* check_slots(Array& slot_mapping, int64_t num_tokens, int64_t num_
   return slots;
 }
 
-TensorArg check_tokens(const char* name, Array& a, const CachePair& c, int64_t num_tokens) {
-  DType dt;
-  TensorArg t = float_tensor(name, a, {num_tokens, c.num_kv_heads, c.head_size}, &dt);
-  if (dt != c.dtype)
-    fail(name, std::string("the cache's dtype ") + dtype_name(c.dtype), std::string("dtype ") + dtype_name(dt));
-  return t;
+// Tokens [T, Hkv, D] of any floating dtype (converted to the cache's).
+struct Tokens {
+  TensorArg t;
+  DType dtype;
+};
+Tokens check_tokens(const char* name, Array& a, const CachePair& c, int64_t num_tokens) {
+  Tokens k;
+  k.t = float_tensor(name, a, {num_tokens, c.num_kv_heads, c.head_size}, &k.dtype);
+  return k;
 }
 
-// Copy one token's [Hkv, D] rows between a [T, Hkv, D] tensor and a cache slot.
+// Copy one token's [Hkv, D] rows between a [T, Hkv, D] tensor and a cache
+// slot: bytes when the dtypes agree, else converted through float32.
 enum class Dir { ToCache, FromCache };
-void move_token(const CachePair& c, const TensorArg& tokens, void* cache, int64_t t, int64_t slot, Dir dir) {
-  const size_t row = size_t(c.head_size) * c.key.elem_size;
+void move_token(const CachePair& c, const Tokens& tokens, void* cache, int64_t t, int64_t slot, Dir dir) {
+  const int64_t D = c.head_size, row = cache_row_bytes(c.dtype, D);
+  const size_t tbytes = size_t(D) * tokens.t.elem_size;
   const int64_t block = slot / c.block_size, off = slot % c.block_size;
+  thread_local std::vector<float> buf;
+  buf.resize(size_t(D));
   for (int64_t h = 0; h < c.num_kv_heads; ++h) {
     char* cache_row = static_cast<char*>(cache) + ((block * c.num_kv_heads + h) * c.block_size + off) * row;
-    char* token_row = static_cast<char*>(tokens.data) + (t * c.num_kv_heads + h) * row;
-    if (dir == Dir::ToCache) std::memcpy(cache_row, token_row, row);
-    else std::memcpy(token_row, cache_row, row);
+    char* token_row = static_cast<char*>(tokens.t.data) + (t * c.num_kv_heads + h) * int64_t(tbytes);
+    if (tokens.dtype == c.dtype) {
+      if (dir == Dir::ToCache) std::memcpy(cache_row, token_row, tbytes);
+      else std::memcpy(token_row, cache_row, tbytes);
+    } else if (dir == Dir::ToCache) {
+      for (int64_t d = 0; d < D; ++d) buf[size_t(d)] = load_scalar(token_row, d, tokens.dtype);
+      if (c.dtype == DType::I8) quantize_row_i8(buf.data(), D, reinterpret_cast<int8_t*>(cache_row));
+      else for (int64_t d = 0; d < D; ++d) store_scalar(cache_row, d, c.dtype, buf[size_t(d)]);
+    } else if (c.dtype == DType::I8) {
+      const auto* q = reinterpret_cast<const int8_t*>(cache_row);
+      const float s = row_scale_i8(q, D);
+      for (int64_t d = 0; d < D; ++d) store_scalar(token_row, d, tokens.dtype, float(q[d]) * s);
+    } else {
+      for (int64_t d = 0; d < D; ++d) store_scalar(token_row, d, tokens.dtype, load_scalar(cache_row, d, c.dtype));
+    }
   }
 }
 
@@ -93,9 +117,9 @@ const int64_t* check_mapping(Array& block_mapping, int64_t num_src, int64_t num_
 
 void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping) {
   CachePair c = check_caches(key_cache, value_cache);
-  TensorArg k = check_tokens("key", key, c, -1);
-  const int64_t num_tokens = k.dim(0);
-  TensorArg v = check_tokens("value", value, c, num_tokens);
+  Tokens k = check_tokens("key", key, c, -1);
+  const int64_t num_tokens = k.t.dim(0);
+  Tokens v = check_tokens("value", value, c, num_tokens);
   const int64_t* slots = check_slots(slot_mapping, num_tokens, c.num_slots());
   nb::gil_scoped_release release;
 #pragma omp parallel for if (num_tokens > 256)
@@ -108,16 +132,19 @@ void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cach
 
 void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out) {
   CachePair c = check_caches(key_cache, value_cache);
-  TensorArg k = check_tokens("key_out", key_out, c, -1);
-  const int64_t num_tokens = k.dim(0);
-  TensorArg v = check_tokens("value_out", value_out, c, num_tokens);
+  Tokens k = check_tokens("key_out", key_out, c, -1);
+  const int64_t num_tokens = k.t.dim(0);
+  Tokens v = check_tokens("value_out", value_out, c, num_tokens);
+  if (v.dtype != k.dtype)
+    fail("value_out", std::string("the dtype of key_out (") + dtype_name(k.dtype) + ")",
+         std::string("dtype ") + dtype_name(v.dtype));
   const int64_t* slots = check_slots(slot_mapping, num_tokens, c.num_slots());
   nb::gil_scoped_release release;
-  const size_t token_bytes = size_t(c.num_kv_heads * c.head_size) * c.key.elem_size;
+  const size_t token_bytes = size_t(c.num_kv_heads * c.head_size) * k.t.elem_size;
   for (int64_t t = 0; t < num_tokens; ++t) {
     if (slots[t] < 0) {  // padding reads as zeros
-      std::memset(static_cast<char*>(k.data) + t * token_bytes, 0, token_bytes);
-      std::memset(static_cast<char*>(v.data) + t * token_bytes, 0, token_bytes);
+      std::memset(static_cast<char*>(k.t.data) + t * token_bytes, 0, token_bytes);
+      std::memset(static_cast<char*>(v.t.data) + t * token_bytes, 0, token_bytes);
       continue;
     }
     move_token(c, k, c.key.data, t, slots[t], Dir::FromCache);

@@ -15,15 +15,25 @@
 
 namespace paged::cpu::attn {
 
-enum class DType { F32, BF16, F16 };
+// I8 is a KV cache dtype only (queries and outputs are floating): each cache
+// row is head_size int8 values followed by that row's float32 scale, so a
+// row (one token of one kv head) dequantizes as q[d] * scale (kI8ScaleBytes).
+enum class DType { F32, BF16, F16, I8 };
+constexpr int64_t kI8ScaleBytes = 4;
+
+// Bytes of one cache row (one token of one kv head) of head size D.
+inline int64_t cache_row_bytes(DType t, int64_t D) {
+  return t == DType::F32 ? 4 * D : t == DType::I8 ? D + kI8ScaleBytes : 2 * D;
+}
 
 // One attention call: decode is the special case "one query row per sequence".
 struct AttnArgs {
   void* out;            // [T, H, D], dtype
   const void* query;    // [T, H, D], dtype
-  const void* key_cache;    // [NB, Hkv, BS, D], dtype
+  const void* key_cache;    // [NB, Hkv, BS, row], cache_dtype (row: cache_row_bytes)
   const void* value_cache;  // same
-  DType dtype;
+  DType dtype;              // query and out
+  DType cache_dtype;        // key_cache and value_cache (any; I8 = quantized rows)
   int64_t num_heads, num_kv_heads, head_size, block_size;
   const int32_t* block_tables;  // [S, table_stride]
   int64_t table_stride;
@@ -98,6 +108,27 @@ inline void store_scalar(void* p, int64_t i, DType t, float v) {
     case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
     default: static_cast<uint16_t*>(p)[i] = float_to_f16(v); break;
   }
+}
+
+// The int8 quantization of one cache row (the reference backend implements
+// the same in torch, bitwise): per (token, kv head), symmetric,
+// scale = max|x| / 127, q = round-half-even(x / scale) in [-127, 127]; a
+// zero row gets scale 0 and q = 0. Depends on nothing but the row itself,
+// so a block's contents never depend on how its tokens were chunked.
+inline void quantize_row_i8(const float* x, int64_t D, int8_t* row) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float scale = amax / 127.0f;
+  for (int64_t d = 0; d < D; ++d) {
+    const float r = scale > 0.0f ? std::nearbyint(x[d] / scale) : 0.0f;
+    row[d] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
+  }
+  std::memcpy(row + D, &scale, sizeof scale);
+}
+inline float row_scale_i8(const int8_t* row, int64_t D) {
+  float s;
+  std::memcpy(&s, row + D, sizeof s);
+  return s;
 }
 
 // Per-ISA implementations (attention_<isa>.cpp include kernel_impl.inc).

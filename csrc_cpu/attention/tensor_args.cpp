@@ -15,7 +15,8 @@ const char* dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "float32";
     case DType::BF16: return "bfloat16";
-    default: return "float16";
+    case DType::F16: return "float16";
+    default: return "int8";
   }
 }
 
@@ -92,6 +93,18 @@ TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<i
   else args::fail(name, "dtype float32, bfloat16 or float16", "dtype " + dlpack_dtype_str(dt));
   t.elem_size = *dtype == DType::F32 ? 4 : 2;
   return t;
+}
+
+TensorArg cache_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype) {
+  const auto dt = a.dtype();
+  if (dt.code == uint8_t(nb::dlpack::dtype_code::Int) && dt.bits == 8 && dt.lanes == 1) {
+    TensorArg t = common(name, a, shape, true);
+    *dtype = DType::I8;
+    t.elem_size = 1;
+    return t;
+  }
+  if (dt == nb::dtype<float>() || dt.bits == 16) return float_tensor(name, a, shape, dtype);
+  args::fail(name, "dtype float32, bfloat16, float16 or int8", "dtype " + dlpack_dtype_str(dt));
 }
 
 TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape) {

@@ -33,6 +33,9 @@ struct TensorArg {
 // Floating tensor (float32 / bfloat16 / float16) of the given rank; `shape`
 // entries < 0 are free. `dtype` receives its dtype.
 TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype);
+// A KV cache tensor of the given rank: float32 / bfloat16 / float16, or int8
+// (DType::I8: rows of head_size values plus their scale, kernel_common.h).
+TensorArg cache_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype);
 // Integer tensor of exactly `bits` width (int32 / int64).
 TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape);
 // Any dtype: used where only bytes are moved (block copies between caches).

@@ -80,6 +80,7 @@ std::vector<float> run(AttentionKernel kernel, const Case& c, const Inputs& in) 
   a.key_cache = in.k.data();
   a.value_cache = in.v.data();
   a.dtype = c.dtype;
+  a.cache_dtype = c.dtype;
   a.num_heads = c.heads;
   a.num_kv_heads = c.kv_heads;
   a.head_size = c.head_size;
