@@ -115,10 +115,11 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------
     def init_device(self, **options) -> None:
         """Prepare this rank's device (the CPU binds threads and memory)."""
-        self.platform.init(rank=self.rank, world_size=self.world_size, **options)
+        # placement is per machine: the rank and rank count on this one
+        self.platform.init(rank=self.group.local_rank, world_size=self.group.local_world_size, **options)
 
     def load_model(self, config, weights: dict, dtype: torch.dtype, block_size: int,
-                   packed_linear=None, backend_cls=None):
+                   packed_linear=None, backend_cls=None, kv_cache_dtype: torch.dtype | None = None):
         """Builds the attention backend and the model from loaded weights
         (a tensor-parallel rank: its shard of them), then picks the layer
         ops and the stack runner."""
@@ -134,7 +135,8 @@ class Worker:
                      self.group.backend, self.shard.describe())
         backend_cls = backend_cls or self.platform.attention_backend_cls()
         self.backend = backend_cls(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
-                                   dtype, self.device, sliding_window=config.sliding_window)
+                                   dtype, self.device, sliding_window=config.sliding_window,
+                                   kv_cache_dtype=kv_cache_dtype)
         self.model = build_model(config, weights, dtype, self.device, self.backend, packed_linear, parallel)
         self.num_layers = config.num_layers
         self.prepare_model(self.model)

@@ -85,6 +85,7 @@ class RankGroup:
     comm: Collectives | None = None
     control: object = None
     local_rank: int = 0  # the device index on this machine
+    local_world_size: int = 1  # ranks on this machine (CPU placement splits its cores among them)
     children: dict[int, object] = field(default_factory=dict)
     on_failure: object = None  # callable(message), run once when a spawned rank dies (the server exits)
     stopped: str | None = None  # why the group stopped, once it has
@@ -205,11 +206,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _init(backend: str, rank: int, world_size: int, launcher: str, local_rank: int, **init) -> RankGroup:
+def _init(backend: str, rank: int, world_size: int, launcher: str, local: tuple[int, int], **init) -> RankGroup:
+    """Joins; ``local`` is (rank, ranks) on this machine."""
     dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=OP_TIMEOUT_S), **init)
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    return RankGroup(rank, world_size, backend, launcher, Collectives(), control, local_rank)
+    return RankGroup(rank, world_size, backend, launcher, Collectives(), control, *local)
 
 
 def spawn_group(world_size: int, backend: str) -> RankGroup:
@@ -239,7 +241,7 @@ def spawn_group(world_size: int, backend: str) -> RankGroup:
     group = RankGroup(children=children)
     try:
         _await_joins(store, group, world_size)
-        joined = _init(backend, 0, world_size, "spawn", 0, store=store)
+        joined = _init(backend, 0, world_size, "spawn", (0, world_size), store=store)
     except BaseException:
         group.shutdown(grace_s=0)
         raise
@@ -274,7 +276,7 @@ def _spawned_main(rank: int, world_size: int, port: int, backend: str, log_level
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=JOIN_TIMEOUT_S))
         store.set(f"paged/joined/{rank}", "1")
-        group = _init(backend, rank, world_size, "spawn", rank, store=store)
+        group = _init(backend, rank, world_size, "spawn", (rank, world_size), store=store)
         _run_entry(group)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -290,8 +292,8 @@ def _spawned_main(rank: int, world_size: int, port: int, backend: str, log_level
 def join_torchrun(backend: str) -> RankGroup:
     """Joins through torchrun's environment (env:// rendezvous)."""
     rank, world_size = torchrun_env()
-    return _init(backend, rank, world_size, "torchrun", int(os.environ.get("LOCAL_RANK", rank)),
-                 init_method="env://")
+    local = (int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    return _init(backend, rank, world_size, "torchrun", local, init_method="env://")
 
 
 def _run_entry(group: RankGroup) -> None:
