@@ -16,6 +16,13 @@ a pair of tensors (key_cache, value_cache) whose layout the backend chooses
 - swap_blocks(src_cache, dst_cache, block_mapping)          one tensor to another (device <-> host)
 - read_kv(key_cache, value_cache, slot_mapping) -> (key, value) [T, Hkv, D]   (tests / debugging)
 
+KV cache dtype (``kv_cache_dtype``, --kv-cache-dtype): the model dtype by
+default; a backend that implements it may store bfloat16 under a float32
+model, or int8: each row (one token of one kv head) is head_size int8 values
+followed by its float32 scale, 4 bytes viewed as int8 (``kv_row_width``),
+quantized by reshape_and_cache per (token, kv head), symmetric, scale =
+max|x| / 127, q = round-half-even(x / scale) (docs/kernels.md).
+
 Index tensors: slot_mapping int64; block_tables, seq_lens, query_start_loc int32.
 sliding_window: 0 or None = unlimited; else key j is visible to query i iff
 i - window < j <= i. scale multiplies q.k before softmax.
@@ -30,12 +37,22 @@ and masks) does it there, never per layer.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass, fields
 from functools import cached_property
 
 import torch
 
 from paged.backends.arg_checks import fail
+
+#: bytes of the float32 scale that ends each row of an int8 KV cache
+KV_INT8_SCALE_BYTES = 4
+
+
+def kv_row_width(head_size: int, kv_cache_dtype: torch.dtype) -> int:
+    """Elements of one KV cache row (one token of one kv head): head_size,
+    plus the scale's bytes in an int8 cache."""
+    return head_size + (KV_INT8_SCALE_BYTES if kv_cache_dtype == torch.int8 else 0)
 
 @dataclass
 class AttentionMetadata:
@@ -83,7 +100,8 @@ class AttentionBackend(abc.ABC):
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu",
-                 scale: float | None = None, sliding_window: int | None = None):
+                 scale: float | None = None, sliding_window: int | None = None,
+                 kv_cache_dtype: torch.dtype | None = None):
         if num_heads % num_kv_heads:
             fail("num_heads", f"a multiple of num_kv_heads ({num_kv_heads})", num_heads)
         self.num_heads = num_heads
@@ -91,6 +109,8 @@ class AttentionBackend(abc.ABC):
         self.head_size = head_size
         self.block_size = block_size
         self.dtype = dtype
+        #: what the KV cache stores (None: the model dtype)
+        self.kv_cache_dtype = kv_cache_dtype or dtype
         self.device = torch.device(device)
         self.scale = float(scale) if scale is not None else head_size ** -0.5
         self.sliding_window = int(sliding_window or 0)
@@ -103,14 +123,16 @@ class AttentionBackend(abc.ABC):
     def allocate_kv_cache(self, num_layers: int, num_blocks: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = self.kv_cache_shape(num_blocks)
         return [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device),
-             torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
+             torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
             for _ in range(num_layers)
         ]
 
     def bytes_per_block(self, num_layers: int) -> int:
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * num_layers * self.block_size * self.num_kv_heads * self.head_size * elem
+        """Key and value bytes of one block in every layer, from the cache's
+        own shape and dtype (an int8 cache's scales included)."""
+        elem = torch.empty((), dtype=self.kv_cache_dtype).element_size()
+        return 2 * num_layers * math.prod(self.kv_cache_shape(1)) * elem
 
     # -- the kernel contract ------------------------------------------------
     @abc.abstractmethod

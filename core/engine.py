@@ -101,6 +101,7 @@ class Engine:
         # the platform's declaration is binding: refuse what it does not accept, before loading
         caps = self.platform.capabilities()
         caps.check(self.platform.name, block_size=self.block_size, dtype=self.dtype)
+        self.kv_cache_dtype = self.platform.resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
@@ -113,7 +114,8 @@ class Engine:
         caps.check(self.platform.name, head_size=mc.head_dim)  # before the model goes onto the device
         self.weight_format = describe_weights(loaded.weights, self.model_path, self.linear_activations)
         self.worker.load_model(mc, loaded.weights, self.dtype, self.block_size, packed_linear,
-                               self.platform.select_attention_backend(config.attention_backend))
+                               self.platform.select_attention_backend(config.attention_backend),
+                               kv_cache_dtype=self.kv_cache_dtype)
         self.attn_backend = self.worker.backend
         del loaded
 
@@ -144,9 +146,10 @@ class Engine:
         self.num_finished = 0
         dtype_how = "auto" if str(config.dtype).strip().lower() == "auto" else "--dtype"
         summary = self.platform.startup_summary()
-        log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %d blocks x %d "
+        log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %s, %d blocks x %d "
                  "tokens (%.2f GiB)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
-                 str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format, num_blocks,
+                 str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format,
+                 str(self.kv_cache_dtype).removeprefix("torch."), num_blocks,
                  self.block_size, num_blocks * self.worker.bytes_per_block / 2**30, f"; {summary}" if summary else "")
 
     def _packed_linear(self, config: EngineConfig):

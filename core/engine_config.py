@@ -34,6 +34,10 @@ def parse_tensor_parallel_size(value) -> int | str:
 #: --linear-activations choices; auto = the platform's choice
 LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2")
 
+#: --kv-cache-dtype choices (vLLM's flag); auto = the model dtype. Which a
+#: platform runs: Platform.check_kv_cache_dtype (docs/kernels.md)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
+
 
 @dataclass
 class EngineConfig:
@@ -59,6 +63,10 @@ class EngineConfig:
     # what packed linears feed their integer dot products (docs/kernels.md,
     # "Choosing the CPU path"): float32 activations, or int8 per 32-block
     linear_activations: str = "auto"
+    # what the KV cache stores (KV_CACHE_DTYPES): auto = the model dtype;
+    # bfloat16 halves it under a float32 model, int8 quarters it (plus a
+    # float32 scale per token and kv head)
+    kv_cache_dtype: str = "auto"
     warm_up: bool = True
     # tensor parallel ranks (docs/distributed.md): an int, or "auto" (CPU:
     # one rank per NUMA node; a device platform: one per device)
@@ -87,6 +95,9 @@ class EngineConfig:
         if self.linear_activations not in LINEAR_ACTIVATIONS:
             raise ValueError(f"linear_activations: expected one of {', '.join(LINEAR_ACTIVATIONS)}, "
                              f"got {self.linear_activations!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         u = self.gpu_memory_utilization
         if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < float(u) <= 1.0:
             raise ValueError(f"--gpu-memory-utilization: expected a fraction in (0, 1], got {u!r}")
@@ -134,6 +145,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
                         "int8x2 (int8 plus the residual's int8: float32's accuracy, integer speed), "
                         "auto = the platform's choice (default: auto)")
+    g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
+                   help="what the KV cache stores: auto = the model dtype; bfloat16; int8 (a float32 scale "
+                        "per token and kv head: ~4x the tokens of a float32 cache; CPU only); fp8_e4m3 is "
+                        "not implemented yet (default: auto)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="share of the GPU's memory to use for weights, activations and the KV cache; "
                         "the KV cache gets what a profiled worst-case step leaves (GPU platforms; "
@@ -164,6 +179,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         seed=args.seed,
         quantized_weights=args.quantized_weights,
         linear_activations=args.linear_activations,
+        kv_cache_dtype=args.kv_cache_dtype,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative_config=args.speculative_config,
         gpu_memory_utilization=args.gpu_memory_utilization,

@@ -142,6 +142,32 @@ class Platform(abc.ABC):
 
         return Worker
 
+    #: --kv-cache-dtype names the kernels store besides the model dtype
+    #: (torch dtype names; "int8": backends/base.py's quantized rows). Other
+    #: platforms refuse them at start until their kernels implement them.
+    extra_kv_cache_dtypes: tuple = ()
+
+    def resolve_kv_cache_dtype(self, choice: str | None, model_dtype):
+        """The torch dtype the KV cache stores for --kv-cache-dtype ``choice``
+        (auto / None: the model dtype); ValueError, one line, for one this
+        platform does not run."""
+        import torch
+
+        if choice in (None, "auto"):
+            return model_dtype
+        if choice == "fp8_e4m3":
+            raise ValueError("--kv-cache-dtype fp8_e4m3: not implemented on any platform yet "
+                             "(int8 is, on the CPU)")
+        dtype = getattr(torch, str(choice), None)
+        if dtype == model_dtype:
+            return dtype
+        if not isinstance(dtype, torch.dtype) or str(choice) not in self.extra_kv_cache_dtypes:
+            model = str(model_dtype).removeprefix("torch.")
+            allowed = ", ".join(["auto", model, *(d for d in self.extra_kv_cache_dtypes if d != model)])
+            raise ValueError(f"--kv-cache-dtype on {self.name}: expected one of {allowed} "
+                             f"(the {model} model's own dtype or what its kernels implement), got {choice!r}")
+        return dtype
+
     def select_attention_backend(self, choice: str | None = None):
         """The attention backend class for --attention-backend ``choice``:
         None = this platform's own, "reference" = the pure-torch oracle."""

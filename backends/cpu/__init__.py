@@ -11,7 +11,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from paged.backends.arg_checks import fail
-from paged.backends.base import AttentionBackend
+from paged.backends.base import AttentionBackend, kv_row_width
 
 __all__ = ["CpuBackend", "ops"]
 
@@ -53,14 +53,15 @@ class CpuBackend(AttentionBackend):
             fail("head_size (cpu kernels)", "a multiple of 16 in [16, 256]", self.head_size)
         self._ops = ops()
 
-    # [num_blocks, num_kv_heads, block_size, head_size]: one head's tokens of a
-    # block are contiguous, so a decode work item streams them linearly.
+    # [num_blocks, num_kv_heads, block_size, row]: one head's tokens of a block
+    # are contiguous, so a decode work item streams them linearly. row =
+    # head_size, or head_size int8 + the row's float32 scale (kv_row_width).
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (num_blocks, self.num_kv_heads, self.block_size, self.head_size)
+        return (num_blocks, self.num_kv_heads, self.block_size, kv_row_width(self.head_size, self.kv_cache_dtype))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int):
-        shape = self.kv_cache_shape(num_blocks)
-        return [(_zeros(shape, self.dtype), _zeros(shape, self.dtype)) for _ in range(num_layers)]
+        shape, dtype = self.kv_cache_shape(num_blocks), self.kv_cache_dtype
+        return [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(num_layers)]
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         self._ops.reshape_and_cache(dl(key), dl(value), dl(key_cache), dl(value_cache), dl(slot_mapping))
@@ -85,7 +86,8 @@ class CpuBackend(AttentionBackend):
         if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dim() != 1:
             fail("slot_mapping", "a 1-D tensor", f"{slot_mapping!r:.80}")
         shape = (slot_mapping.shape[0], self.num_kv_heads, self.head_size)
-        key = torch.empty(shape, dtype=key_cache.dtype)
-        value = torch.empty(shape, dtype=key_cache.dtype)
+        # in the model dtype, like the reference: a bfloat16 or int8 cache reads converted
+        key = torch.empty(shape, dtype=self.dtype)
+        value = torch.empty(shape, dtype=self.dtype)
         self._ops.read_kv(key_cache, value_cache, slot_mapping, key, value)
         return key, value

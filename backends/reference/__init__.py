@@ -4,7 +4,8 @@ It implements the kernel contract (docs/kernels.md) in the plainest way:
 gather a sequence's blocks into contiguous K/V, then call
 scaled_dot_product_attention with an explicit causal / sliding-window mask,
 computing in float32 and casting back. No device-specific code, so it runs on
-any device torch supports.
+any device torch supports. The KV cache may hold another dtype than the model
+(``kv_cache_dtype``): bfloat16, or int8 rows quantized as kv_quant.py says.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from paged.backends.arg_checks import fail
-from paged.backends.base import AttentionBackend
+from paged.backends.base import AttentionBackend, kv_row_width
 from paged.backends.reference import validation as v
+from paged.backends.reference.kv_quant import from_cache, to_cache
 
 __all__ = ["ReferenceBackend"]
 
@@ -25,7 +27,7 @@ class ReferenceBackend(AttentionBackend):
     # Layout [num_blocks, num_kv_heads, block_size, head_size]: one head's
     # tokens of a block are contiguous (the CPU backend uses the same).
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (num_blocks, self.num_kv_heads, self.block_size, self.head_size)
+        return (num_blocks, self.num_kv_heads, self.block_size, kv_row_width(self.head_size, self.kv_cache_dtype))
 
     # -- cache writes / reads ---------------------------------------------
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -38,8 +40,8 @@ class ReferenceBackend(AttentionBackend):
         keep = slot_mapping >= 0
         slots = slot_mapping[keep]
         blocks, offsets = slots // self.block_size, slots % self.block_size
-        key_cache[blocks, :, offsets] = key[keep]
-        value_cache[blocks, :, offsets] = value[keep]
+        key_cache[blocks, :, offsets] = to_cache(key[keep], key_cache.dtype)
+        value_cache[blocks, :, offsets] = to_cache(value[keep], value_cache.dtype)
 
     def read_kv(self, key_cache, value_cache, slot_mapping):
         v.check_caches(self, key_cache, value_cache)
@@ -48,19 +50,20 @@ class ReferenceBackend(AttentionBackend):
         keep = slot_mapping >= 0
         slots = slot_mapping.clamp(min=0)
         blocks, offsets = slots // self.block_size, slots % self.block_size
-        zero = torch.zeros((), dtype=key_cache.dtype, device=key_cache.device)
-        k = torch.where(keep[:, None, None], key_cache[blocks, :, offsets], zero)
-        val = torch.where(keep[:, None, None], value_cache[blocks, :, offsets], zero)
-        return k.contiguous(), val.contiguous()
+        def rows(cache):  # in the model dtype (exact for a float cache); padding reads as zeros
+            x = from_cache(cache[blocks, :, offsets]).to(self.dtype)
+            return torch.where(keep[:, None, None], x, torch.zeros((), dtype=x.dtype, device=x.device)).contiguous()
+
+        return rows(key_cache), rows(value_cache)
 
     # -- attention ----------------------------------------------------------
     def _gather(self, cache, table_row, seq_len: int) -> torch.Tensor:
         """One sequence's first seq_len tokens as [num_heads, seq_len, D] float32
         (kv heads repeated for GQA)."""
         nb = (seq_len + self.block_size - 1) // self.block_size
-        blocks = cache[table_row[:nb].long()]  # [nb, Hkv, bs, D]
+        blocks = from_cache(cache[table_row[:nb].long()])  # [nb, Hkv, bs, D] float32
         x = blocks.permute(1, 0, 2, 3).reshape(self.num_kv_heads, nb * self.block_size, self.head_size)
-        x = x[:, :seq_len].float()
+        x = x[:, :seq_len]
         return x.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
 
     def _attend(self, q, key_cache, value_cache, table_row, seq_len: int, scale: float, window: int):

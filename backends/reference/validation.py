@@ -47,8 +47,9 @@ def check_index(name: str, t, ndim: int, device, length: int | None = None):
 
 def check_caches(be, key_cache, value_cache):
     shape = be.kv_cache_shape(key_cache.shape[0] if isinstance(key_cache, torch.Tensor) and key_cache.dim() else 0)
-    check_tensor("key_cache", key_cache, ndim=len(shape), dtype=be.dtype, device=be.device, shape=shape)
-    check_tensor("value_cache", value_cache, ndim=len(shape), dtype=be.dtype, device=be.device,
+    dtype = be.kv_cache_dtype
+    check_tensor("key_cache", key_cache, ndim=len(shape), dtype=dtype, device=be.device, shape=shape)
+    check_tensor("value_cache", value_cache, ndim=len(shape), dtype=dtype, device=be.device,
                  shape=tuple(key_cache.shape))
 
 
