@@ -139,9 +139,10 @@ def run_check(check: Check, ctx: Context) -> CheckResult:
 
 
 def collect_checks(ctx: Context) -> list[Check]:
-    from paged.core.conformance import e2e_checks, platform_checks, pool_checks
+    from paged.core.conformance import e2e_checks, kv_cache_checks, platform_checks, pool_checks
 
-    return [*platform_checks.checks(ctx), *pool_checks.checks(ctx), *kernel_checks(ctx), *e2e_checks.checks(ctx)]
+    return [*platform_checks.checks(ctx), *pool_checks.checks(ctx), *kernel_checks(ctx), *kv_cache_checks.checks(ctx),
+            *e2e_checks.checks(ctx)]
 
 
 KERNEL_HEAD_SIZES = (64, 128)
