@@ -18,7 +18,8 @@ from paged.platforms import cpu_isa
 from paged.platforms.base import Availability, MemoryInfo, Platform
 from paged.platforms.cpu_load import LoadWatch
 from paged.platforms.cpulist import format_cpulist, parse_cpulist
-from paged.platforms.topology import Topology, process_cpus, read_topology, set_thread_cpus, system_memory
+from paged.platforms.topology import (Topology, can_pin_threads, process_cpus, read_topology, set_thread_cpus,
+                                      system_memory)
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,8 @@ class CpuPlatform(Platform):
         topo = self.topology()
         report["topology"] = topo.to_dict()
         report["binding"] = self.plan.to_dict() if self.plan else None
+        if not can_pin_threads():  # macOS: the plan sets the thread count only
+            report["pinning"] = "none: this OS has no CPU affinity API, threads run where it puts them"
         if not report["available"]:
             return report
         ops = self.ops_module()

@@ -108,10 +108,15 @@ def process_cpus() -> set[int]:
     return set(range(os.cpu_count() or 1))
 
 
+def can_pin_threads() -> bool:
+    """Whether the OS lets a thread be pinned to CPUs (Linux yes, macOS no)."""
+    return hasattr(os, "sched_setaffinity")
+
+
 def set_thread_cpus(tid: int, cpus: set[int] | list[int]) -> bool:
     """Pin thread ``tid`` (0: the caller) to ``cpus``; False where the OS
     cannot pin (macOS)."""
-    if not hasattr(os, "sched_setaffinity"):
+    if not can_pin_threads():
         return False
     os.sched_setaffinity(tid, cpus)
     return True

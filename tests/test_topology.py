@@ -183,3 +183,16 @@ def test_no_sysfs_counts_the_os_cpus_and_leaves_out_efficiency_cores(tmp_path):
         assert topo.to_dict()["efficiency_cpus"] == str(n - 1)
     plain = read_topology(tmp_path, allowed=set(range(n)), sysctl=lambda name: None)
     assert plain.efficiency_cpus == () and plan_binding("auto", plain).cpus == list(range(n))
+
+
+def test_env_says_threads_are_not_pinned_where_the_os_cannot(monkeypatch):
+    """Where the OS has no affinity API (macOS; simulated here by making
+    can_pin_threads answer False) `paged env` says nothing is pinned."""
+    import paged.platforms.cpu as cpu_mod
+    from paged.core.cli import env_report, format_env
+
+    assert "pinning" not in CpuPlatform().env_report()  # Linux pins
+    monkeypatch.setattr(cpu_mod, "can_pin_threads", lambda: False)
+    report = env_report(CpuPlatform(), "none")
+    assert report["pinning"].startswith("none: this OS has no CPU affinity API")
+    assert "pinning         none: this OS has no CPU affinity API" in format_env(report)

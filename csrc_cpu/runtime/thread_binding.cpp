@@ -146,7 +146,8 @@ std::vector<ThreadInfo> thread_report() {
   {
     const int t = omp_get_thread_num();
     if (t == 0) team = omp_get_num_threads();
-    if (static_cast<size_t>(t) < report.size()) report[static_cast<size_t>(t)] = ThreadInfo{t, current_cpu(), own_affinity()};
+    if (static_cast<size_t>(t) < report.size())
+      report[static_cast<size_t>(t)] = ThreadInfo{t, current_cpu(), own_affinity()};
   }
   report.resize(static_cast<size_t>(team));
   return report;

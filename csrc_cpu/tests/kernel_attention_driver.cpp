@@ -1,6 +1,7 @@
 // Every attention build of this architecture (kernel_builds.h) against the
 // scalar build on random paged caches: decode and prefill rows, GQA, sliding
-// windows, sequences long enough to split, float32 / bfloat16 / float16.
+// windows, sequences long enough to split, float32 / bfloat16 / float16, and
+// caches of another dtype than the query's (int8 rows, bf16).
 // The builds' vector widths differ, so their sums run in different orders:
 // outputs must agree within a stated tolerance (float32: 1e-6 absolute on
 // values of magnitude <= 1, 8 ulp at 1, where the exp polynomials differ by
@@ -25,18 +26,35 @@ using attn::AttnArgs;
 using attn::DType;
 
 struct Case {
-  DType dtype;
+  DType dtype;  // query and output
   int64_t heads, kv_heads, head_size, block_size;
   std::vector<std::pair<int, int>> seqs;  // (context length, query rows)
   int64_t window;
+  DType cache;  // the KV cache's dtype (I8: quantized rows)
 };
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "f32" : (t == DType::BF16 ? "bf16" : "f16"); }
+const char* dtype_name(DType t) {
+  return t == DType::F32 ? "f32" : t == DType::BF16 ? "bf16" : t == DType::F16 ? "f16" : "i8";
+}
 
 // Random values in [-1, 1] stored in the case's dtype.
 std::vector<uint16_t> random_store(int64_t n, DType t) {
   std::vector<uint16_t> out(size_t(n) * (t == DType::F32 ? 2 : 1));
   for (int64_t i = 0; i < n; ++i) attn::store_scalar(out.data(), i, t, uniform(-1.f, 1.f));
+  return out;
+}
+
+// `rows` cache rows of head size D with random values in [-1, 1] in dtype t
+// (I8: each row quantized as reshape_and_cache does, codes then scale).
+std::vector<uint16_t> random_cache(int64_t rows, int64_t D, DType t) {
+  if (t != DType::I8) return random_store(rows * D, t);
+  const int64_t row_bytes = attn::cache_row_bytes(t, D);
+  std::vector<uint16_t> out(size_t(rows * row_bytes + 1) / 2);
+  std::vector<float> x(static_cast<size_t>(D));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (float& v : x) v = uniform(-1.f, 1.f);
+    attn::quantize_row_i8(x.data(), D, reinterpret_cast<int8_t*>(out.data()) + r * row_bytes);
+  }
   return out;
 }
 
@@ -65,9 +83,9 @@ Inputs make_inputs(const Case& c) {
     in.starts.push_back(in.starts.back() + rows);
   }
   in.q = random_store(in.tokens * c.heads * c.head_size, c.dtype);
-  const int64_t cache = blocks * c.kv_heads * c.block_size * c.head_size;
-  in.k = random_store(cache, c.dtype);
-  in.v = random_store(cache, c.dtype);
+  const int64_t rows = blocks * c.kv_heads * c.block_size;
+  in.k = random_cache(rows, c.head_size, c.cache);
+  in.v = random_cache(rows, c.head_size, c.cache);
   return in;
 }
 
@@ -80,7 +98,7 @@ std::vector<float> run(AttentionKernel kernel, const Case& c, const Inputs& in) 
   a.key_cache = in.k.data();
   a.value_cache = in.v.data();
   a.dtype = c.dtype;
-  a.cache_dtype = c.dtype;
+  a.cache_dtype = c.cache;
   a.num_heads = c.heads;
   a.num_kv_heads = c.kv_heads;
   a.head_size = c.head_size;
@@ -104,12 +122,16 @@ std::vector<Case> cases() {
   std::vector<Case> out;
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     // decode: one row per sequence, lengths across block and split (256) edges
-    out.push_back({t, 8, 2, 64, 16, {{1, 1}, {17, 1}, {300, 1}, {777, 1}}, 0});
+    out.push_back({t, 8, 2, 64, 16, {{1, 1}, {17, 1}, {300, 1}, {777, 1}}, 0, t});
     // prefill and chunked prefill (rows < length: a cached prefix), a window
-    out.push_back({t, 4, 4, 128, 16, {{40, 40}, {300, 37}}, 0});
-    out.push_back({t, 6, 2, 80, 32, {{530, 3}, {64, 64}}, 100});
-    out.push_back({t, 2, 1, 16, 5, {{99, 9}}, 0});
+    out.push_back({t, 4, 4, 128, 16, {{40, 40}, {300, 37}}, 0, t});
+    out.push_back({t, 6, 2, 80, 32, {{530, 3}, {64, 64}}, 100, t});
+    out.push_back({t, 2, 1, 16, 5, {{99, 9}}, 0, t});
   }
+  // a cache dtype other than the query's: int8 rows under float32 / bf16, bf16 under float32
+  out.push_back({DType::F32, 8, 2, 64, 16, {{1, 1}, {300, 1}, {530, 3}}, 0, DType::I8});
+  out.push_back({DType::BF16, 4, 4, 128, 16, {{300, 37}, {40, 40}}, 100, DType::I8});
+  out.push_back({DType::F32, 6, 2, 80, 32, {{777, 1}, {64, 64}}, 0, DType::BF16});
   return out;
 }
 
@@ -130,8 +152,8 @@ int main(int argc, char** argv) {
       for (size_t j = 0; j < got.size(); ++j) worst = std::max(worst, std::fabs(got[j] - want[j]));
       worst_of[int(c.dtype)] = std::max(worst_of[int(c.dtype)], worst);
       const bool finite = std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); });
-      DRIVER_CHECK(finite && worst <= tolerance(c.dtype), "%s case %zu (%s, D=%lld): max |diff| %g > %g",
-                   b.name, i, dtype_name(c.dtype), (long long)c.head_size, double(worst),
+      DRIVER_CHECK(finite && worst <= tolerance(c.dtype), "%s case %zu (%s, %s cache, D=%lld): max |diff| %g > %g",
+                   b.name, i, dtype_name(c.dtype), dtype_name(c.cache), (long long)c.head_size, double(worst),
                    double(tolerance(c.dtype)));
     }
     std::printf("attention %s: max |diff| vs scalar f32 %g, bf16 %g, f16 %g\n", b.name, double(worst_of[0]),
