@@ -82,6 +82,10 @@ class NpuPlatform(Platform):
         except Exception:
             return 0
 
+    def init(self, rank: int = 0, **options) -> None:
+        """This rank's NPU becomes the current device before any tensor is made."""
+        self.set_device(rank)
+
     def set_device(self, index: int) -> None:
         self._require().npu.set_device(index)
 

@@ -41,7 +41,10 @@ def sim(tmp_path_factory):
     from paged_npu_sim import torch_npu_sim
 
     assert paged_npu_sim.NpuSimPlatform().is_available().ok
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the platform runs (paged_npu_sim.NpuSimPlatform.bind_thread)
     yield torch_npu_sim
+    torch.set_num_threads(threads)
     paged_npu_sim.uninstall()
     for p in (str(site), str(SIM_DIR)):
         sys.path.remove(p)
@@ -115,3 +118,106 @@ def _common(batch, num_decodes: int) -> AttentionMetadata:
     return AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=batch.query_start_loc,
                              seq_lens=batch.seq_lens, block_tables=batch.block_tables, num_decodes=num_decodes,
                              max_query_len=1, max_seq_len=max(last) + 1)
+
+
+# ---- the engine on the simulated NPU ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def suite(sim):
+    """`paged conformance --quick` on npu-sim, in this process: (report, the
+    engine it loaded: the default model in bfloat16 on NpuBackend)."""
+    from paged_npu_sim import NpuSimPlatform
+
+    from paged.core.conformance.runner import run_suite
+
+    shared: dict = {}
+    report = run_suite(NpuSimPlatform(), quick=True, cache=shared)
+    if ("llm", False) not in shared:
+        pytest.skip(f"the e2e checks loaded no engine: {report.table()}")
+    return report, shared[("llm", False)][0]
+
+
+def test_conformance_passes_on_the_simulated_npu(suite, sim):
+    report, _ = suite
+    assert report.passed, report.table()
+    status = {r.name: r.status for r in report.results}
+    assert all(r.status == "PASS" for r in report.results if r.required), report.table()
+    assert report.declaration["block_sizes"] == "a multiple of 128 in [128, 512]"
+    assert report.declaration["batch_invariant"] == {"bfloat16": [], "float16": []}
+    assert {"kernels.edge_cases[bfloat16]", "kernels.edge_cases[float16]", "e2e.greedy_vs_reference"} <= set(status)
+    assert sim.calls["npu_fused_infer_attention_score"] > 0 and sim.calls["npu_scatter_pa_kv_cache"] > 0
+
+
+def test_no_host_sync_in_the_per_layer_path(suite, sim):
+    """Real engine steps on NpuBackend: prefill, decode, a full prefix-cache
+    hit leaving one token (Q_S = 1) alone and beside decodes; every layer's
+    forward runs under a guard that fails on a device->host copy."""
+    from conftest import step_until_idle
+
+    from paged import SamplingParams
+
+    _, llm = suite
+    eng = llm.engine
+    be = eng.attn_backend
+    steps, forward, build = [], be.forward, be.build_metadata
+
+    def guarded_forward(*args, **kw):
+        with sim.HostSyncGuard(forbid=True):
+            return forward(*args, **kw)
+
+    def recorded_build(common):
+        meta = build(common)
+        steps.append((common.num_decodes, meta.num_decodes, meta.num_seqs, meta.prefill_q_lens))
+        return meta
+
+    be.forward, be.build_metadata = guarded_forward, recorded_build
+    try:
+        prompt = list(range(1000, 1129))  # 129 tokens: one full 128-token block cached, one token after it
+        greedy = SamplingParams(max_tokens=3, temperature=0.0)
+        eng.add_request("first", prompt, greedy)
+        step_until_idle(eng)
+        eng.add_request("alone", prompt, greedy)  # prefix hit: a 1-token prefill on its own
+        step_until_idle(eng)
+        eng.add_request("decoding", [7, 8, 9, 10], SamplingParams(max_tokens=6, temperature=0.0))
+        eng.step()
+        eng.add_request("beside", prompt, greedy)  # the 1-token prefill beside a decode
+        done, failed = step_until_idle(eng)
+    finally:
+        del be.forward, be.build_metadata
+    assert not failed and set(done) == {"decoding", "beside"}, failed
+    assert any(nd == 0 and q and max(q) > 1 for nd, _, _, q in steps)  # a real prefill ran
+    assert (0, 1, 1, []) in steps  # the prefix hit alone: routed to the decode call
+    assert any(nd_in == 1 and nd == ns == 2 for nd_in, nd, ns, _ in steps)  # beside a decode: routed too
+    # the guard itself catches a sync: the contract op (not the per-layer path) reads lengths on the host
+    guard = sim.HostSyncGuard()
+    case = kc.AttnCase(8, 2, 64, 128, (5, 9), query_lens=(2, 3))
+    nb = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    batch, kv = _filled(nb, case)
+    with guard:
+        kc.run_attention(nb, batch, case, kv)
+    assert "tolist" in guard.syncs
+
+
+def test_greedy_bf16_matches_the_cpu_float32_engine(suite):
+    """Greedy tokens of the default model, bfloat16 on the simulated NPU vs
+    float32 on the CPU engine: equal, or the first divergence falls where
+    the CPU's top-2 logit margin is below MARGIN."""
+    from paged import LLM, SamplingParams
+
+    _, llm = suite
+    n = 16
+    got = llm.generate(PROMPTS, SamplingParams(max_tokens=n, temperature=0.0))
+    cpu = LLM(model=None, device="cpu", dtype="float32", seed=0, kv_cache_memory="256MiB", max_model_len=2048)
+    want = cpu.generate(PROMPTS, SamplingParams(max_tokens=n, temperature=0.0, logprobs=2))
+    compared = 0
+    for prompt, g, w in zip(PROMPTS, got, want):
+        g_ids, w_out = g.outputs[0].token_ids, w.outputs[0]
+        for i, (a, b) in enumerate(zip(g_ids, w_out.token_ids)):
+            if a != b:
+                top = sorted(w_out.logprobs[i].values(), reverse=True)
+                margin = top[0] - top[1]
+                assert margin < MARGIN, (f"{prompt!r}: token {i} is {a} on npu-sim bf16, {b} on cpu float32, "
+                                         f"where the float32 top-2 margin is {margin:.3f} >= {MARGIN}")
+                break
+            compared += 1
+    assert compared >= n, f"only {compared} tokens agreed before the divergences"

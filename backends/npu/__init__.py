@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from paged.backends.arg_checks import fail
 from paged.backends.base import AttentionMetadata
 from paged.backends.npu import layout
 from paged.backends.npu import metadata as step
@@ -46,8 +47,10 @@ class NpuBackend(ReferenceBackend):
     name = "npu"
 
     def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="npu",
-                 scale=None, sliding_window=None):
+                 scale=None, sliding_window=None, kv_cache_dtype=None):
         layout.check_shape(num_heads, num_kv_heads, head_size, block_size, dtype)
+        if kv_cache_dtype not in (None, dtype):  # the operators read the cache in the query's dtype
+            fail("kv_cache_dtype (npu)", f"the model dtype {dtype}", kv_cache_dtype)
         super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:

@@ -195,9 +195,12 @@ def _kernel_runner(fn, params, dtype, head_size):
     return run
 
 
-def run_suite(platform, quick: bool = False, seed: int = 0, only: str | None = None) -> Report:
-    """Run every check (or those whose name contains ``only``) for ``platform``."""
-    ctx = Context(platform=platform, quick=quick, seed=seed)
+def run_suite(platform, quick: bool = False, seed: int = 0, only: str | None = None,
+              cache: dict | None = None) -> Report:
+    """Run every check (or those whose name contains ``only``) for ``platform``.
+    ``cache``: the dict the checks share (e.g. the engines they load), for a
+    caller that reuses them afterwards."""
+    ctx = Context(platform=platform, quick=quick, seed=seed, cache={} if cache is None else cache)
     report = Report(platform=getattr(platform, "name", str(platform)), quick=quick)
     available = platform.is_available()
     if available.ok:

@@ -72,6 +72,18 @@ class NpuSimPlatform(NpuPlatform):
     def device_count(self) -> int:
         return int(self._require().npu.device_count())
 
+    # The simulator's arithmetic runs on one host thread: its tensors are
+    # small, and on a shared 2-core machine a second OpenMP thread mostly
+    # spins (measured: 11.3 s vs 1.0 s of CPU for the same 24 greedy tokens).
+    def init(self, rank: int = 0, **options) -> None:
+        super().init(rank=rank, **options)
+        self.bind_thread()
+
+    def bind_thread(self) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+
     def env_report(self) -> dict:
         report = super().env_report()
         report["simulated"] = "plain-torch stand-in for torch_npu on CPU tensors: not an NPU"
