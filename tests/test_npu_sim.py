@@ -25,9 +25,10 @@ from paged.core.conformance import kernel_checks as kc
 SIM_DIR = Path(__file__).parent / "npu_sim"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Paged attention stores the KV cache in"]
 #: greedy bf16 on the simulated NPU may leave the float32 CPU engine's tokens
-#: only where the CPU's top-2 logit margin there is below this (nats): bf16
-#: keeps 8 mantissa bits, so 30 layers of rounded activations move a logit by
-#: a few tenths at most on this model (measured: see docs/ascend.md)
+#: only where the CPU's top-2 logit margin there is below this (nats). bf16
+#: keeps 8 mantissa bits; the one divergence measured on these prompts was at
+#: a margin of 0.010 (docs/ascend.md); 0.5 leaves room for rounding without
+#: admitting a clear decision
 MARGIN = 0.5
 
 
@@ -37,17 +38,21 @@ def sim(tmp_path_factory):
     site = tmp_path_factory.mktemp("npu_sim_site")
     entry_point_site.write_dist_info(SIM_DIR, site)
     sys.path[:0] = [str(site), str(SIM_DIR)]
-    import paged_npu_sim
-    from paged_npu_sim import torch_npu_sim
+    try:
+        import paged_npu_sim
+        from paged_npu_sim import torch_npu_sim
 
-    assert paged_npu_sim.NpuSimPlatform().is_available().ok
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the platform runs (paged_npu_sim.NpuSimPlatform.bind_thread)
-    yield torch_npu_sim
-    torch.set_num_threads(threads)
-    paged_npu_sim.uninstall()
-    for p in (str(site), str(SIM_DIR)):
-        sys.path.remove(p)
+        available = paged_npu_sim.NpuSimPlatform().is_available()
+        if not available.ok:
+            pytest.skip(available.reason)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the platform runs (paged_npu_sim.NpuSimPlatform.bind_thread)
+        yield torch_npu_sim
+        torch.set_num_threads(threads)
+        paged_npu_sim.uninstall()
+    finally:
+        for p in (str(site), str(SIM_DIR)):
+            sys.path.remove(p)
 
 
 def _filled(be, case: kc.AttnCase):
