@@ -21,6 +21,8 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 TORCH_NPU_PIN = "torch-npu==2.13.0"
 CANN_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 ACL_LIBRARY = "libascendcl.so"
+#: the CANN operators NpuBackend calls (backends/npu)
+OPERATORS = ("npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache")
 
 
 def torch_npu_installed() -> bool:
@@ -62,11 +64,25 @@ class NpuPlatform(Platform):
             torch = _import_torch_npu()
         except Exception as e:  # torch_npu present but broken (version mismatch, missing CANN pieces)
             return Availability(False, f"import torch_npu failed: {e}; check {TORCH_NPU_PIN} and source {CANN_SET_ENV}")
+        problem = self.runtime_problem(torch)
+        return Availability(problem is None, problem or "")
+
+    def runtime_problem(self, torch) -> str | None:
+        """With torch_npu imported: what the engine would still miss (the
+        operators NpuBackend calls, a visible device), or None. Checked at
+        detection, before any model is loaded."""
+        import sys
+
+        module = sys.modules["torch_npu"]
+        missing = [op for op in OPERATORS if not hasattr(module, op)]
+        if missing:
+            version = getattr(module, "__version__", "?")
+            return f"torch_npu {version} lacks {', '.join(missing)}: pip install {TORCH_NPU_PIN}"
         if torch.npu.device_count() == 0:
             visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
             hint = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""
-            return Availability(False, f"no Ascend NPU visible{hint}: check npu-smi info")
-        return Availability(True)
+            return f"no Ascend NPU visible{hint}: check npu-smi info"
+        return None
 
     def _require(self):
         a = self.is_available()

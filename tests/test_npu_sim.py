@@ -125,6 +125,15 @@ def _common(batch, num_decodes: int) -> AttentionMetadata:
                              max_query_len=1, max_seq_len=max(last) + 1)
 
 
+def test_detection_names_a_missing_operator(sim, monkeypatch):
+    from paged_npu_sim import NpuSimPlatform
+
+    monkeypatch.delattr(sim, "npu_scatter_pa_kv_cache")
+    a = NpuSimPlatform().is_available()
+    assert not a.ok and a.reason == ("torch_npu 2.13.0+simulator lacks npu_scatter_pa_kv_cache: "
+                                     "pip install torch-npu==2.13.0")
+
+
 # ---- the engine on the simulated NPU ---------------------------------------------------
 
 @pytest.fixture(scope="module")

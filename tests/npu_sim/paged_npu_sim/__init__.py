@@ -67,7 +67,10 @@ class NpuSimPlatform(NpuPlatform):
         if _real_torch_npu():
             return Availability(False, "a real torch_npu is importable here: use --device npu, not the simulator")
         install()
-        return Availability(True)
+        import torch
+
+        problem = self.runtime_problem(torch)  # NpuPlatform's own check, on the simulator
+        return Availability(problem is None, problem or "")
 
     def device_count(self) -> int:
         return int(self._require().npu.device_count())
