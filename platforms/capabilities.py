@@ -45,6 +45,8 @@ class Capabilities:
     max_block_size: int | None = None
     head_size_multiple: int = 1
     max_head_size: int | None = None
+    #: the only head sizes accepted, where kernels are instantiated per size (the rule above is then unused)
+    head_sizes: tuple | None = None
     #: dtype name -> the PATHS with guaranteed batch invariance; None: all
     #: paths in every dtype; {} : none anywhere
     batch_invariant: dict | None = None
@@ -54,6 +56,8 @@ class Capabilities:
         return _accepts(n, self.block_size_multiple, self.max_block_size)
 
     def accepts_head_size(self, n: int) -> bool:
+        if self.head_sizes is not None:
+            return n in self.head_sizes
         return _accepts(n, self.head_size_multiple, self.max_head_size)
 
     def block_size_near(self, n: int) -> int:
@@ -62,7 +66,14 @@ class Capabilities:
         return _near(n, self.block_size_multiple, self.max_block_size)
 
     def head_size_near(self, n: int) -> int:
+        if self.head_sizes is not None:
+            return min((h for h in self.head_sizes if h >= n), default=max(self.head_sizes))
         return _near(n, self.head_size_multiple, self.max_head_size)
+
+    def _head_rule(self) -> str:
+        if self.head_sizes is not None:
+            return "one of " + ", ".join(map(str, self.head_sizes))
+        return _rule(self.head_size_multiple, self.head_size_multiple, self.max_head_size)
 
     # -- invariance ----------------------------------------------------------
     def invariant(self, dtype, path: str) -> bool:
@@ -83,8 +94,7 @@ class Capabilities:
             fail(f"--block-size on {platform}",
                  _rule(self.block_size_multiple, self.block_size_multiple, self.max_block_size), block_size)
         if head_size is not None and not self.accepts_head_size(head_size):
-            fail(f"the model's head size on {platform}",
-                 _rule(self.head_size_multiple, self.head_size_multiple, self.max_head_size), head_size)
+            fail(f"the model's head size on {platform}", self._head_rule(), head_size)
 
     def to_json(self) -> dict:
         """What the conformance report lists."""
@@ -92,7 +102,7 @@ class Capabilities:
         inv = self.batch_invariant
         return {"dtypes": names,
                 "block_sizes": _rule(self.block_size_multiple, self.block_size_multiple, self.max_block_size),
-                "head_sizes": _rule(self.head_size_multiple, self.head_size_multiple, self.max_head_size),
+                "head_sizes": self._head_rule(),
                 "batch_invariant": {n: list(PATHS) if inv is None else list(inv.get(n, ())) for n in names}}
 
 

@@ -161,6 +161,10 @@ def test_declaration_checks_name_the_value():
     caps.check("x", block_size=384, dtype=torch.bfloat16, head_size=64)
     assert [caps.block_size_near(n) for n in (1, 16, 129, 4096)] == [128, 128, 256, 512]
     assert not caps.invariant(torch.bfloat16, "decode") and Capabilities(dtypes=()).invariant(torch.float16, "engine")
+    listed = Capabilities(dtypes=(torch.float16,), head_sizes=(64, 80, 128))
+    assert [listed.head_size_near(n) for n in (16, 72, 128, 256)] == [64, 80, 128, 128]
+    with pytest.raises(ValueError, match="head size on x: expected one of 64, 80, 128, got 96$"):
+        listed.check("x", head_size=96)
 
 
 # ---- end to end through the CLI ----------------------------------------------
