@@ -100,7 +100,12 @@ def round_f32(v: Fraction) -> float:
 def exact_oracle(x, qtype, qs, d, m) -> torch.Tensor:
     """The documented arithmetic evaluated exactly: every fma of the chain in
     rationals, rounded once to float32."""
-    scale, isum, offsets = block_terms(x, qtype, qs, d, m)
+    return exact_chain(*block_terms(x, qtype, qs, d, m))
+
+
+def exact_chain(scale, isum, offsets) -> torch.Tensor:
+    """acc = fma(scale, isum, acc) (then fma(m, xs, acc)) over the blocks, each
+    fma exact in rationals and rounded once to float32."""
     rows, cols, nb = isum.shape
     out = torch.empty(rows, cols)
     for r in range(rows):
@@ -118,7 +123,12 @@ def exact_oracle(x, qtype, qs, d, m) -> torch.Tensor:
 def check_emulation(out, x, qtype, qs, d, m):
     """out against the float64 sum of the chain's terms: within the chain's
     fp32 rounding, one 2^-24 per fma of |terms|."""
-    scale, isum, offsets = block_terms(x, qtype, qs, d, m)
+    check_chain(out, *block_terms(x, qtype, qs, d, m))
+
+
+def check_chain(out, scale, isum, offsets):
+    """out against the float64 sum of the chain's terms (exact_chain's
+    arguments), within one 2^-24 per fma of |terms|."""
     terms = scale * isum
     if offsets is not None:
         terms = torch.cat([terms, offsets[0] * offsets[1]], dim=2)

@@ -25,6 +25,17 @@
 // of the quantized x (as llama.cpp's q8_1), so out is, to fp32 rounding, the
 // dequantized weight times x_hat = dx * xq.
 //
+// int8x2 (two terms, ~15 bits of x): after the quantization above, per block
+//   s        = fl(dx * 2^-8)                                (exact unless dx is subnormal)
+//   lo[r,k]  = round_half_even(clamp(fl(x - fl(dx * xq)) / s, -127, 127))   (0 where s == 0)
+// so x ~ s * c with the 16-bit code c = 256 * xq + lo (|x - s c| <= s/2, or
+// <= s where the residual reaches dx/2 and lo is clamped). Per block the
+// kernels form isum = isum(xq) * 256 + isum(lo) = sum_k W * c, exact in int32
+// (|isum| <= 32 * 128 * 32639 < 2^31), and run the steps below with dx := s
+// and xs := fl(s * float(sum c)) (|sum c| < 2^24: exact); float(isum) is
+// then rounded (|isum| may exceed 2^24), the same way in every build. The low
+// codes are computed once, in plain C++ (quant_linear.cpp), for every build.
+//
 // The SIMD builds multiply unsigned weight codes by the signed x codes
 // (vpdpbusd, vpmaddubsw): u = q (4-bit) or q8 + 128, so isum = sum u * xq +
 // corr with corr[r,b] = -off * sum_k xq (off 8 for q4_0, 128 for q8_0, 0 for
@@ -40,6 +51,11 @@
 namespace paged::cpu::linear {
 
 constexpr int32_t kI8Max = 127;  // x codes lie in [-kI8Max, kI8Max]
+constexpr float kI8LowScale = 1.f / 256.f;  // int8x2: the low term's scale is dx * kI8LowScale
+// round_half_even(v) for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction
+// bits, so the default rounding mode rounds v to an integer (ties to even);
+// subtracting it back is exact. Vectorizes, unlike lrint.
+constexpr float kI8RoundMagic = 12582912.f;
 // Weight rows per OpenMP work item of the int8 path; a kernel call gets at
 // most this many (a multiple of every build's panel width).
 constexpr int64_t kI8ChunkRows = 32;

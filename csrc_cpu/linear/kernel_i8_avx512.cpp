@@ -36,6 +36,7 @@
 #define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
 // Helpers that take or fill arrays of vectors: inlined, so the arrays stay in registers.
 #define PAGED_VNNI512_INLINE inline __attribute__((always_inline, target(PAGED_VNNI512_ISA)))
+#define PAGED_VNNI512_INLINE_LAMBDA __attribute__((always_inline, target(PAGED_VNNI512_ISA)))
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
 // pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
@@ -170,37 +171,57 @@ PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d,
   return acc;
 }
 
+// isum[r][c] = block b's sums of x rows r0 .. r0+R (codes x, corr as in
+// int8.h) with the panel's columns, whose block starts at w.
+template <QType T, int R>
+PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const int8_t* x, const int32_t* corr, int64_t K, int64_t nb,
+                                    int64_t r0, int64_t b, __m512i isum[R][kCols]) {
+  constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
+  __m512i dot[S][R][kCols];
+  for (int r = 0; r < R; ++r) {
+    const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[(r0 + r) * nb + b]);
+    for (int c = 0; c < kCols; ++c) {
+      dot[0][r][c] = init;
+      if constexpr (S == 2) dot[1][r][c] = _mm512_setzero_si512();
+    }
+  }
+  for (int s = 0; s < kSteps; ++s) {
+    __m512i wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
+    for (int r = 0; r < R; ++r) {
+      const __m512i xb = broadcast4(x + (r0 + r) * K + b * kBlock + 4 * s);
+      for (int c = 0; c < kCols; ++c) dot[s % S][r][c] = _mm512_dpbusd_epi32(dot[s % S][r][c], wv[c], xb);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kCols; ++c) isum[r][c] = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
+}
+
+// The two-term sum hi * 256 + lo (int8.h), exact in int32.
+PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
+
 // out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
 template <QType T, int R>
 PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
-  constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
   const int64_t nb = a.blocks(), K = a.K;
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i dot[S][R][kCols];
-    for (int r = 0; r < R; ++r) {
-      const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[(r0 + r) * nb + b]);
-      for (int c = 0; c < kCols; ++c) {
-        dot[0][r][c] = init;
-        if constexpr (S == 2) dot[1][r][c] = _mm512_setzero_si512();
-      }
-    }
     const uint8_t* w = p.codes.data() + b * kBlockBytes;
-    for (int s = 0; s < kSteps; ++s) {
-      __m512i wv[kCols];
-      for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
-      for (int r = 0; r < R; ++r) {
-        const __m512i xb = broadcast4(a.x8 + (r0 + r) * K + b * kBlock + 4 * s);
-        for (int c = 0; c < kCols; ++c) dot[s % S][r][c] = _mm512_dpbusd_epi32(dot[s % S][r][c], wv[c], xb);
-      }
+    __m512i isum[R][kCols];
+    tile_sums<T, R>(w, a.x8, a.x8_corr, K, nb, r0, b, isum);
+    if (a.x8_lo) {  // int8x2: the low codes' sums folded in
+      __m512i lo[R][kCols];
+      tile_sums<T, R>(w, a.x8_lo, a.x8_lo_corr, K, nb, r0, b, lo);
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < kCols; ++c) isum[r][c] = fold(isum[r][c], lo[r][c]);
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
-        const __m512i isum = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
         const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
-        acc[r][c] = block_step<T>(acc[r][c], isum, p.d.data() + at, p.m.data() + at, a.x8_scale[xb], a.x8_sum[xb]);
+        acc[r][c] = block_step<T>(acc[r][c], isum[r][c], p.d.data() + at, p.m.data() + at, a.x8_scale[xb],
+                                  a.x8_sum[xb]);
       }
   }
   for (int r = 0; r < R; ++r)
@@ -226,28 +247,40 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const Int8Panel& p, int64_
     transpose16(v);
     for (int64_t i = 0; i < chunk_blocks && chunk * chunk_blocks + i < nb; ++i) {
       const int64_t b = chunk * chunk_blocks + i;
-      __m512i dot[2][R];
-      for (int r = 0; r < R; ++r) {
-        dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(a.x8_corr[r * nb + b]);
-        dot[1][r] = _mm512_setzero_si512();
-      }
+      __m512i w[8];  // steps s and 4 + s at w[2s], w[2s + 1]
       for (int s = 0; s < 4; ++s) {
-        __m512i w[2];  // steps s and 4 + s
         if constexpr (T == QType::Q8_0) {
-          w[0] = _mm512_xor_si512(v[8 * i + s], bias);
-          w[1] = _mm512_xor_si512(v[8 * i + 4 + s], bias);
+          w[2 * s] = _mm512_xor_si512(v[8 * i + s], bias);
+          w[2 * s + 1] = _mm512_xor_si512(v[8 * i + 4 + s], bias);
         } else {
-          w[0] = _mm512_and_si512(v[4 * i + s], low);
-          w[1] = _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low);
+          w[2 * s] = _mm512_and_si512(v[4 * i + s], low);
+          w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low);
         }
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h)
-            dot[h][r] = _mm512_dpbusd_epi32(dot[h][r], w[h], broadcast4(a.x8 + r * K + b * kBlock + 16 * h + 4 * s));
+      }
+      // The block's sums of the R rows of codes x (two chains: steps 0-3 and 4-7).
+      const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_VNNI512_INLINE_LAMBDA {
+        __m512i dot[2][R];
+        for (int r = 0; r < R; ++r) {
+          dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b]);
+          dot[1][r] = _mm512_setzero_si512();
+        }
+        for (int s = 0; s < 4; ++s)
+          for (int r = 0; r < R; ++r)
+            for (int h = 0; h < 2; ++h)
+              dot[h][r] = _mm512_dpbusd_epi32(dot[h][r], w[2 * s + h], broadcast4(x + r * K + b * kBlock + 16 * h + 4 * s));
+        for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(dot[0][r], dot[1][r]);
+      };
+      __m512i isum[R];
+      sums(a.x8, a.x8_corr, isum);
+      if (a.x8_lo) {  // int8x2: the low codes' sums folded in
+        __m512i lo[R];
+        sums(a.x8_lo, a.x8_lo_corr, lo);
+        for (int r = 0; r < R; ++r) isum[r] = fold(isum[r], lo[r]);
       }
       for (int r = 0; r < R; ++r) {
         const int64_t at = b * kPanel + c * kLanes;
-        acc[r] = block_step<T>(acc[r], _mm512_add_epi32(dot[0][r], dot[1][r]), p.d.data() + at, p.m.data() + at,
-                               a.x8_scale[r * nb + b], a.x8_sum[r * nb + b]);
+        acc[r] = block_step<T>(acc[r], isum[r], p.d.data() + at, p.m.data() + at, a.x8_scale[r * nb + b],
+                               a.x8_sum[r * nb + b]);
       }
     }
   }

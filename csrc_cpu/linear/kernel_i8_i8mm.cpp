@@ -53,17 +53,27 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
   alignas(16) static const int8_t kZeros[kBlock] = {};
   for (int64_t r = 0; r < a.M; r += 2) {
     const bool pair = r + 1 < a.M;
-    const int8_t* x0 = a.x8 + r * K;
-    const int8_t* x1 = pair ? x0 + K : nullptr;
     for (int64_t j = 0; j < rows; j += 4) {
       const int8_t* w = codes + j * K;
       float32x4_t acc0 = vdupq_n_f32(0.f), acc1 = vdupq_n_f32(0.f);
       for (int64_t b = 0; b < nb; ++b) {
-        int8x16_t xp[4];
-        row_pairs(x0 + b * kBlock, pair ? x1 + b * kBlock : kZeros, xp);
         const int8_t* wb = w + b * kBlock;
-        const int64x2_t t01 = vreinterpretq_s64_s32(tile(xp, wb, wb + K));          // rows n, n+1
-        const int64x2_t t23 = vreinterpretq_s64_s32(tile(xp, wb + 2 * K, wb + 3 * K));  // rows n+2, n+3
+        // The 2 x 4 sums of block b, rows r and r + 1 of codes x, weight rows j .. j+3.
+        const auto sums = [&](const int8_t* x, int32x4_t& t01, int32x4_t& t23) {
+          int8x16_t xp[4];
+          row_pairs(x + r * K + b * kBlock, pair ? x + (r + 1) * K + b * kBlock : kZeros, xp);
+          t01 = tile(xp, wb, wb + K);              // rows n, n+1
+          t23 = tile(xp, wb + 2 * K, wb + 3 * K);  // rows n+2, n+3
+        };
+        int32x4_t s01, s23;
+        sums(a.x8, s01, s23);
+        if (a.x8_lo) {  // int8x2: hi * 256 + lo
+          int32x4_t l01, l23;
+          sums(a.x8_lo, l01, l23);
+          s01 = vaddq_s32(vshlq_n_s32(s01, 8), l01);
+          s23 = vaddq_s32(vshlq_n_s32(s23, 8), l23);
+        }
+        const int64x2_t t01 = vreinterpretq_s64_s32(s01), t23 = vreinterpretq_s64_s32(s23);
         acc0 = neon::block_step(acc0, vreinterpretq_s32_s64(vzip1q_s64(t01, t23)), a, panel, b, j, r);
         if (pair) acc1 = neon::block_step(acc1, vreinterpretq_s32_s64(vzip2q_s64(t01, t23)), a, panel, b, j, r + 1);
       }

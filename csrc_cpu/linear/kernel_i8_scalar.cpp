@@ -10,15 +10,6 @@
 #include "linear/int8.h"
 
 namespace paged::cpu::linear {
-namespace {
-
-// round_half_even(v) for |v| <= 2^22: adding 1.5 * 2^23 leaves no fraction
-// bits, so the default rounding mode rounds v to an integer (ties to even);
-// subtracting it back is exact. Vectorizes, unlike lrint.
-constexpr float kRoundMagic = 12582912.f;
-
-}  // namespace
-
 namespace isa_scalar {
 
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
@@ -42,7 +33,7 @@ void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, i
       for (int k = 0; k < kBlock; ++k) {
         float v = xb[k] / scale;
         v = std::min(std::max(v, -float(kI8Max)), float(kI8Max));  // rounding commutes with integer bounds
-        q[k] = int8_t((v + kRoundMagic) - kRoundMagic);
+        q[k] = int8_t((v + kI8RoundMagic) - kI8RoundMagic);
         sum += q[k];
       }
     }
@@ -63,11 +54,17 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel&) {
     const float* m = a.m ? a.m + n * nb : nullptr;
     for (int64_t r = 0; r < a.M; ++r) {
       const int8_t* xq = a.x8 + r * K;
+      const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
       const float* dx = a.x8_scale + r * nb;
       float acc = 0.f;
       for (int64_t b = 0; b < nb; ++b) {
         int32_t isum = 0;
         for (int k = 0; k < kBlock; ++k) isum += int32_t(w[size_t(b * kBlock + k)]) * int32_t(xq[b * kBlock + k]);
+        if (lo) {  // int8x2: hi * 256 + lo, the block's sum of W times the 16-bit codes
+          int32_t isum_lo = 0;
+          for (int k = 0; k < kBlock; ++k) isum_lo += int32_t(w[size_t(b * kBlock + k)]) * int32_t(lo[b * kBlock + k]);
+          isum = isum * 256 + isum_lo;
+        }
         const float scale = d[b] * dx[b];  // rounded on its own, as the SIMD multiply
         acc = std::fma(scale, float(isum), acc);
         if (m) acc = std::fma(m[b], a.x8_sum[r * nb + b], acc);

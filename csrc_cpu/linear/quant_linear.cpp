@@ -168,20 +168,12 @@ IsaSelector<Kernels>& selector() {
 // panels in its own scratch. Splitting N only: every model matrix has >= 18
 // chunks, enough for the threads, and no panel is built twice.
 //
-// With `terms` = 2 (int8x2), row r of x becomes two rows of codes for the
-// kernels: its quantization (xq, dx), then that of the residual
-// x - dx * xq (one fp32 multiply, one subtraction: this file is compiled
-// without FMA contraction). The kernels compute each term's outputs as for
-// any row (sharing the weight unpacking), and out[r] = term 0 + term 1, one
-// fp32 addition: a row's bits still depend on that row alone.
-//
-// The quantized x and the terms' outputs live in the calling thread's
-// scratch, kept between calls: a fresh buffer per call costs a zero fill and
-// page faults (the lm_head's outputs at 64 rows are 25 MB in int8x2 mode).
+// The quantized x lives in the calling thread's scratch, kept between calls
+// (a fresh buffer per call costs a zero fill and page faults).
 struct Int8Scratch {
-  std::vector<int8_t> codes;
-  std::vector<float> scale, sums, parts;
-  std::vector<int32_t> corr;
+  std::vector<int8_t> codes, lo;
+  std::vector<float> scale, sums;
+  std::vector<int32_t> corr, lo_corr;
 };
 
 template <class V>
@@ -190,51 +182,68 @@ auto* at_least(V& v, int64_t n) {
   return v.data();
 }
 
-void int8_linear(LinearArgs& a, int64_t terms) {
-  const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks(), rows = M * terms;
+// int8x2's low term of one row (int8.h), from the row's int8 quantization
+// (hi codes, dx) as the build's x8_quantize made it: plain C++ here, so it
+// is the same in every build (this file is compiled without FMA contraction).
+// Rewrites dx as the low scale s = dx / 256 and xs as s * sum of 256 hi + lo.
+void quantize_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
+                       float* xs) {
+  const int32_t offset = unsigned_offset(t);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float s = dx[b] * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
+    int32_t sum_hi = 0, sum_lo = 0;
+    for (int k = 0; k < kBlock; ++k) {
+      const int64_t i = b * kBlock + k;
+      float q = 0.f;
+      if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
+        const float res = x[i] - dx[b] * float(hi[i]);
+        q = std::min(std::max(res / s, -float(kI8Max)), float(kI8Max));
+        q = (q + kI8RoundMagic) - kI8RoundMagic;  // round half to even
+      }
+      lo[i] = int8_t(q);
+      sum_hi += hi[i];
+      sum_lo += lo[i];
+    }
+    const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
+    dx[b] = s;
+    lo_corr[b] = -offset * sum_lo;
+    xs[b] = s * float(sum);
+  }
+}
+
+void int8_linear(LinearArgs& a, bool two_terms) {
+  const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks();
   static thread_local Int8Scratch scratch;  // the caller's: its OpenMP team shares it for this call
-  int8_t* const codes = at_least(scratch.codes, rows * K);
-  float* const scale = at_least(scratch.scale, rows * nb);
-  float* const sums = at_least(scratch.sums, rows * nb);
-  int32_t* const corr = at_least(scratch.corr, rows * nb);
-  float* const parts = terms > 1 ? at_least(scratch.parts, rows * N) : nullptr;  // each term's outputs
-  LinearArgs k = a;  // what the kernels see: `rows` rows of codes
-  k.M = rows;
-  k.x8 = codes;
-  k.x8_scale = scale;
-  k.x8_corr = corr;
-  k.x8_sum = sums;
-  if (terms > 1) k.out = parts;
+  int8_t* const codes = at_least(scratch.codes, M * K);
+  float* const scale = at_least(scratch.scale, M * nb);
+  float* const sums = at_least(scratch.sums, M * nb);
+  int32_t* const corr = at_least(scratch.corr, M * nb);
+  int8_t* const lo = two_terms ? at_least(scratch.lo, M * K) : nullptr;
+  int32_t* const lo_corr = two_terms ? at_least(scratch.lo_corr, M * nb) : nullptr;
+  a.x8 = codes;
+  a.x8_scale = scale;
+  a.x8_corr = corr;
+  a.x8_sum = sums;
+  a.x8_lo = lo;
+  a.x8_lo_corr = lo_corr;
   const Kernels kernels = active_kernels();
   const Int8Kernel kernel = kernels.int8_rows;
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
-  const bool parallel = rows * N * K >= kSerialMacs && (chunks > 1 || rows > 1);
-  const auto quantize = [&](const float* x, int64_t row) {
-    kernels.x8_quantize(x, K, a.qtype, codes + row * K, scale + row * nb, corr + row * nb, sums + row * nb);
-  };
+  const bool parallel = M * N * K >= kSerialMacs && (chunks > 1 || M > 1);
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> residual(terms > 1 ? size_t(K) : 0);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < M; ++r) {
-      const float* x = a.x + r * K;
-      quantize(x, r * terms);
-      if (terms == 1) continue;
-      const int8_t* q = codes + r * terms * K;
-      const float* dx = scale + r * terms * nb;
-      for (int64_t i = 0; i < K; ++i) residual[size_t(i)] = x[i] - dx[i / kBlock] * float(q[i]);
-      quantize(residual.data(), r * terms + 1);
+      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
+      if (two_terms)
+        quantize_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
+                          sums + r * nb);
     }
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); OpenMP's worker threads live as long as the process.
     static thread_local Int8Panel panel;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) kernel(k, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
-    if (terms > 1) {
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t n = 0; n < N; ++n) a.out[r * N + n] = parts[2 * r * N + n] + parts[(2 * r + 1) * N + n];
-    }
+    for (int64_t c = 0; c < chunks; ++c) kernel(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
   }
 }
 
@@ -266,7 +275,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   a.out = static_cast<float*>(to.data);
   a.x = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
-  if (act != Activations::Float32) return int8_linear(a, act == Activations::Int8x2 ? 2 : 1);
+  if (act != Activations::Float32) return int8_linear(a, act == Activations::Int8x2);
   const bool int16_path = a.M <= kInt16MaxRows;
   const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();

@@ -85,6 +85,10 @@ struct LinearArgs {
   const float* x8_scale = nullptr;  // [M, K/32] dx
   const int32_t* x8_corr = nullptr; // [M, K/32] -offset * sum of the block's codes
   const float* x8_sum = nullptr;    // [M, K/32] dx * sum of the block's codes (q4_1)
+  // int8x2 (int8.h): the low codes and their corr; null for int8. Each
+  // block's isum is then isum(x8) * 256 + isum(x8_lo), x8_scale the low scale.
+  const int8_t* x8_lo = nullptr;      // [M, K]
+  const int32_t* x8_lo_corr = nullptr; // [M, K/32]
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }

@@ -47,14 +47,14 @@ struct X {
   int64_t M;
   std::vector<float> x, xscale, xs;
   std::vector<int16_t> xq;
-  std::vector<int8_t> x8;
+  std::vector<int8_t> x8, x8_lo;
   std::vector<float> x8_scale, x8_sum;
-  std::vector<int32_t> x8_corr;
+  std::vector<int32_t> x8_corr, x8_lo_corr;
 };
 
 X random_x(const Weight& w, int64_t M, Int8Quantize quantize) {
   const int64_t nb = w.K / kBlock;
-  X x{M, {}, {}, {}, {}, {}, {}, {}, {}};
+  X x{M, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   for (int64_t i = 0; i < M * w.K; ++i) x.x.push_back(uniform(-2.f, 2.f));
   for (int64_t i = 0; i < M * nb * kXBlock; ++i) x.xq.push_back(int16_t(uniform_int(-kActMax, kActMax)));
   for (int64_t i = 0; i < M * nb; ++i) {
@@ -70,6 +70,14 @@ X random_x(const Weight& w, int64_t M, Int8Quantize quantize) {
   for (int64_t r = 0; r < M; ++r)
     quantize(x.x.data() + r * w.K, w.K, w.qtype, x.x8.data() + r * w.K, x.x8_scale.data() + r * nb,
              x.x8_corr.data() + r * nb, x.x8_sum.data() + r * nb);
+  // int8x2's low codes (any in [-127, 127]) and their corr: the kernels' part
+  // of that path (the low quantization itself is quant_linear.cpp's, one for all builds).
+  for (int64_t i = 0; i < M * w.K; ++i) x.x8_lo.push_back(int8_t(uniform_int(-kI8Max, kI8Max)));
+  for (int64_t i = 0; i < M * nb; ++i) {
+    int32_t sum = 0;
+    for (int k = 0; k < kBlock; ++k) sum += x.x8_lo[size_t(i * kBlock + k)];
+    x.x8_lo_corr.push_back(-unsigned_offset(w.qtype) * sum);
+  }
   return x;
 }
 
@@ -95,13 +103,24 @@ LinearArgs args(const Weight& w, const X& x, std::vector<float>& out) {
   return a;
 }
 
-enum class Path { Int16, Fp32, Int8 };
-const char* path_name(Path p) { return p == Path::Int16 ? "int16" : (p == Path::Fp32 ? "fp32" : "int8"); }
+enum class Path { Int16, Fp32, Int8, Int8x2 };
+const char* path_name(Path p) {
+  switch (p) {
+    case Path::Int16: return "int16";
+    case Path::Fp32: return "fp32";
+    case Path::Int8: return "int8";
+    default: return "int8x2";
+  }
+}
 
 std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
   std::vector<float> out;
-  const LinearArgs a = args(w, x, out);
-  if (p == Path::Int8) {
+  LinearArgs a = args(w, x, out);
+  if (p == Path::Int8x2) {
+    a.x8_lo = x.x8_lo.data();
+    a.x8_lo_corr = x.x8_lo_corr.data();
+  }
+  if (p == Path::Int8 || p == Path::Int8x2) {
     Int8Panel panel;
     for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) k.int8_rows(a, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
   } else {
@@ -148,7 +167,7 @@ int main(int argc, char** argv) {
         check_quantizer(b, s, t, sh.K);
         for (int64_t M : {1, 2, 3, 5, 9}) {
           const X x = random_x(w, M, quantize);
-          for (Path p : {Path::Int16, Path::Fp32, Path::Int8}) {
+          for (Path p : {Path::Int16, Path::Fp32, Path::Int8, Path::Int8x2}) {
             if (p == Path::Int16 && M > kInt16MaxRows) continue;
             const std::vector<float> got = run(b.kernel, p, w, x), want = run(s.kernel, p, w, x);
             DRIVER_CHECK(same_bits(got, want), "%s %s path, qtype %d, N=%lld K=%lld M=%lld: not bitwise equal",
