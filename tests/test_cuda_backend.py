@@ -154,11 +154,24 @@ def test_kv_cache_budget_arithmetic():
             kv_cache_budget(total, used, bad)
 
 
+def test_backend_takes_every_argument_of_the_base_constructor():
+    # the worker builds backends with the base's keywords (a new one once broke CUDA unnoticed)
+    from paged.backends.base import AttentionBackend
+    from paged.backends.cuda import CudaBackend
+
+    base = inspect.signature(AttentionBackend.__init__).parameters
+    ours = inspect.signature(CudaBackend.__init__).parameters
+    assert [n for n in base if n not in ours] == []
+
+
 def test_backend_rejects_unsupported_shapes():
     from paged.backends.cuda import CudaBackend
 
     with pytest.raises(ValueError, match=r"head_size \(cuda\): expected one of 64, 80, 96, 112, 128, 256, got 72"):
         CudaBackend(8, 2, 72, 16, torch.float16, "cuda")
+    with pytest.raises(ValueError, match=r"kv_cache_dtype \(cuda\): expected the model dtype torch.float16, "
+                                         r"got torch.int8"):
+        CudaBackend(8, 2, 64, 16, torch.float16, "cuda", kv_cache_dtype=torch.int8)
     with pytest.raises(ValueError, match=r"device \(cuda backend\): expected a cuda device, got cpu"):
         CudaBackend(8, 2, 64, 16, torch.float16, "cpu")
 

@@ -54,11 +54,14 @@ class CudaBackend(ReferenceBackend):
     name = "cuda"
 
     def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="cuda",
-                 scale=None, sliding_window=None, check_ids: bool | None = None):
+                 scale=None, sliding_window=None, check_ids: bool | None = None, kv_cache_dtype=None):
         check_choice("head_size (cuda)", head_size, SUPPORTED_HEAD_SIZES)
         check_choice("dtype (cuda)", dtype, SUPPORTED_DTYPES)
         check_range("block_size", int(block_size), lo=1)
-        super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
+        if kv_cache_dtype not in (None, dtype):  # the kernels read the cache in the model dtype
+            fail("kv_cache_dtype (cuda)", f"the model dtype {dtype}", kv_cache_dtype)
+        super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window,
+                         kv_cache_dtype)
         if self.device.type != "cuda":
             fail("device (cuda backend)", "a cuda device", self.device)
         if self.device.index is None:  # pin "cuda" to a concrete device so checks compare equal
