@@ -11,7 +11,16 @@ access, "gather GB/s" is torch.index_select copying the same K/V blocks in
 block-table order (the same bytes read, plus writing them). Prefill: tokens/s
 at 512 tokens.
 
+--kv-cache: decode attention (float32 queries, batch 32 x context 4096) over
+a float32, bfloat16 and int8 KV cache (--kv-cache-dtype): time, GB/s of cache
+bytes read (int8: its per-row scales included) and speedup over the float32
+cache. --kv-accuracy: what the quantized caches cost on the default model:
+greedy agreement with the float32-cache engine (tokens before the first
+divergence, accuracy_gate.py's prompts) and the perplexity delta on
+accuracy_gate.py's stdlib-docstring corpus.
+
     python benchmarks/kernels.py [--quick] [--json PATH] [--threads N] [--block-size N]
+    python benchmarks/kernels.py --kv-cache [--kv-accuracy] [--quick] [--json PATH]
 
 The block size defaults to the CPU platform's (what the engine uses).
 """
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 import time
@@ -52,20 +62,22 @@ def _once(fn) -> float:
     return time.perf_counter() - t0
 
 
-def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_time, with_reference, rounds=3):
+def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_time, with_reference, rounds=3,
+                kv_dtype=None):
     cfg = (heads, kv_heads, head, block_size, dtype)
-    cpu, ref = CpuBackend(*cfg), ReferenceBackend(*cfg)
+    cpu, ref = CpuBackend(*cfg, kv_cache_dtype=kv_dtype), ReferenceBackend(*cfg, kv_cache_dtype=kv_dtype)
     blocks_per_seq = (context + block_size - 1) // block_size
-    elem = torch.empty((), dtype=dtype).element_size()
-    layer_bytes = 2 * batch * blocks_per_seq * block_size * kv_heads * head * elem
+    elem = torch.empty((), dtype=cpu.kv_cache_dtype).element_size()
+    row = cpu.kv_cache_shape(1)[-1]  # elements of one token's row of one kv head (int8: + its scale)
+    layer_bytes = 2 * batch * blocks_per_seq * block_size * kv_heads * row * elem
     num_layers = max(2, min(64, ROTATE_BYTES // layer_bytes))
     num_blocks = batch * blocks_per_seq
     # Allocated like the engine's (the page size behind the cache matters: every
     # block of a scattered table is a TLB miss on 4 KB pages), then filled.
     caches = cpu.allocate_kv_cache(num_layers, num_blocks)
     for kc, vc in caches:
-        kc.normal_()
-        vc.normal_()
+        fill_cache(kc, head)
+        fill_cache(vc, head)
     tables = torch.randperm(num_blocks).to(torch.int32).reshape(batch, blocks_per_seq).contiguous()
     lens = torch.full((batch,), context, dtype=torch.int32)
     query = torch.randn(batch, heads, head).to(dtype)
@@ -82,7 +94,7 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
     # Copy and kernel alternate, so each ratio compares the two under the
     # same load from the rest of the machine.
     copy_gbps, ratios, t_cpu = [], [], float("inf")
-    kv_bytes = 2 * batch * context * kv_heads * head * elem
+    kv_bytes = 2 * batch * context * kv_heads * row * elem
     for _ in range(rounds):
         copy_gbps.append(memory_bandwidth(reps=2))
         t = best_time(run(cpu), min_time / rounds)
@@ -90,12 +102,22 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
         t_cpu = min(t_cpu, t)
     t_ref = best_time(run(ref), min_time / 2, max_reps=20) if with_reference else float("nan")
     t_gather = gather_time(caches, tables, min_time / 2)
-    return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
+    return {"kind": "decode", "dtype": str(dtype).replace("torch.", ""),
+            "kv_cache_dtype": str(cpu.kv_cache_dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "batch": batch, "context": context, "block_size": block_size,
             "cpu_ms": t_cpu * 1e3, "ref_ms": t_ref * 1e3, "gbps": kv_bytes / t_cpu / 1e9,
             "gather_gbps": kv_bytes / t_gather / 1e9, "copy_gbps": statistics.median(copy_gbps),
             "pct_bw": 100 * statistics.median(ratios),
             "speedup": t_ref / t_cpu, "layers_rotated": num_layers}
+
+
+def fill_cache(cache, head):
+    """Random K or V: normal floats, or int8 rows with a valid scale."""
+    if cache.dtype != torch.int8:
+        cache.normal_()
+        return
+    cache[..., :head].random_(-127, 128)
+    cache[..., head:] = torch.tensor([0.02], dtype=torch.float32).view(torch.int8)
 
 
 def gather_time(caches, tables, min_time) -> float:
@@ -135,6 +157,63 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
             "speedup": res["reference"] / res["cpu"]}
 
 
+def kv_cache_main(args, min_time) -> dict:
+    """Decode over each KV cache dtype at batch 32 x context 4096, float32 queries."""
+    print(f"\n{'KV cache':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'GB/s':>6} {'%bw':>5} "
+          f"{'x f32 KV':>8} {'KV MiB':>7}")
+    rows = []
+    for h, hkv, d in ((9, 3, 64), (16, 2, 128)):
+        base = None
+        for kv in (torch.float32, torch.bfloat16, torch.int8):
+            r = decode_case(h, hkv, d, 32, 4096, torch.float32, args.block_size, min_time, with_reference=False,
+                            kv_dtype=kv)
+            base = base or r["cpu_ms"]
+            r["speedup_vs_f32_kv"] = base / r["cpu_ms"]
+            rows.append(r)
+            mib = r["gbps"] * r["cpu_ms"] / 1e3 * 1e9 / 2**20
+            print(f"{r['kv_cache_dtype']:9} {f'{h}/{hkv}/{d}':10} {32:>5} {4096:>5} {r['cpu_ms']:8.3f} "
+                  f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup_vs_f32_kv']:8.2f} {mib:7.1f}")
+    out = {"decode": rows}
+    if args.kv_accuracy:
+        out["accuracy"] = kv_accuracy(args.quick)
+    return out
+
+
+def kv_accuracy(quick: bool) -> dict:
+    """Greedy agreement with the float32 KV cache and perplexity delta, on
+    the default model, through accuracy_gate.py's prompts, corpus and runner."""
+    import accuracy_gate as gate
+
+    from paged.core.loaders import load_model_files
+    from paged.core.model_files import resolve_model
+
+    model_path = str(resolve_model(None, quiet=True))
+    tok = load_model_files(model_path, torch.float32, quiet=True, keep_packed=True).tokenizer
+    prompts = [tok.encode(p) for p in gate.PROMPTS]
+    new_tokens, ppl_tokens, window = (16, 2048, 512) if quick else (32, 8192, 512)
+    corpus = tok.encode(gate.stdlib_docstrings())[:ppl_tokens]
+    windows = [w for w in (corpus[i:i + window] for i in range(0, len(corpus) - 1, window)) if len(w) > 1]
+    rows = {}
+    for kv in ("auto", "bfloat16", "int8"):
+        outs, ppl = gate.paged_greedy_and_ppl(model_path, dict(dtype="float32", kv_cache_dtype=kv), prompts,
+                                              new_tokens, windows)
+        rows[kv] = {"outs": outs, "ppl": ppl}
+    base = rows["auto"]
+    print(f"\n{len(prompts)} prompts x {new_tokens} greedy tokens vs the float32 KV cache (default model, "
+          f"--dtype float32); perplexity over {sum(len(w) for w in windows)} tokens of stdlib docstrings")
+    print(f"{'KV cache':10}{'agree':>7}{'same tokens':>13}{'ppl':>10}{'ppl vs f32 KV':>15}")
+    result = {"max_agree": len(prompts) * new_tokens}
+    for kv, r in rows.items():
+        agree = gate.agreement(r["outs"], base["outs"])
+        same = sum(a == b for x, y in zip(r["outs"], base["outs"]) for a, b in zip(x, y))
+        rel = r["ppl"] / base["ppl"] - 1
+        name = "float32" if kv == "auto" else kv
+        result[name] = {"agree": agree, "same_tokens": same, "ppl": r["ppl"], "ppl_vs_f32_kv": rel}
+        print(f"{name:10}{agree:>7}{same:>13}{r['ppl']:10.4f}{rel:>+15.4%}")
+    assert math.isfinite(base["ppl"])
+    return result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer cases, shorter timing")
@@ -142,6 +221,10 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch/OpenMP threads (default: torch's)")
     ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
                     help="KV block size in tokens (default: the CPU platform's, %(default)s)")
+    ap.add_argument("--kv-cache", action="store_true",
+                    help="only decode over float32 / bfloat16 / int8 KV caches (batch 32 x context 4096)")
+    ap.add_argument("--kv-accuracy", action="store_true",
+                    help="with --kv-cache: greedy agreement and perplexity delta on the default model")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -150,6 +233,13 @@ def main(argv=None):
     print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"kernel ISA {ops().attention_isa()}, block size {args.block_size}, memory copy bandwidth {bw:.1f} GB/s "
           "(shared machine: expect noise; %bw: median ratio over copy/kernel rounds)")
+    if args.kv_cache:
+        out = kv_cache_main(args, min_time)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"memory_bandwidth_gbps": bw, "threads": torch.get_num_threads(),
+                           "isa": ops().attention_isa(), **out}, f, indent=1)
+        return out
     batches, contexts = ((1, 32), (128, 4096)) if args.quick else ((1, 8, 32), (128, 1024, 4096))
     shapes = [(9, 3, 64)]
     results = []
