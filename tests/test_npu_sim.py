@@ -107,9 +107,10 @@ def test_the_simulator_refuses_what_the_operator_refuses(sim):
             sim.npu_fused_infer_attention_score(q, *flat, **(call | extra))
     q2 = torch.randn(2, 3, 8 * 64).bfloat16()
     small = torch.zeros(4, 16, 2 * 64).bfloat16()  # 16-token blocks, (blocks, block_size, Hkv*D)
-    with pytest.raises(sim.SimulatedNpuError, match="multiple of 128"):
-        sim.npu_fused_infer_attention_score(q2, small, small, **(call | dict(block_size=16, sparse_mode=3,
-                                            atten_mask=layout.causal_mask("cpu"), actual_seq_lengths=[3, 3], actual_seq_lengths_kv=[5, 20])))
+    prompt_call = call | dict(block_size=16, sparse_mode=3, atten_mask=layout.causal_mask("cpu"),
+                              actual_seq_lengths=[3, 3], actual_seq_lengths_kv=[5, 20])
+    with pytest.raises(sim.SimulatedNpuError, match="multiple of 128"):  # Q_S > 1 on 16-token blocks
+        sim.npu_fused_infer_attention_score(q2, small, small, **prompt_call)
     with pytest.raises(sim.SimulatedNpuError, match="no padding slots"):
         sim.npu_scatter_pa_kv_cache(torch.zeros(1, 2, 64).bfloat16(), torch.zeros(1, 2, 64).bfloat16(),
                                     kc_, vc_, torch.tensor([-1]))

@@ -117,7 +117,8 @@ class NpuBackend(ReferenceBackend):
         out.copy_(layout.unpad_output(o, meta.unpad_index, self.num_heads))
 
     def _attend(self, out, query, key_cache, value_cache, meta, block_tables, scale) -> None:
-        """The prefill part of a step (or all of it when decode-shaped)."""
+        """A contract op's one-call step: every row through the decode call
+        when decode-shaped (Q_S = 1), else the prefill call."""
         if meta.num_decodes:
             self._decode(out, query, key_cache, value_cache, block_tables, meta.decode_kv_lens, scale,
                          meta.decode_mask)
