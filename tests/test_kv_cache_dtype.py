@@ -138,6 +138,17 @@ def test_platforms_refuse_what_they_do_not_implement():
             p.resolve_kv_cache_dtype("int8", torch.float16)
 
 
+def test_cli_refuses_fp8_in_one_line():
+    import subprocess
+    import sys
+
+    paged = os.path.join(os.path.dirname(sys.executable), "paged")
+    proc = subprocess.run([paged, "generate", "--kv-cache-dtype", "fp8_e4m3", "hi"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--kv-cache-dtype fp8_e4m3: not implemented on any platform yet" in proc.stderr
+
+
 # -- the engine ------------------------------------------------------------------
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "List three colors:",
            "In 1492, Columbus", "Water boils at"]
