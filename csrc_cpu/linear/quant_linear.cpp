@@ -230,21 +230,18 @@ void int8_linear(LinearArgs& a, bool two_terms) {
   const Int8Kernel kernel = kernels.int8_rows;
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = M * N * K >= kSerialMacs && (chunks > 1 || M > 1);
-#pragma omp parallel if (parallel)
-  {
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < M; ++r) {
-      kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
-      if (two_terms)
-        quantize_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
-                          sums + r * nb);
-    }
+  parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
+    kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
+    if (two_terms)
+      quantize_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
+                        sums + r * nb);
+  });
+  parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
-    // zeroing per call); OpenMP's worker threads live as long as the process.
+    // zeroing per call); the worker threads live as long as the process.
     static thread_local Int8Panel panel;
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) kernel(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
-  }
+    kernel(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
+  });
 }
 
 }  // namespace
