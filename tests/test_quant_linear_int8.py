@@ -43,9 +43,9 @@ def build(request):
     C.set_linear_isa("auto")
 
 
-def run(x, qtype, qs, d, m) -> torch.Tensor:
+def run(x, qtype, qs, d, m, activations="int8") -> torch.Tensor:
     out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
-    C.quant_linear(x, qtype, qs, d, m, out, "int8")
+    C.quant_linear(x, qtype, qs, d, m, out, activations)
     return out
 
 
@@ -142,13 +142,20 @@ def check_unquantized(out, x, qtype, qs, d, m) -> torch.Tensor:
     sum_k |W[n, k]| * dx * (1/2 + 2^-17) (a code is within 1/2 of fl(x / dx),
     itself within 128 * 2^-24 of x / dx), plus the chain's fp32 rounding.
     Returns the relative error."""
+    _, dx, _ = quantize(x)
+    return check_dense_bound(out, x, qtype, qs, d, m, dx.double().repeat_interleave(32, dim=1) * (0.5 + 2.0**-17),
+                             2 * x.shape[1] // 32 + 2)
+
+
+def check_dense_bound(out, x, qtype, qs, d, m, step, fmas) -> torch.Tensor:
+    """|out - x @ W^T| (float64, W dequantized) within step @ |W|^T (step
+    [M, K]: how far the quantized x may be from x) plus `fmas` fp32
+    roundings of |x| @ |W|^T. Returns the relative error."""
     scaled, offsets = dense_parts(qtype, qs, d, m)
     w = scaled + offsets
-    _, dx, _ = quantize(x)
-    step = dx.double().repeat_interleave(32, dim=1) * (0.5 + 2.0**-17)
     exact = x.double() @ w.T
     size = x.double().abs() @ w.abs().T
-    bound = step @ w.abs().T + (2 * x.shape[1] // 32 + 2) * 2.0**-24 * size
+    bound = step @ w.abs().T + fmas * 2.0**-24 * size
     err = (out.double() - exact).abs()
     assert torch.all(err <= bound), f"max excess {(err - bound).max().item()}"
     return err.max() / size.max()
@@ -158,16 +165,45 @@ def check_unquantized(out, x, qtype, qs, d, m) -> torch.Tensor:
 @pytest.mark.parametrize("m_rows,n,k", [(3, 20, 96), (2, 17, 32)])
 def test_exact_arithmetic(build, qtype, m_rows, n, k):
     """Bit for bit the documented arithmetic (rational-exact oracle), every build."""
+    x, qs, d, m = exact_case(qtype, m_rows, n, k)
+    assert torch.equal(run(x, qtype, qs, d, m), exact_oracle(x, qtype, qs, d, m))
+
+
+def exact_case(qtype, m_rows, n, k):
+    """(x, qs, d, m) for the rational-exact checks: blocks of different scales."""
     gen = torch.Generator().manual_seed(n + k)
     qs, d, m = random_weight(qtype, n, k, gen)
     x = torch.randn(m_rows, k, generator=gen)
-    x[0, :32] *= 1e-3  # blocks of different scales
-    assert torch.equal(run(x, qtype, qs, d, m), exact_oracle(x, qtype, qs, d, m))
+    x[0, :32] *= 1e-3
+    return x, qs, d, m
 
 
 # (N, K): N with partial 16- and 8-row tiles, K from one block up
 SHAPES = [(45, 96), (200, 576), (33, 1536), (7, 32)]
 CALL_SIZES = [1, 2, 3, 7, 16, 64, 300]
+
+
+def rows_alone_equal_in_calls(fn, x, qtype, qs, d, m, sizes) -> torch.Tensor:
+    """fn's output for each row of x alone (scalar build, 1 thread), asserted
+    bitwise equal to the same rows in calls of each size in `sizes` on 1 and
+    2 threads in every build this CPU runs."""
+    threads = torch.get_num_threads()
+    rows = x.shape[0]
+    try:
+        C.set_linear_isa("scalar")
+        torch.set_num_threads(1)
+        alone = torch.cat([fn(x[i : i + 1], qtype, qs, d, m) for i in range(rows)])
+        for name in SUPPORTED:
+            C.set_linear_isa(name)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for size in sizes:
+                    out = torch.cat([fn(x[i : i + size], qtype, qs, d, m) for i in range(0, rows, size)])
+                    assert torch.equal(out, alone), f"build={name} threads={t} M={size}"
+    finally:
+        C.set_linear_isa("auto")
+        torch.set_num_threads(threads)
+    return alone
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -178,21 +214,7 @@ def test_rows_bitwise_invariant(qtype, n, k):
     gen = torch.Generator().manual_seed(n * k)
     qs, d, m = random_weight(qtype, n, k, gen)
     x = torch.randn(300, k, generator=gen) * torch.rand(300, 1, generator=gen) * 4
-    threads = torch.get_num_threads()
-    try:
-        C.set_linear_isa("scalar")
-        torch.set_num_threads(1)
-        alone = torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(300)])
-        for name in SUPPORTED:
-            C.set_linear_isa(name)
-            for t in (1, 2):
-                torch.set_num_threads(t)
-                for size in CALL_SIZES:
-                    out = torch.cat([run(x[i : i + size], qtype, qs, d, m) for i in range(0, 300, size)])
-                    assert torch.equal(out, alone), f"build={name} threads={t} M={size}"
-    finally:
-        C.set_linear_isa("auto")
-        torch.set_num_threads(threads)
+    alone = rows_alone_equal_in_calls(run, x, qtype, qs, d, m, CALL_SIZES[1:])
     check_emulation(alone, x, qtype, qs, d, m)
     check_unquantized(alone, x, qtype, qs, d, m)
 

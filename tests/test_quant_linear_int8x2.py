@@ -22,22 +22,11 @@ import torch
 
 from paged import _C_cpu as C
 from test_quant_linear import QTYPES, dense_parts, random_weight
-from test_quant_linear_int8 import SUPPORTED, check_chain, codes, exact_chain, quantize, run as run_int8
+from test_quant_linear_int8 import (SUPPORTED, build, check_chain, check_dense_bound, codes, exact_case,  # noqa: F401
+                                    exact_chain, quantize, rows_alone_equal_in_calls)
+from test_quant_linear_int8 import run as run_int8
 
-
-@pytest.fixture(params=["scalar", "avx2", "avx512"])
-def build(request):
-    if request.param not in SUPPORTED:
-        pytest.skip(f"this CPU lacks the '{request.param}' int8 build's instructions")
-    C.set_linear_isa(request.param)
-    yield request.param
-    C.set_linear_isa("auto")
-
-
-def run(x, qtype, qs, d, m) -> torch.Tensor:
-    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
-    C.quant_linear(x, qtype, qs, d, m, out, "int8x2")
-    return out
+run = partial(run_int8, activations="int8x2")
 
 
 def quantize_x2(x: torch.Tensor):
@@ -69,26 +58,16 @@ def check_unquantized(out, x, qtype, qs, d, m) -> float:
     """|out - x @ W^T| within the 16-bit codes' rounding (s per element:
     s/2, or s where a clamped low code adds one step) plus the chain's fp32
     rounding (isum rounded to float32 included); returns the relative error."""
-    scaled, offsets = dense_parts(qtype, qs, d, m)
-    w = scaled + offsets
     _, s, _ = quantize_x2(x)
     step = s.double().repeat_interleave(32, dim=1) * (1 + 2.0**-10)
-    exact = x.double() @ w.T
-    size = x.double().abs() @ w.abs().T
-    bound = step @ w.abs().T + (3 * x.shape[1] // 32 + 2) * 2.0**-24 * size
-    err = (out.double() - exact).abs()
-    assert torch.all(err <= bound), f"max excess {(err - bound).max().item()}"
-    return (err.max() / size.max()).item()
+    return check_dense_bound(out, x, qtype, qs, d, m, step, 3 * x.shape[1] // 32 + 2).item()
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("m_rows,n,k", [(3, 20, 96), (2, 17, 32)])
 def test_exact_arithmetic(build, qtype, m_rows, n, k):
     """Bit for bit the documented arithmetic (rational-exact oracle), every build."""
-    gen = torch.Generator().manual_seed(n + k)
-    qs, d, m = random_weight(qtype, n, k, gen)
-    x = torch.randn(m_rows, k, generator=gen)
-    x[0, :32] *= 1e-3  # blocks of different scales
+    x, qs, d, m = exact_case(qtype, m_rows, n, k)
     assert torch.equal(run(x, qtype, qs, d, m), exact_chain(*block_terms_x2(x, qtype, qs, d, m)))
 
 
@@ -117,21 +96,7 @@ def test_rows_bitwise_invariant(qtype):
     gen = torch.Generator().manual_seed(7)
     qs, d, m = random_weight(qtype, 72, 320, gen)
     x = torch.randn(120, 320, generator=gen) * torch.rand(120, 1, generator=gen) * 4
-    threads = torch.get_num_threads()
-    try:
-        C.set_linear_isa("scalar")
-        torch.set_num_threads(1)
-        alone = torch.cat([run(x[i : i + 1], qtype, qs, d, m) for i in range(120)])
-        for name in SUPPORTED:
-            C.set_linear_isa(name)
-            for t in (1, 2):
-                torch.set_num_threads(t)
-                for size in (2, 3, 5, 9, 40, 120):
-                    out = torch.cat([run(x[i : i + size], qtype, qs, d, m) for i in range(0, 120, size)])
-                    assert torch.equal(out, alone), f"build={name} threads={t} M={size}"
-    finally:
-        C.set_linear_isa("auto")
-        torch.set_num_threads(threads)
+    alone = rows_alone_equal_in_calls(run, x, qtype, qs, d, m, (2, 3, 5, 9, 40, 120))
     check_chain(alone, *block_terms_x2(x, qtype, qs, d, m))
     check_unquantized(alone, x, qtype, qs, d, m)
 
