@@ -212,6 +212,22 @@ class CpuPlatform(Platform):
     def cpu_features(self) -> dict[str, bool]:
         return dict(self.ops_module().cpu_features())
 
+    def capabilities(self):
+        """Head sizes: multiples of 16 up to 256 (the attention kernels'
+        check). Batch invariance: the attention kernels in every dtype; the
+        engine path in float32 (bitwise with int8x2 / int8 activations, equal
+        greedy tokens with float32 ones) but not in bf16 / fp16, whose
+        activations are rounded between ops (docs/kernels.md, "Batch
+        invariance, per CPU path")."""
+        import torch
+
+        from paged.platforms.capabilities import Capabilities, dtype_name
+
+        dtypes = tuple(self.supported_dtypes())
+        return Capabilities(dtypes=dtypes, head_size_multiple=16, max_head_size=256,
+                            batch_invariant={dtype_name(d): ("decode", "prefill", "engine") if d == torch.float32
+                                             else ("decode", "prefill") for d in dtypes})
+
     def supported_dtypes(self) -> list:
         """float32 first on every CPU: it is what ``--dtype auto`` runs. The
         bf16 path rounds activations and KV to 8 mantissa bits, and on the
