@@ -177,7 +177,7 @@ class Scheduler:
 
         # prompt chunks below share what is left, capped while decodes run
         cap = self.max_prefill_tokens_with_decodes
-        if out.decodes and cap is not None:
+        if (out.decodes or out.verifies) and cap is not None:
             budget = min(budget, cap)
 
         # 2. prompt chunks of running sequences still in prefill

@@ -236,3 +236,22 @@ def test_prefill_is_capped_while_decodes_run_and_outputs_are_unchanged():
         assert req.seqs[0].token_ids[len(prompts[rid]):] == expected_output(prompts[rid], 6)
     with pytest.raises(ValueError, match="max_prefill_tokens_with_decodes: expected an integer >= 1"):
         Scheduler(kv, 8, 32, max_prefill_tokens_with_decodes=0)
+
+
+def test_prefill_cap_also_holds_while_only_verifies_run():
+    """Speculative decoding: a step whose decoding sequences all carry drafts
+    (verifies, no plain decodes) still caps the prompt chunks it adds."""
+
+    class AlwaysDrafts:  # proposes `limit` copies of the last token
+        def propose(self, token_ids, limit):
+            return [token_ids[-1]] * min(limit, 2)
+
+    kv = KVCacheManager(64, BS, enable_prefix_caching=False)
+    sched = Scheduler(kv, 8, 32, None, False, max_prefill_tokens_with_decodes=5, proposer=AlwaysDrafts())
+    add(sched, "a", list(range(1, 4)), 20)
+    sched.advance(out := sched.schedule())
+    out.prefills[0].seq.token_ids.append(7)  # a decodes from now on
+    add(sched, "b", list(range(10, 50)), 4)
+    out = sched.schedule()
+    assert out.verifies and not out.decodes
+    assert sum(e.num_new_tokens for e in out.prefills) == 5
