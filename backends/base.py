@@ -21,7 +21,9 @@ default; a backend that implements it may store bfloat16 under a float32
 model, or int8: each row (one token of one kv head) is head_size int8 values
 followed by its float32 scale, 4 bytes viewed as int8 (``kv_row_width``),
 quantized by reshape_and_cache per (token, kv head), symmetric, scale =
-max|x| / 127, q = round-half-even(x / scale) (docs/kernels.md).
+max|x| / 127, q = round-half-even(x / scale); or float8_e4m3fn, the same
+rows with scale = max|x| / 448 and codes e4m3fn(clamp(x / scale, +-448))
+(``SCALED_KV_DTYPES``; docs/kernels.md).
 
 Index tensors: slot_mapping int64; block_tables, seq_lens, query_start_loc int32.
 sliding_window: 0 or None = unlimited; else key j is visible to query i iff
@@ -45,14 +47,16 @@ import torch
 
 from paged.backends.arg_checks import fail
 
-#: bytes of the float32 scale that ends each row of an int8 KV cache
+#: bytes of the float32 scale that ends each row of an int8 / fp8 KV cache
 KV_INT8_SCALE_BYTES = 4
+#: KV cache dtypes stored as one-byte codes plus a per-row float32 scale
+SCALED_KV_DTYPES = (torch.int8, torch.float8_e4m3fn)
 
 
 def kv_row_width(head_size: int, kv_cache_dtype: torch.dtype) -> int:
     """Elements of one KV cache row (one token of one kv head): head_size,
-    plus the scale's bytes in an int8 cache."""
-    return head_size + (KV_INT8_SCALE_BYTES if kv_cache_dtype == torch.int8 else 0)
+    plus the scale's bytes in an int8 or fp8 cache."""
+    return head_size + (KV_INT8_SCALE_BYTES if kv_cache_dtype in SCALED_KV_DTYPES else 0)
 
 @dataclass
 class AttentionMetadata:

@@ -147,8 +147,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "auto = the platform's choice (default: auto)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
                    help="what the KV cache stores: auto = the model dtype; bfloat16; int8 (a float32 scale "
-                        "per token and kv head: ~4x the tokens of a float32 cache; CPU only); fp8_e4m3 is "
-                        "not implemented yet (default: auto)")
+                        "per token and kv head: ~4x the tokens of a float32 cache; CPU only); fp8_e4m3 (the same "
+                        "rows as float8_e4m3fn codes, scale = max|x| / 448; CPU only) (default: auto)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="share of the GPU's memory to use for weights, activations and the KV cache; "
                         "the KV cache gets what a profiled worst-case step leaves (GPU platforms; "

@@ -143,7 +143,8 @@ class Platform(abc.ABC):
         return Worker
 
     #: --kv-cache-dtype names the kernels store besides the model dtype
-    #: (torch dtype names; "int8": backends/base.py's quantized rows). Other
+    #: (torch dtype names, or "fp8_e4m3" for float8_e4m3fn; "int8" and
+    #: "fp8_e4m3": backends/base.py's quantized rows). Other
     #: platforms refuse them at start until their kernels implement them.
     extra_kv_cache_dtypes: tuple = ()
 
@@ -155,10 +156,8 @@ class Platform(abc.ABC):
 
         if choice in (None, "auto"):
             return model_dtype
-        if choice == "fp8_e4m3":
-            raise ValueError("--kv-cache-dtype fp8_e4m3: not implemented on any platform yet "
-                             "(int8 is, on the CPU)")
-        dtype = getattr(torch, str(choice), None)
+        # fp8_e4m3 names torch.float8_e4m3fn (rows with a scale, like int8)
+        dtype = torch.float8_e4m3fn if choice == "fp8_e4m3" else getattr(torch, str(choice), None)
         if dtype == model_dtype:
             return dtype
         if not isinstance(dtype, torch.dtype) or str(choice) not in self.extra_kv_cache_dtypes:

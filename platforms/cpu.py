@@ -86,9 +86,9 @@ class CpuPlatform(Platform):
     # short for the hardware prefetcher. 128 streams ~15-25% faster at long
     # contexts (docs/kernels.md), at the cost of a coarser prefix cache.
     default_block_size = 128
-    # the attention kernels read any of these under any model dtype (int8:
-    # per-token scales, dequantized in registers; docs/kernels.md)
-    extra_kv_cache_dtypes = ("float32", "bfloat16", "float16", "int8")
+    # the attention kernels read any of these under any model dtype (int8,
+    # fp8_e4m3: per-token scales, dequantized in registers; docs/kernels.md)
+    extra_kv_cache_dtypes = ("float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 
     def __init__(self, sysfs_root: str | os.PathLike = "/sys", allowed: list[int] | set[int] | None = None):
         self._sysfs_root = sysfs_root

@@ -1,10 +1,10 @@
-"""--kv-cache-dtype: a bfloat16 or int8 KV cache under a float32 (or bfloat16)
-model on the CPU.
+"""--kv-cache-dtype: a bfloat16, int8 or fp8_e4m3 KV cache under a float32 (or
+bfloat16) model on the CPU.
 
 Oracles: the reference backend with the same cache dtype (plain torch; its
-int8 rows are computed independently of the kernels, backends/reference/
-kv_quant.py), a Python statement of the quantization's bounds, and the
-engine itself (a prefix-cache hit against a miss, batched against alone).
+int8 / float8_e4m3fn rows are computed independently of the kernels,
+backends/reference/kv_quant.py), torch's own float8_e4m3fn conversion, a
+Python statement of the quantization's bounds, and the engine itself (a prefix-cache hit against a miss, batched against alone).
 Kernel tolerance vs the reference over the same cache: 1e-5 of max |ref|
 with float32 queries, 2e-2 with bfloat16 (only summation order and the
 output's rounding differ); the conformance checks (core/conformance/
@@ -21,7 +21,7 @@ import torch
 from paged import _C_cpu as C
 from paged.backends.cpu import CpuBackend
 from paged.backends.reference import ReferenceBackend
-from paged.backends.reference.kv_quant import dequantize_int8, quantize_int8
+from paged.backends.reference.kv_quant import dequantize, quantize_fp8, quantize_int8
 from paged.core.conformance import kernel_checks as kc
 from paged.core.engine import Engine
 from paged.core.engine_config import EngineConfig
@@ -76,14 +76,22 @@ def reference(case, dtype, kv):
     return _reference[key]
 
 
-@pytest.mark.parametrize("kv", [torch.int8, torch.bfloat16], ids=["int8", "bf16"])
+FP8 = torch.float8_e4m3fn
+
+
+def _bytes(t):
+    return t.view(torch.uint8) if t.dtype == FP8 else t
+
+
+@pytest.mark.parametrize("kv", [torch.int8, FP8, torch.bfloat16], ids=["int8", "fp8", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["q_f32", "q_bf16"])
 def test_kernels_match_reference(isa, kv, dtype):
     for case in CASES:
         batch, ref_kv, ref_out = reference(case, dtype, kv)
         be = make(CpuBackend, case, dtype, kv)
         got_kv = kc.filled_cache(be, batch)
-        assert got_kv[0].dtype == kv and torch.equal(got_kv[0], ref_kv[0]) and torch.equal(got_kv[1], ref_kv[1])
+        assert got_kv[0].dtype == kv
+        assert torch.equal(_bytes(got_kv[0]), _bytes(ref_kv[0])) and torch.equal(_bytes(got_kv[1]), _bytes(ref_kv[1]))
         err = kc._rel_error(kc.run_attention(be, batch, case, kv=got_kv), ref_out)
         assert err <= TOL[dtype], (isa, case, err)
 
@@ -100,9 +108,54 @@ def test_int8_rows_follow_the_stated_quantization():
     amax = x.abs().amax(-1)
     assert torch.equal(scale, amax / 127)
     assert torch.equal(q.abs().amax(-1)[amax > 0], torch.full_like(amax[amax > 0], 127, dtype=torch.int8))
-    err = (dequantize_int8(rows) - x).abs()
+    err = (dequantize(rows) - x).abs()
     assert bool((err <= scale[..., None] * (0.5 + 1e-5)).all())
     assert not rows[7, 1, :64].any() and scale[7, 1] == 0
+
+
+def test_fp8_rows_follow_the_stated_quantization():
+    """Per (token, head): the largest |x| maps to +-448 (e4m3fn's largest
+    value), every value is within half an e4m3fn step (relative 2^-4, or
+    2^-10 absolute in the subnormals) of its dequantized value, a zero row
+    stays zero."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(50, 3, 64, generator=g) * torch.logspace(-3, 3, 50)[:, None, None]
+    x[7, 1] = 0.0
+    rows = quantize_fp8(x)
+    assert rows.shape == (50, 3, 68) and rows.dtype == FP8
+    q, scale = rows[..., :64].float(), rows[..., 64:].contiguous().view(torch.float32)[..., 0]
+    amax = x.abs().amax(-1)
+    assert torch.equal(scale, amax / 448)
+    assert bool((q.abs().amax(-1)[amax > 0] == 448).all())
+    y = x / torch.where(scale > 0, scale, 1)[..., None]
+    assert bool(((q - y).abs() <= torch.maximum(y.abs() / 16, torch.full_like(y, 2.0**-10)) * (1 + 1e-6)).all())
+    assert not rows[7, 1].view(torch.uint8)[:64].any() and scale[7, 1] == 0
+
+
+def test_fp8_conversion_is_torchs_bit_for_bit():
+    """The kernels' float -> e4m3fn (kernel_common.h) against torch's, over a
+    dense sweep of float32 bit patterns in [0, 448] (normals and subnormals),
+    every tie between neighbouring e4m3fn values and its neighbours one ulp
+    away, signed; and the reads (read_kv) against torch's widening."""
+    sweep = torch.arange(0, 0x43E00001, 1021, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    values = torch.arange(128, dtype=torch.uint8).view(FP8).float()[:127]  # every finite non-negative code
+    ties = (values[:-1] + values[1:]) / 2  # exact in float32
+    near = torch.cat([ties, torch.nextafter(ties, ties + 1), torch.nextafter(ties, ties - 1), values])
+    x = torch.cat([sweep, near, torch.tensor([0.0, 448.0])])
+    x = torch.cat([x, -x])
+    got = torch.empty(x.shape[0], dtype=FP8)
+    C.to_fp8_e4m3fn(x, got)
+    want = x.to(FP8)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), x[got.view(torch.uint8) != want.view(torch.uint8)]
+    # reads: every code with scale 1 through read_kv, vs torch's float8 -> float32
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]  # NaN codes
+    n = codes.numel() // 16 * 16
+    rows = torch.cat([codes[:n].view(-1, 16), torch.tensor([1.0]).view(torch.uint8).expand(n // 16, 4)], 1)
+    cache = rows.view(FP8).view(n // 16, 1, 1, 20).contiguous()
+    k, v = torch.empty(n // 16, 1, 16), torch.empty(n // 16, 1, 16)
+    C.read_kv(cache, cache, torch.arange(n // 16), k, v)
+    assert torch.equal(k.flatten(), codes[:n].view(FP8).float())
 
 
 def test_cache_sizes_and_errors():
@@ -110,6 +163,8 @@ def test_cache_sizes_and_errors():
     i8 = CpuBackend(8, 2, 64, 128, torch.float32, kv_cache_dtype=torch.int8)
     bf = CpuBackend(8, 2, 64, 128, torch.float32, kv_cache_dtype=torch.bfloat16)
     assert i8.kv_cache_shape(3) == (3, 2, 128, 68)
+    f8 = CpuBackend(8, 2, 64, 128, torch.float32, kv_cache_dtype=FP8)
+    assert f8.kv_cache_shape(3) == (3, 2, 128, 68) and f8.bytes_per_block(30) == i8.bytes_per_block(30)
     assert bf.bytes_per_block(30) * 2 == f32.bytes_per_block(30)
     assert i8.bytes_per_block(30) * 256 == f32.bytes_per_block(30) * 68  # 4x fewer bytes, plus the scales
     ((k, v),) = i8.allocate_kv_cache(1, 2)
@@ -120,6 +175,10 @@ def test_cache_sizes_and_errors():
                           torch.ones(1, dtype=torch.int32), 0.1)
     with pytest.raises(ValueError, match="^--kv-cache-dtype: expected one of"):
         EngineConfig(kv_cache_dtype="int4")
+    with pytest.raises(ValueError, match="key_cache: expected dtype float32, bfloat16, float16, int8 or float8_e4m3fn"):
+        C.paged_attention(torch.empty(1, 8, 64), torch.empty(1, 8, 64), torch.zeros(2, 2, 16, 68, dtype=torch.float8_e5m2),
+                          torch.zeros(2, 2, 16, 68, dtype=torch.float8_e5m2), torch.zeros(1, 1, dtype=torch.int32),
+                          torch.ones(1, dtype=torch.int32), 0.1)
 
 
 def test_platforms_refuse_what_they_do_not_implement():
@@ -130,23 +189,13 @@ def test_platforms_refuse_what_they_do_not_implement():
     cpu = CpuPlatform()
     assert cpu.resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
     assert cpu.resolve_kv_cache_dtype("int8", torch.float32) == torch.int8
-    with pytest.raises(ValueError, match="fp8_e4m3: not implemented on any platform"):
-        cpu.resolve_kv_cache_dtype("fp8_e4m3", torch.float32)
+    assert cpu.resolve_kv_cache_dtype("fp8_e4m3", torch.float32) == FP8
     for p in (CudaPlatform(), NpuPlatform()):
         assert p.resolve_kv_cache_dtype("float16", torch.float16) == torch.float16  # its own dtype
-        with pytest.raises(ValueError, match=f"^--kv-cache-dtype on {p.name}: expected one of auto, float16 "):
-            p.resolve_kv_cache_dtype("int8", torch.float16)
-
-
-def test_cli_refuses_fp8_in_one_line():
-    import subprocess
-    import sys
-
-    paged = os.path.join(os.path.dirname(sys.executable), "paged")
-    proc = subprocess.run([paged, "generate", "--kv-cache-dtype", "fp8_e4m3", "hi"], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "--kv-cache-dtype fp8_e4m3: not implemented on any platform yet" in proc.stderr
+        for choice in ("int8", "fp8_e4m3"):
+            with pytest.raises(ValueError, match=f"^--kv-cache-dtype on {p.name}: expected one of auto, float16 "
+                                                 f"\\(.*got '{choice}'$"):
+                p.resolve_kv_cache_dtype(choice, torch.float16)
 
 
 # -- the engine ------------------------------------------------------------------
@@ -183,12 +232,35 @@ def test_int8_prefix_hit_same_as_miss_and_batched_same_as_alone(int8_llm):
     assert tokens(int8_llm.generate(PROMPTS[:3] * 2, GREEDY)) == alone * 2
 
 
-def test_int8_greedy_agreement_with_the_unquantized_cache(default_model_path, int8_llm):
-    """Reported, not asserted token for token: int8 K/V change near-tie
+_exact: dict = {}
+
+
+def exact_tokens(path, level):
+    """Greedy tokens with the float32 cache, computed once per ISA level."""
+    if level not in _exact:
+        _exact[level] = tokens(_engine(path, "auto").generate(PROMPTS, GREEDY))
+    return _exact[level]
+
+
+def agreement(name, exact, quant):
+    """Reported, not asserted token for token: quantized K/V change near-tie
     choices. The floor only catches a broken path (garbage agrees ~0%)."""
-    exact = tokens(_engine(default_model_path, "auto").generate(PROMPTS, GREEDY))
-    quant = tokens(int8_llm.generate(PROMPTS, GREEDY))
     same = sum(a == b for x, y in zip(exact, quant) for a, b in zip(x, y))
     total = sum(len(x) for x in exact)
-    print(f"int8 KV greedy agreement with the float32 cache: {same}/{total} tokens")
+    print(f"{name} KV greedy agreement with the float32 cache: {same}/{total} tokens")
     assert same >= total // 2
+
+
+def test_int8_greedy_agreement_with_the_unquantized_cache(default_model_path, isa_level, int8_llm):
+    agreement("int8", exact_tokens(default_model_path, isa_level), tokens(int8_llm.generate(PROMPTS, GREEDY)))
+
+
+def test_fp8_engine_prefix_hit_same_as_miss_and_agreement(default_model_path, isa_level):
+    llm = _engine(default_model_path, "fp8_e4m3")
+    prompt = "You are a helpful assistant who answers questions about geography briefly. " * 2
+    prompt += "Q: What is the capital of Spain? A:"
+    miss = llm.generate(prompt, GREEDY)[0]
+    hit = llm.generate(prompt, GREEDY)[0]
+    assert miss.metrics.num_cached_tokens == 0 and hit.metrics.num_cached_tokens >= 16
+    assert hit.outputs[0].token_ids == miss.outputs[0].token_ids
+    agreement("fp8_e4m3", exact_tokens(default_model_path, isa_level), tokens(llm.generate(PROMPTS, GREEDY)))

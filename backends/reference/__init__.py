@@ -5,7 +5,7 @@ gather a sequence's blocks into contiguous K/V, then call
 scaled_dot_product_attention with an explicit causal / sliding-window mask,
 computing in float32 and casting back. No device-specific code, so it runs on
 any device torch supports. The KV cache may hold another dtype than the model
-(``kv_cache_dtype``): bfloat16, or int8 rows quantized as kv_quant.py says.
+(``kv_cache_dtype``): bfloat16, or int8 / float8_e4m3fn rows quantized as kv_quant.py says.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Checks of a KV cache stored in another dtype than the model's
-(--kv-cache-dtype: bfloat16, int8), for every such dtype the platform
+(--kv-cache-dtype: bfloat16, int8, fp8_e4m3), for every such dtype the platform
 declares (``Platform.extra_kv_cache_dtypes``); a platform that stores only
 the model dtype skips them with that reason.
 
 The oracle is the reference backend with the same cache dtype: it quantizes
-int8 rows in plain torch exactly as the kernel contract says
+int8 and float8_e4m3fn rows in plain torch exactly as the kernel contract says
 (backends/reference/kv_quant.py), so
 
 - the cache a backend writes must equal the reference's bit for bit (same
@@ -15,9 +15,9 @@ int8 rows in plain torch exactly as the kernel contract says
 - attention over the quantized cache must match the reference's within
   KV_TOLERANCE: both read the same dequantized values, so only float32
   summation order (and the output's rounding) differs;
-- the quantization's own cost, attention over the int8 cache vs over the
-  unquantized one, is measured and reported (not a pass/fail bound past
-  INT8_ERROR_LIMIT, which only catches a broken scale).
+- the quantization's own cost, attention over the int8 / fp8 cache vs over
+  the unquantized one, is measured and reported (not a pass/fail bound past
+  QUANT_ERROR_LIMIT, which only catches a broken scale).
 """
 
 from __future__ import annotations
@@ -31,9 +31,12 @@ from paged.core.conformance.runner import Check, Context, Measured, Skip
 #: max |out - ref| / max |ref| of attention over a converted cache vs the
 #: reference over the same cache, by model (query / output) dtype
 KV_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
-#: attention over the int8 cache vs the unquantized one (relative): a
-#: correct per-row scale gives ~1e-2 on random data; a wrong one, O(1)
-INT8_ERROR_LIMIT = 0.1
+#: attention over a quantized cache vs the unquantized one (relative): a
+#: correct per-row scale gives ~1e-2 (int8) / ~5e-2 (fp8_e4m3: 3 mantissa
+#: bits) on random data; a wrong one, O(1)
+QUANT_ERROR_LIMIT = {"int8": 0.1, "fp8_e4m3": 0.2}
+#: --kv-cache-dtype names -> torch dtypes
+KV_DTYPES = {"bfloat16": torch.bfloat16, "int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 
 CASES = (  # (num_heads, num_kv_heads, head_size, block_size, seq_lens, query_lens)
     (4, 4, 64, 16, (1, 16, 17, 48), None),
@@ -41,6 +44,12 @@ CASES = (  # (num_heads, num_kv_heads, head_size, block_size, seq_lens, query_le
     (9, 3, 64, 16, (600, 90, 33), (64, 17, 1)),
     (6, 2, 64, 128, (129, 256, 2), (1, 128, 2)),
 )
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """A cache's bytes to compare: float8 rows are compared as bytes (a scale's
+    bytes read as float8 may be NaN, which equals nothing)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def _model_dtype(platform):
@@ -69,9 +78,9 @@ def _write_vs_reference(ctx: Context, kv_dtype) -> float:
         got = kc.filled_cache(be, kc._to(batch, be.device))
         want = kc.filled_cache(ref, batch)
         for name, g, w in zip(("key_cache", "value_cache"), got, want):
-            if g.dtype != kv_dtype or not torch.equal(g.cpu(), w):
+            if g.dtype != kv_dtype or not torch.equal(_raw(g.cpu()), _raw(w)):
                 raise AssertionError(f"{name} ({g.dtype}) after reshape_and_cache differs from the reference's "
-                                     f"({w.dtype}) in {int((g.cpu() != w).sum())} elements, case {case}")
+                                     f"({w.dtype}) in {int((_raw(g.cpu()) != _raw(w)).sum())} bytes, case {case}")
         for name, g, w in zip(("key", "value"), be.read_kv(*got, batch.slot_mapping.to(be.device)),
                               ref.read_kv(*want, batch.slot_mapping)):
             if not torch.equal(g.cpu(), w):
@@ -91,7 +100,7 @@ def _chunking_invariant(ctx: Context, kv_dtype) -> float:
     for a, b in zip(cuts, cuts[1:]):
         if a < b:
             be.reshape_and_cache(batch.key[a:b], batch.value[a:b], kcache, vcache, batch.slot_mapping[a:b])
-    if not (torch.equal(whole[0], kcache) and torch.equal(whole[1], vcache)):
+    if not (torch.equal(_raw(whole[0]), _raw(kcache)) and torch.equal(_raw(whole[1]), _raw(vcache))):
         raise AssertionError(f"the {kv_dtype} cache depends on how the tokens were chunked into writes")
     return 0.0
 
@@ -112,33 +121,35 @@ def _attention_vs_reference(ctx: Context, kv_dtype) -> float:
     return worst
 
 
-def _int8_cost(ctx: Context) -> Measured:
-    """Reference attention over the int8 cache vs over the model-dtype cache."""
-    dtype = _model_dtype(ctx.platform)
+def _quantization_cost(ctx: Context, name: str) -> Measured:
+    """Reference attention over the int8 / fp8 cache vs over the model-dtype cache."""
+    dtype, kv = _model_dtype(ctx.platform), KV_DTYPES[name]
     worst = 0.0
     for case in _cases(ctx):
         batch = kc.make_batch(case, dtype)
         exact = kc.run_attention(_backend(ReferenceBackend, case, "cpu", dtype, None), batch, case)
-        quant = kc.run_attention(_backend(ReferenceBackend, case, "cpu", dtype, torch.int8), batch, case)
+        quant = kc.run_attention(_backend(ReferenceBackend, case, "cpu", dtype, kv), batch, case)
         worst = max(worst, kc._rel_error(quant, exact))
-    if not worst <= INT8_ERROR_LIMIT:
-        raise AssertionError(f"int8 KV attention error {worst:.3g} > {INT8_ERROR_LIMIT} vs the unquantized cache")
-    return Measured(worst, "int8 KV vs unquantized (reference, random K/V): max relative error")
+    if not worst <= QUANT_ERROR_LIMIT[name]:
+        raise AssertionError(f"{name} KV attention error {worst:.3g} > {QUANT_ERROR_LIMIT[name]} "
+                             "vs the unquantized cache")
+    return Measured(worst, f"{name} KV vs unquantized (reference, random K/V): max relative error")
 
 
 def checks(ctx: Context) -> list[Check]:
     extra = tuple(getattr(ctx.platform, "extra_kv_cache_dtypes", ()))
-    names = [n for n in ("bfloat16", "int8") if n in extra]
+    names = [n for n in KV_DTYPES if n in extra]
     if not names:
         def none(_ctx):
             raise Skip("this platform stores the KV cache in the model dtype only (no --kv-cache-dtype)")
         return [Check("kv_cache", none, required=False)]
     out = []
     for name in names:
-        kv = getattr(torch, name)
+        kv = KV_DTYPES[name]
         out += [Check(f"kv_cache.{name}.write_vs_reference", lambda c, kv=kv: _write_vs_reference(c, kv)),
                 Check(f"kv_cache.{name}.chunking_invariant", lambda c, kv=kv: _chunking_invariant(c, kv)),
                 Check(f"kv_cache.{name}.attention_vs_reference", lambda c, kv=kv: _attention_vs_reference(c, kv))]
-    if "int8" in names:
-        out.append(Check("kv_cache.int8.quantization_cost", _int8_cost, required=False))
+        if name in QUANT_ERROR_LIMIT:
+            out.append(Check(f"kv_cache.{name}.quantization_cost", lambda c, n=name: _quantization_cost(c, n),
+                             required=False))
     return out

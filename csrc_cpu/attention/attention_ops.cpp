@@ -29,19 +29,19 @@ Checked check_common(Array& out, Array& query, Array& key_cache, Array& value_ca
   c.key_cache = cache_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &kd);
   c.value_cache = cache_tensor("value_cache", value_cache, {-1, -1, -1, -1}, &vd);
   require_same_shape(c.key_cache, c.value_cache);
-  // an int8 cache row holds head_size values and the row's float32 scale
-  const int64_t extra = kd == DType::I8 ? kI8ScaleBytes : 0;
+  // an int8 / fp8_e4m3 cache row holds head_size codes and the row's float32 scale
+  const int64_t extra = scaled_rows(kd) ? kI8ScaleBytes : 0;
   const int64_t num_blocks = c.key_cache.dim(0), hkv = c.key_cache.dim(1), bs = c.key_cache.dim(2),
                 d = c.key_cache.dim(3) - extra;
   if (d % 16 || d < 16 || d > kMaxHeadSize)
-    fail(extra ? "head_size (key_cache dim 3 minus the 4 scale bytes of an int8 cache)" : "head_size (key_cache dim 3)",
+    fail(extra ? "head_size (key_cache dim 3 minus the 4 scale bytes of an int8 / fp8_e4m3 cache)" : "head_size (key_cache dim 3)",
          "a multiple of 16 in [16, " + std::to_string(kMaxHeadSize) + "]", d);
   if (bs < 1) fail("block_size (key_cache dim 2)", ">= 1", bs);
   if (hkv < 1) fail("num_kv_heads (key_cache dim 1)", ">= 1", hkv);
   c.query = float_tensor("query", query, {-1, -1, d}, &qd);
   c.out = float_tensor("out", out, {-1, -1, d}, &od);
   require_same_shape(c.query, c.out);
-  // the cache may hold another dtype than the query (a bfloat16 or int8 KV
+  // the cache may hold another dtype than the query (a bfloat16, int8 or fp8 KV
   // cache under a float32 model); key and value caches, and query and out, agree
   if (vd != kd)
     fail("value_cache", std::string("the dtype of key_cache (") + dtype_name(kd) + ")",

@@ -25,6 +25,8 @@ void register_attention(nb::module_& m) {
         "Copy-on-write: block dst <- src in every layer.");
   m.def("swap_blocks", &a::swap_blocks, "src_cache"_a, "dst_cache"_a, "block_mapping"_a,
         "dst_cache[dst] <- src_cache[src] between two CPU tensors.");
+  m.def("to_fp8_e4m3fn", &a::to_fp8_e4m3fn, "x"_a, "out"_a,
+        "out[i] = float8_e4m3fn(x[i]), the fp8 KV cache's conversion (RNE; saturates at +-448).");
   m.def("attention_isa", &a::current_isa, "SIMD build the attention kernels use now.");
   m.def("set_attention_isa", &a::set_isa, "name"_a, "Choose 'auto', 'avx512', 'avx2' or 'scalar'.");
   m.def("supported_attention_isas", &a::supported_isas, "Kernel builds this CPU can run, best first.");

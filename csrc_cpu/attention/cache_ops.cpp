@@ -1,7 +1,8 @@
 // KV cache writes, reads and block copies; arguments are checked once up
 // front. Block copies only move bytes, so one implementation serves every
 // dtype; writes and reads convert when the tokens' dtype is not the cache's
-// (an int8 cache quantizes on write and dequantizes on read: kernel_common.h).
+// (an int8 or fp8_e4m3 cache quantizes on write and dequantizes on read:
+// kernel_common.h).
 #include <cstring>
 #include <string>
 #include <unordered_set>
@@ -35,9 +36,9 @@ CachePair check_caches(Array& key_cache, Array& value_cache) {
   c.num_blocks = c.key.dim(0);
   c.num_kv_heads = c.key.dim(1);
   c.block_size = c.key.dim(2);
-  c.head_size = c.key.dim(3) - (c.dtype == DType::I8 ? kI8ScaleBytes : 0);
+  c.head_size = c.key.dim(3) - (scaled_rows(c.dtype) ? kI8ScaleBytes : 0);
   if (c.head_size < 1)
-    fail("key_cache", "dim 3 >= 1 (>= 5 for int8: the values plus a 4-byte scale)", c.key.shape_str());
+    fail("key_cache", "dim 3 >= 1 (>= 5 for int8 / fp8_e4m3: the values plus a 4-byte scale)", c.key.shape_str());
   return c;
 }
 
@@ -81,11 +82,16 @@ void move_token(const CachePair& c, const Tokens& tokens, void* cache, int64_t t
     } else if (dir == Dir::ToCache) {
       for (int64_t d = 0; d < D; ++d) buf[size_t(d)] = load_scalar(token_row, d, tokens.dtype);
       if (c.dtype == DType::I8) quantize_row_i8(buf.data(), D, reinterpret_cast<int8_t*>(cache_row));
+      else if (c.dtype == DType::FP8) quantize_row_fp8(buf.data(), D, reinterpret_cast<uint8_t*>(cache_row));
       else for (int64_t d = 0; d < D; ++d) store_scalar(cache_row, d, c.dtype, buf[size_t(d)]);
     } else if (c.dtype == DType::I8) {
       const auto* q = reinterpret_cast<const int8_t*>(cache_row);
-      const float s = row_scale_i8(q, D);
+      const float s = row_scale(q, D);
       for (int64_t d = 0; d < D; ++d) store_scalar(token_row, d, tokens.dtype, float(q[d]) * s);
+    } else if (c.dtype == DType::FP8) {
+      const auto* q = reinterpret_cast<const uint8_t*>(cache_row);
+      const float s = row_scale(q, D);
+      for (int64_t d = 0; d < D; ++d) store_scalar(token_row, d, tokens.dtype, e4m3fn_to_float(q[d]) * s);
     } else {
       for (int64_t d = 0; d < D; ++d) store_scalar(token_row, d, tokens.dtype, load_scalar(cache_row, d, c.dtype));
     }
@@ -182,6 +188,17 @@ void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>&
     const int64_t* p = pairs + 2 * (j % count);
     std::memcpy(base + p[1] * block_bytes, base + p[0] * block_bytes, block_bytes);
   }
+}
+
+void to_fp8_e4m3fn(Array x, Array out) {
+  DType xd, od;
+  TensorArg xs = float_tensor("x", x, {-1}, &xd);
+  TensorArg os = cache_tensor("out", out, {xs.dim(0)}, &od);
+  if (xd != DType::F32) fail("x", "dtype float32", std::string("dtype ") + dtype_name(xd));
+  if (od != DType::FP8) fail("out", "dtype float8_e4m3fn", std::string("dtype ") + dtype_name(od));
+  const auto* src = static_cast<const float*>(xs.data);
+  auto* dst = static_cast<uint8_t*>(os.data);
+  for (int64_t i = 0; i < xs.dim(0); ++i) dst[i] = float_to_e4m3fn(src[i]);
 }
 
 void swap_blocks(Array src_cache, Array dst_cache, Array block_mapping) {

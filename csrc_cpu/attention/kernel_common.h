@@ -15,15 +15,20 @@
 
 namespace paged::cpu::attn {
 
-// I8 is a KV cache dtype only (queries and outputs are floating): each cache
-// row is head_size int8 values followed by that row's float32 scale, so a
-// row (one token of one kv head) dequantizes as q[d] * scale (kI8ScaleBytes).
-enum class DType { F32, BF16, F16, I8 };
+// I8 and FP8 (float8_e4m3fn) are KV cache dtypes only (queries and outputs
+// are floating): each cache row is head_size one-byte codes followed by that
+// row's float32 scale, so a row (one token of one kv head) dequantizes as
+// value(code[d]) * scale (kI8ScaleBytes; value = the int8, or the e4m3fn
+// number the byte encodes).
+enum class DType { F32, BF16, F16, I8, FP8 };
 constexpr int64_t kI8ScaleBytes = 4;
+
+// Rows of one-byte codes and a trailing float32 scale (int8, fp8_e4m3).
+inline bool scaled_rows(DType t) { return t == DType::I8 || t == DType::FP8; }
 
 // Bytes of one cache row (one token of one kv head) of head size D.
 inline int64_t cache_row_bytes(DType t, int64_t D) {
-  return t == DType::F32 ? 4 * D : t == DType::I8 ? D + kI8ScaleBytes : 2 * D;
+  return t == DType::F32 ? 4 * D : scaled_rows(t) ? D + kI8ScaleBytes : 2 * D;
 }
 
 // One attention call: decode is the special case "one query row per sequence".
@@ -110,24 +115,76 @@ inline void store_scalar(void* p, int64_t i, DType t, float v) {
   }
 }
 
-// The int8 quantization of one cache row (the reference backend implements
-// the same in torch, bitwise): per (token, kv head), symmetric,
-// scale = max|x| / 127, q = round-half-even(x / scale) in [-127, 127]; a
-// zero row gets scale 0 and q = 0. Depends on nothing but the row itself,
-// so a block's contents never depend on how its tokens were chunked.
-inline void quantize_row_i8(const float* x, int64_t D, int8_t* row) {
+// --- float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+// infinities, 0x7f / 0xff are NaN, the largest finite value is 448, the
+// smallest subnormal 2^-9. float -> e4m3fn rounds to nearest even like
+// torch's x.to(torch.float8_e4m3fn); it saturates (|x| >= 448 -> +-448) where
+// torch would give NaN for |x| >= 464, which the quantization never passes
+// (it clamps to +-448 first).
+constexpr float kFp8Max = 448.0f;
+inline uint8_t float_to_e4m3fn(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return uint8_t(sign | 0x7fu);  // NaN
+  if (a >= 0x43e00000u) return uint8_t(sign | 0x7eu);  // >= 448: saturate
+  if (a < 0x3c800000u) {  // below 2^-6: subnormal (or zero), a multiple of 2^-9
+    const float m = std::fabs(f) * 512.0f;  // exact scaling by 2^9
+    return uint8_t(sign | uint32_t(std::nearbyint(m)));  // 8 = 2^-6 encodes as the smallest normal
+  }
+  uint32_t r = a - 0x3c000000u;  // rebias exponent 127 -> 7
+  r += 0x7ffffu + ((r >> 20) & 1u);  // round the 20 dropped mantissa bits to nearest even
+  return uint8_t(sign | (r >> 20));
+}
+
+// The 256 values of e4m3fn, built once from the definition: every ISA build's
+// loader reads its codes through this table (exact: each is a float32).
+struct Fp8Table {
+  alignas(64) float v[256];
+  Fp8Table() {
+    for (int c = 0; c < 256; ++c) {
+      const int e = (c >> 3) & 0xf, m = c & 7;
+      float x = e ? std::ldexp(float(8 + m), e - 10) : std::ldexp(float(m), -9);
+      if ((c & 0x7f) == 0x7f) x = std::numeric_limits<float>::quiet_NaN();
+      v[c] = (c & 0x80) ? -x : x;
+    }
+  }
+};
+inline const float* e4m3fn_table() {
+  static const Fp8Table table;
+  return table.v;
+}
+inline float e4m3fn_to_float(uint8_t c) { return e4m3fn_table()[c]; }
+
+// The quantization of one cache row (the reference backend implements the
+// same in torch, bitwise: backends/reference/kv_quant.py): per (token, kv
+// head), symmetric, scale = max|x| / qmax with qmax = 127 (int8) or 448
+// (fp8_e4m3); int8 codes = round-half-even(x / scale) in [-127, 127], fp8
+// codes = e4m3fn(clamp(x / scale, -448, 448)); a zero row gets scale 0 and
+// codes 0. Depends on nothing but the row itself, so a block's contents never
+// depend on how its tokens were chunked.
+inline float quantize_scale(const float* x, int64_t D, float qmax, void* row) {
   float amax = 0.0f;
   for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(x[d]));
-  const float scale = amax / 127.0f;
+  const float scale = amax / qmax;
+  std::memcpy(static_cast<char*>(row) + D, &scale, sizeof scale);
+  return scale;
+}
+inline void quantize_row_i8(const float* x, int64_t D, int8_t* row) {
+  const float scale = quantize_scale(x, D, 127.0f, row);
   for (int64_t d = 0; d < D; ++d) {
     const float r = scale > 0.0f ? std::nearbyint(x[d] / scale) : 0.0f;
     row[d] = int8_t(std::min(127.0f, std::max(-127.0f, r)));
   }
-  std::memcpy(row + D, &scale, sizeof scale);
 }
-inline float row_scale_i8(const int8_t* row, int64_t D) {
+inline void quantize_row_fp8(const float* x, int64_t D, uint8_t* row) {
+  const float scale = quantize_scale(x, D, kFp8Max, row);
+  for (int64_t d = 0; d < D; ++d)
+    row[d] = scale > 0.0f ? float_to_e4m3fn(std::min(kFp8Max, std::max(-kFp8Max, x[d] / scale))) : 0;
+}
+inline float row_scale(const void* row, int64_t D) {
   float s;
-  std::memcpy(&s, row + D, sizeof s);
+  std::memcpy(&s, static_cast<const char*>(row) + D, sizeof s);
   return s;
 }
 

@@ -18,6 +18,8 @@ void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cach
 void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out);
 void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping);
 void swap_blocks(Array src_cache, Array dst_cache, Array block_mapping);
+// out[i] = float8_e4m3fn(x[i]): the cache's own conversion (kernel_common.h), exposed for its tests.
+void to_fp8_e4m3fn(Array x, Array out);
 
 // Kernel ISA: "avx512", "avx2" or "scalar". set_isa("auto") picks the best the CPU has.
 std::string current_isa();

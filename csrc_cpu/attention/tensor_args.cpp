@@ -16,6 +16,7 @@ const char* dtype_name(DType t) {
     case DType::F32: return "float32";
     case DType::BF16: return "bfloat16";
     case DType::F16: return "float16";
+    case DType::FP8: return "float8_e4m3fn";
     default: return "int8";
   }
 }
@@ -51,6 +52,7 @@ std::string dlpack_dtype_str(const nb::dlpack::dtype& t) {
     case nb::dlpack::dtype_code::Float: kind = "float"; break;
     case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
     case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+    case nb::dlpack::dtype_code::Float8_E4M3FN: return "float8_e4m3fn";
     default: break;
   }
   return kind + std::to_string(int(t.bits));
@@ -103,8 +105,14 @@ TensorArg cache_tensor(const char* name, const Array& a, std::initializer_list<i
     t.elem_size = 1;
     return t;
   }
+  if (dt.code == uint8_t(nb::dlpack::dtype_code::Float8_E4M3FN) && dt.bits == 8 && dt.lanes == 1) {
+    TensorArg t = common(name, a, shape, true);
+    *dtype = DType::FP8;
+    t.elem_size = 1;
+    return t;
+  }
   if (dt == nb::dtype<float>() || dt.bits == 16) return float_tensor(name, a, shape, dtype);
-  args::fail(name, "dtype float32, bfloat16, float16 or int8", "dtype " + dlpack_dtype_str(dt));
+  args::fail(name, "dtype float32, bfloat16, float16, int8 or float8_e4m3fn", "dtype " + dlpack_dtype_str(dt));
 }
 
 TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape) {

@@ -34,7 +34,8 @@ struct TensorArg {
 // entries < 0 are free. `dtype` receives its dtype.
 TensorArg float_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype);
 // A KV cache tensor of the given rank: float32 / bfloat16 / float16, or int8
-// (DType::I8: rows of head_size values plus their scale, kernel_common.h).
+// / float8_e4m3fn (DType::I8 / FP8: rows of head_size codes plus their
+// scale, kernel_common.h).
 TensorArg cache_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape, DType* dtype);
 // Integer tensor of exactly `bits` width (int32 / int64).
 TensorArg int_tensor(const char* name, const Array& a, int bits, std::initializer_list<int64_t> shape);
