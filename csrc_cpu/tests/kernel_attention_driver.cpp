@@ -1,7 +1,7 @@
 // Every attention build of this architecture (kernel_builds.h) against the
 // scalar build on random paged caches: decode and prefill rows, GQA, sliding
 // windows, sequences long enough to split, float32 / bfloat16 / float16, and
-// caches of another dtype than the query's (int8 rows, bf16).
+// caches of another dtype than the query's (int8 and fp8_e4m3 rows, bf16).
 // The builds' vector widths differ, so their sums run in different orders:
 // outputs must agree within a stated tolerance (float32: 1e-6 absolute on
 // values of magnitude <= 1, 8 ulp at 1, where the exp polynomials differ by
@@ -30,11 +30,11 @@ struct Case {
   int64_t heads, kv_heads, head_size, block_size;
   std::vector<std::pair<int, int>> seqs;  // (context length, query rows)
   int64_t window;
-  DType cache;  // the KV cache's dtype (I8: quantized rows)
+  DType cache;  // the KV cache's dtype (I8, FP8: quantized rows)
 };
 
 const char* dtype_name(DType t) {
-  return t == DType::F32 ? "f32" : t == DType::BF16 ? "bf16" : t == DType::F16 ? "f16" : "i8";
+  return t == DType::F32 ? "f32" : t == DType::BF16 ? "bf16" : t == DType::F16 ? "f16" : t == DType::I8 ? "i8" : "fp8";
 }
 
 // Random values in [-1, 1] stored in the case's dtype.
@@ -45,15 +45,17 @@ std::vector<uint16_t> random_store(int64_t n, DType t) {
 }
 
 // `rows` cache rows of head size D with random values in [-1, 1] in dtype t
-// (I8: each row quantized as reshape_and_cache does, codes then scale).
+// (I8, FP8: each row quantized as reshape_and_cache does, codes then scale).
 std::vector<uint16_t> random_cache(int64_t rows, int64_t D, DType t) {
-  if (t != DType::I8) return random_store(rows * D, t);
+  if (!attn::scaled_rows(t)) return random_store(rows * D, t);
   const int64_t row_bytes = attn::cache_row_bytes(t, D);
   std::vector<uint16_t> out(size_t(rows * row_bytes + 1) / 2);
   std::vector<float> x(static_cast<size_t>(D));
   for (int64_t r = 0; r < rows; ++r) {
     for (float& v : x) v = uniform(-1.f, 1.f);
-    attn::quantize_row_i8(x.data(), D, reinterpret_cast<int8_t*>(out.data()) + r * row_bytes);
+    auto* row = reinterpret_cast<uint8_t*>(out.data()) + r * row_bytes;
+    if (t == DType::I8) attn::quantize_row_i8(x.data(), D, reinterpret_cast<int8_t*>(row));
+    else attn::quantize_row_fp8(x.data(), D, row);
   }
   return out;
 }
@@ -128,10 +130,12 @@ std::vector<Case> cases() {
     out.push_back({t, 6, 2, 80, 32, {{530, 3}, {64, 64}}, 100, t});
     out.push_back({t, 2, 1, 16, 5, {{99, 9}}, 0, t});
   }
-  // a cache dtype other than the query's: int8 rows under float32 / bf16, bf16 under float32
+  // a cache dtype other than the query's: int8 / fp8 rows under float32 / bf16, bf16 under float32
   out.push_back({DType::F32, 8, 2, 64, 16, {{1, 1}, {300, 1}, {530, 3}}, 0, DType::I8});
   out.push_back({DType::BF16, 4, 4, 128, 16, {{300, 37}, {40, 40}}, 100, DType::I8});
   out.push_back({DType::F32, 6, 2, 80, 32, {{777, 1}, {64, 64}}, 0, DType::BF16});
+  out.push_back({DType::F32, 8, 2, 64, 16, {{1, 1}, {300, 1}, {530, 3}}, 0, DType::FP8});
+  out.push_back({DType::BF16, 6, 2, 80, 32, {{300, 37}, {777, 1}}, 100, DType::FP8});
   return out;
 }
 
