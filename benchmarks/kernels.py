@@ -112,12 +112,16 @@ def decode_case(heads, kv_heads, head, batch, context, dtype, block_size, min_ti
 
 
 def fill_cache(cache, head):
-    """Random K or V: normal floats, or int8 rows with a valid scale."""
-    if cache.dtype != torch.int8:
+    """Random K or V: normal floats, or int8 / fp8 rows with a valid scale."""
+    if cache.dtype not in (torch.int8, torch.float8_e4m3fn):
         cache.normal_()
         return
-    cache[..., :head].random_(-127, 128)
-    cache[..., head:] = torch.tensor([0.02], dtype=torch.float32).view(torch.int8)
+    raw = cache.view(torch.uint8) if cache.dtype == torch.float8_e4m3fn else cache
+    if cache.dtype == torch.int8:
+        cache[..., :head].random_(-127, 128)
+    else:
+        raw[..., :head] = (torch.randn(raw[..., :head].shape) * 100).to(torch.float8_e4m3fn).view(torch.uint8)
+    raw[..., head:] = torch.tensor([0.02], dtype=torch.float32).view(raw.dtype)
 
 
 def gather_time(caches, tables, min_time) -> float:
@@ -164,7 +168,7 @@ def kv_cache_main(args, min_time) -> dict:
     rows = []
     for h, hkv, d in ((9, 3, 64), (16, 2, 128)):
         base = None
-        for kv in (torch.float32, torch.bfloat16, torch.int8):
+        for kv in (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn):
             r = decode_case(h, hkv, d, 32, 4096, torch.float32, args.block_size, min_time, with_reference=False,
                             kv_dtype=kv)
             base = base or r["cpu_ms"]
@@ -194,7 +198,7 @@ def kv_accuracy(quick: bool) -> dict:
     corpus = tok.encode(gate.stdlib_docstrings())[:ppl_tokens]
     windows = [w for w in (corpus[i:i + window] for i in range(0, len(corpus) - 1, window)) if len(w) > 1]
     rows = {}
-    for kv in ("auto", "bfloat16", "int8"):
+    for kv in ("auto", "bfloat16", "int8", "fp8_e4m3"):
         outs, ppl = gate.paged_greedy_and_ppl(model_path, dict(dtype="float32", kv_cache_dtype=kv), prompts,
                                               new_tokens, windows)
         rows[kv] = {"outs": outs, "ppl": ppl}
@@ -222,7 +226,7 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
                     help="KV block size in tokens (default: the CPU platform's, %(default)s)")
     ap.add_argument("--kv-cache", action="store_true",
-                    help="only decode over float32 / bfloat16 / int8 KV caches (batch 32 x context 4096)")
+                    help="only decode over float32 / bfloat16 / int8 / fp8_e4m3 KV caches (batch 32 x context 4096)")
     ap.add_argument("--kv-accuracy", action="store_true",
                     help="with --kv-cache: greedy agreement and perplexity delta on the default model")
     args = ap.parse_args(argv)
