@@ -2,6 +2,7 @@
 private build dir (cached under the pytest cache), for tests that compile
 C++ outside the package build: sanitizer drivers, the Ascend host code."""
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -17,7 +18,10 @@ def build_dir(request, name: str) -> Path:
     cache = getattr(request.config, "cache", None)
     if cache is not None:
         return Path(cache.mkdir(name))
-    return Path(os.environ.get("TMPDIR", "/tmp")) / f"paged-{name}"
+    # without pytest's cache (-p no:cacheprovider): one dir per checkout, so
+    # two clones on a machine never share a CMake cache
+    tag = hashlib.sha1(str(ROOT).encode()).hexdigest()[:8]
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"paged-{name}-{tag}"
 
 
 def build_targets(build: Path, targets: list[str], defines: dict[str, str]) -> str:
