@@ -163,7 +163,7 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
 
 def kv_cache_main(args, min_time) -> dict:
     """Decode over each KV cache dtype at batch 32 x context 4096, float32 queries."""
-    print(f"\n{'KV cache':9} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'GB/s':>6} {'%bw':>5} "
+    print(f"\n{'KV cache':13} {'H/Hkv/D':10} {'batch':>5} {'ctx':>5} {'cpu ms':>8} {'GB/s':>6} {'%bw':>5} "
           f"{'x f32 KV':>8} {'KV MiB':>7}")
     rows = []
     for h, hkv, d in ((9, 3, 64), (16, 2, 128)):
@@ -175,7 +175,7 @@ def kv_cache_main(args, min_time) -> dict:
             r["speedup_vs_f32_kv"] = base / r["cpu_ms"]
             rows.append(r)
             mib = r["gbps"] * r["cpu_ms"] / 1e3 * 1e9 / 2**20
-            print(f"{r['kv_cache_dtype']:9} {f'{h}/{hkv}/{d}':10} {32:>5} {4096:>5} {r['cpu_ms']:8.3f} "
+            print(f"{r['kv_cache_dtype']:13} {f'{h}/{hkv}/{d}':10} {32:>5} {4096:>5} {r['cpu_ms']:8.3f} "
                   f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup_vs_f32_kv']:8.2f} {mib:7.1f}")
     out = {"decode": rows}
     if args.kv_accuracy:

@@ -158,6 +158,25 @@ def test_fp8_conversion_is_torchs_bit_for_bit():
     assert torch.equal(k.flatten(), codes[:n].view(FP8).float())
 
 
+def test_fp8_kernel_loads_are_exact(isa):
+    """Every build's Vec::load_fp8 widens all 256 codes exactly (NaN codes to
+    NaN): one visible key with scale 1 gives softmax weight 1, so the output
+    is the V row's values themselves, equal to torch's float8_e4m3fn ->
+    float32."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    v = torch.zeros(1, 2, 16, 132, dtype=torch.uint8)
+    v[0, :, 0, :128] = codes.view(2, 128)
+    v[0, :, 0, 128:] = torch.tensor([1.0]).view(torch.uint8)
+    k = torch.zeros_like(v)
+    out = torch.empty(1, 2, 128)
+    C.paged_attention(out, torch.zeros(1, 2, 128), k.view(FP8), v.view(FP8), torch.zeros(1, 1, dtype=torch.int32),
+                      torch.ones(1, dtype=torch.int32), 0.1)
+    got, want = out.flatten(), codes.view(FP8).float()
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan) and nan.sum() == 2
+    assert torch.equal(got[~nan], want[~nan])  # -0 reads as -0 but leaves the FMA as +0
+
+
 def test_cache_sizes_and_errors():
     f32 = CpuBackend(8, 2, 64, 128, torch.float32)
     i8 = CpuBackend(8, 2, 64, 128, torch.float32, kv_cache_dtype=torch.int8)
