@@ -240,13 +240,17 @@ def tokens(outs):
     return [o.outputs[0].token_ids for o in outs]
 
 
-def test_int8_prefix_hit_same_as_miss_and_batched_same_as_alone(int8_llm):
+def assert_prefix_hit_same_as_miss(llm, country):
     prompt = "You are a helpful assistant who answers questions about geography briefly. " * 2
-    prompt += "Q: What is the capital of Italy? A:"
-    miss = int8_llm.generate(prompt, GREEDY)[0]
-    hit = int8_llm.generate(prompt, GREEDY)[0]
+    prompt += f"Q: What is the capital of {country}? A:"
+    miss = llm.generate(prompt, GREEDY)[0]
+    hit = llm.generate(prompt, GREEDY)[0]
     assert miss.metrics.num_cached_tokens == 0 and hit.metrics.num_cached_tokens >= 16
     assert hit.outputs[0].token_ids == miss.outputs[0].token_ids
+
+
+def test_int8_prefix_hit_same_as_miss_and_batched_same_as_alone(int8_llm):
+    assert_prefix_hit_same_as_miss(int8_llm, "Italy")
     alone = [tokens(int8_llm.generate(p, GREEDY))[0] for p in PROMPTS[:3]]
     assert tokens(int8_llm.generate(PROMPTS[:3] * 2, GREEDY)) == alone * 2
 
@@ -276,10 +280,5 @@ def test_int8_greedy_agreement_with_the_unquantized_cache(default_model_path, is
 
 def test_fp8_engine_prefix_hit_same_as_miss_and_agreement(default_model_path, isa_level):
     llm = _engine(default_model_path, "fp8_e4m3")
-    prompt = "You are a helpful assistant who answers questions about geography briefly. " * 2
-    prompt += "Q: What is the capital of Spain? A:"
-    miss = llm.generate(prompt, GREEDY)[0]
-    hit = llm.generate(prompt, GREEDY)[0]
-    assert miss.metrics.num_cached_tokens == 0 and hit.metrics.num_cached_tokens >= 16
-    assert hit.outputs[0].token_ids == miss.outputs[0].token_ids
+    assert_prefix_hit_same_as_miss(llm, "Spain")
     agreement("fp8_e4m3", exact_tokens(default_model_path, isa_level), tokens(llm.generate(PROMPTS, GREEDY)))
