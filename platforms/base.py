@@ -161,7 +161,9 @@ class Platform(abc.ABC):
         if dtype == model_dtype:
             return dtype
         if not isinstance(dtype, torch.dtype) or str(choice) not in self.extra_kv_cache_dtypes:
-            model = str(model_dtype).removeprefix("torch.")
+            from paged.platforms.capabilities import dtype_name
+
+            model = dtype_name(model_dtype)
             allowed = ", ".join(["auto", model, *(d for d in self.extra_kv_cache_dtypes if d != model)])
             raise ValueError(f"--kv-cache-dtype on {self.name}: expected one of {allowed} "
                              f"(the {model} model's own dtype or what its kernels implement), got {choice!r}")

@@ -161,18 +161,17 @@ class CudaPlatform(Platform):
         return [*bf16, torch.float16, torch.float32]
 
     def capabilities(self):
-        """Head sizes: the kernels' set (64, 80, 96, 112, 128, 256) is not a
-        multiple-and-maximum rule, so the declaration is its hull (multiples
-        of 16 up to 256) and CudaBackend refuses the rest with one line.
-        Batch invariance: decode (split-K by each sequence's own length) and
-        prefill (tiles within one sequence) in every dtype; not the engine
-        path, whose GEMMs cuBLAS may run differently per batch size."""
-        from paged.platforms.capabilities import Capabilities
+        """Head sizes: exactly the kernels' instantiated set
+        (backends/cuda SUPPORTED_HEAD_SIZES), so the engine refuses any other
+        at start. Batch invariance: decode (split-K by each sequence's own
+        length) and prefill (tiles within one sequence) in every dtype; not
+        the engine path, whose GEMMs cuBLAS may run differently per batch size."""
+        from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+        from paged.platforms.capabilities import Capabilities, dtype_name
 
         dtypes = tuple(self.supported_dtypes())
-        names = [str(d).removeprefix("torch.") for d in dtypes]
-        return Capabilities(dtypes=dtypes, head_size_multiple=16, max_head_size=256,
-                            batch_invariant={n: ("decode", "prefill") for n in names})
+        return Capabilities(dtypes=dtypes, head_sizes=SUPPORTED_HEAD_SIZES,
+                            batch_invariant={dtype_name(d): ("decode", "prefill") for d in dtypes})
 
     # -- kernels -----------------------------------------------------------
     def worker_cls(self):

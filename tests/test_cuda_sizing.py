@@ -91,6 +91,7 @@ def test_capabilities_cover_every_kernel_head_size():
 
     caps = NoGpuToAsk().capabilities()
     assert all(caps.accepts_head_size(d) for d in SUPPORTED_HEAD_SIZES)
+    assert not any(caps.accepts_head_size(d) for d in (16, 48, 144, 192))  # no kernel instantiated
     for dtype in (torch.bfloat16, torch.float32):
         assert caps.invariant(dtype, "decode") and caps.invariant(dtype, "prefill")
         assert not caps.invariant(dtype, "engine")
