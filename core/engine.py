@@ -20,6 +20,7 @@ import torch
 from .distributed.group import RankGroup, start_group
 from .engine_config import EngineConfig
 from .outputs import RequestOutput
+from .prefill_budget import PrefillBudget
 from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
 from .sampling_params import SamplingParams
@@ -131,10 +132,13 @@ class Engine:
 
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
                                                self.platform.block_pool_cls(), self.platform.block_hash_fn())
+        prefill_budget = PrefillBudget(config.itl_target_ms / 1000, config.max_prefill_tokens_with_decodes) \
+            if config.itl_target_ms else None  # learns this engine's step costs (rank 0 schedules)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_waiting, config.enable_prefix_caching,
                                    config.max_prefill_tokens_with_decodes,
-                                   NgramProposer(config.speculative_config) if config.speculative_config else None)
+                                   NgramProposer(config.speculative_config) if config.speculative_config else None,
+                                   prefill_budget)
         self.spec_stats = SpecStats() if config.speculative_config else None
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
         self.eos_token_id = mc.eos_token_id
@@ -264,6 +268,7 @@ class Engine:
             return []
         try:
             tables = [self.kv_cache_manager.block_table(e.seq.seq_id) for e in out.scheduled]
+            t0 = time.perf_counter()
             result = self.worker.execute(out, tables)
         except Exception as exc:  # noqa: BLE001 - the batch is lost, the waiting requests are not
             raise self._fail({**failed, **{s.seq.group.request_id: exc for s in out.scheduled}}, [])
@@ -289,10 +294,20 @@ class Engine:
                 elif self._per_request(failed, seq, self._emit, seq, sampled, span, drafts.get(seq.seq_id),
                                        seq.seq_id in decoding, now):
                     touched[seq.group.request_id] = seq.group
+        self._observe_step(out, time.perf_counter() - t0)
         outputs = [req.output() for rid, req in touched.items() if rid not in failed]
         if failed:
             raise self._fail(failed, outputs)
         return outputs
+
+    def _observe_step(self, out, seconds: float) -> None:
+        """Feeds the prefill budget's cost model (--itl-target-ms) this step's
+        rows and time from the forward's start to the sampled tokens (on a
+        GPU sampling waits for the forward, so it is the device's time)."""
+        budget = self.scheduler.prefill_budget
+        if budget is not None:
+            prompt_rows = sum(e.num_new_tokens for e in out.prefills)
+            budget.observe(out.num_tokens - prompt_rows, prompt_rows, seconds)
 
     def _admit_compiled(self) -> dict[str, Exception]:
         """Schedules the held requests whose constraint has compiled; returns
@@ -438,4 +453,6 @@ class Engine:
         )
         if self.spec_stats is not None:
             s.update(self.spec_stats.as_dict())
+        if self.scheduler.prefill_budget is not None:
+            s.update(self.scheduler.prefill_budget.stats())
         return s

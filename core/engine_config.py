@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,6 +21,14 @@ def parse_memory_size(text) -> int:
     if size <= 0:
         raise ValueError(f"--kv-cache-memory must be > 0, got {text!r}")
     return size
+
+
+def parse_itl_target(value) -> Optional[float]:
+    """--itl-target-ms: milliseconds > 0, or None / 0 (off)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if value is not None and not ok:
+        raise ValueError(f"--itl-target-ms: expected a number of milliseconds >= 0 (0: off), got {value!r}")
+    return float(value) if value else None
 
 
 def parse_tensor_parallel_size(value) -> int | str:
@@ -48,7 +57,10 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     # prompt tokens a step may carry while sequences decode (None: no cap)
-    max_prefill_tokens_with_decodes: Optional[int] = 128
+    max_prefill_tokens_with_decodes: Optional[int] = 512
+    # while sequences decode, prompt chunks get what keeps a step's predicted
+    # time under this (core/prefill_budget.py); None or 0: only the cap above
+    itl_target_ms: Optional[float] = 60.0
     block_size: Optional[int] = None  # None: the platform's default
     kv_cache_memory: Optional[int | str] = None  # int bytes or '4GiB'; None: the platform's share of free memory
     num_kv_blocks: Optional[int] = None  # exact block count (tests); overrides kv_cache_memory
@@ -90,6 +102,7 @@ class EngineConfig:
                      "block_size",
                      "num_kv_blocks", "max_waiting"):
             positive(name)
+        self.itl_target_ms = parse_itl_target(self.itl_target_ms)
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory_size(self.kv_cache_memory)
         if self.linear_activations not in LINEAR_ACTIVATIONS:
@@ -122,9 +135,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help=f"token budget of one step; longer prompts are prefilled in chunks "
                         f"(default: {d.max_num_batched_tokens})")
     g.add_argument("--max-prefill-tokens-with-decodes", type=int, default=d.max_prefill_tokens_with_decodes,
-                   help="prompt tokens a step may carry while sequences decode: bounds the inter-token "
-                        "latency that prefills add, at some cost to time to first token "
+                   help="prompt tokens a step may carry while sequences decode: the ceiling of the "
+                        "--itl-target-ms budget, or with --itl-target-ms 0 the fixed budget (bounds the "
+                        "inter-token latency that prefills add, at some cost to time to first token) "
                         f"(default: {d.max_prefill_tokens_with_decodes})")
+    g.add_argument("--itl-target-ms", type=float, default=d.itl_target_ms,
+                   help="while sequences decode, give prompt chunks what keeps a step's predicted time (learned "
+                        "from the engine's own steps) under this many milliseconds, at least the decodes' own "
+                        "time and at most --max-prefill-tokens-with-decodes; 0: the fixed cap only "
+                        f"(default: {d.itl_target_ms:g})")
     g.add_argument("--block-size", type=int, default=None, help="KV cache block size in tokens (default: the platform's: cpu 128, cuda 16, npu 128)")
     g.add_argument("--kv-cache-memory", default=None,
                    help="KV cache size, e.g. 4GiB or 512MiB (default: a share of free memory)")
@@ -172,6 +191,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_prefill_tokens_with_decodes=args.max_prefill_tokens_with_decodes,
+        itl_target_ms=args.itl_target_ms,
         block_size=args.block_size,
         kv_cache_memory=args.kv_cache_memory,
         cpu_threads_bind=args.cpu_threads_bind,

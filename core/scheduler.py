@@ -11,9 +11,11 @@ Each step fills a token budget (``max_num_batched_tokens``) with, in order:
    admission), each taking a chunk of what budget is left.
 
 So a long prompt is split into chunks and never stalls running decodes:
-while any sequence decodes, prompt chunks (2 and 3) share at most
-``max_prefill_tokens_with_decodes`` tokens a step, so a decode's inter-token
-latency is a decode step plus that much prefill, not a whole budget's worth
+while any sequence decodes, prompt chunks (2 and 3) share at most what the
+``prefill_budget`` (core/prefill_budget.py: a step-time target, learned
+costs) allows for the step's decode rows, or without one a fixed
+``max_prefill_tokens_with_decodes``, so a decode's inter-token latency is a
+decode step plus that much prefill, not a whole budget's worth
 (docs/engine.md, "Prefill while decoding"). A step with no decodes uses
 the whole budget for prompts.
 When the KV cache runs out of blocks for a running sequence, the newest
@@ -85,7 +87,8 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv_cache_manager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_waiting: Optional[int] = None, enable_prefix_caching: bool = True,
-                 max_prefill_tokens_with_decodes: Optional[int] = None, proposer=None):
+                 max_prefill_tokens_with_decodes: Optional[int] = None, proposer=None,
+                 prefill_budget=None):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < 1:
@@ -96,6 +99,8 @@ class Scheduler:
         self.kv = kv_cache_manager
         self.proposer = proposer  # spec_decode.NgramProposer, or None: one token per decode
         self.max_prefill_tokens_with_decodes = max_prefill_tokens_with_decodes
+        # prefill_budget.PrefillBudget, or None: the fixed cap above (the budget holds its own cap)
+        self.prefill_budget = prefill_budget
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_waiting = max_waiting
@@ -176,8 +181,8 @@ class Scheduler:
             # else: seq itself was preempted and removed; i now points at the next one
 
         # prompt chunks below share what is left, capped while decodes run
-        cap = self.max_prefill_tokens_with_decodes
-        if (out.decodes or out.verifies) and cap is not None:
+        cap = self._prefill_cap(out) if out.decodes or out.verifies else None
+        if cap is not None:
             budget = min(budget, cap)
 
         # 2. prompt chunks of running sequences still in prefill
@@ -216,6 +221,12 @@ class Scheduler:
             self.kv.truncate(seq.seq_id, seq.num_computed_tokens)
 
     # -- helpers -----------------------------------------------------------------
+    def _prefill_cap(self, out: SchedulerOutput) -> Optional[int]:
+        """Prompt tokens a step with these decodes / verifies may carry (None: no cap)."""
+        if self.prefill_budget is None:
+            return self.max_prefill_tokens_with_decodes
+        return self.prefill_budget.tokens(out.num_tokens)
+
     def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
         req = seq.group
         hit = 0

@@ -118,6 +118,13 @@ class ServerMetrics:
             ("request_success", "Requests finished.", self.requests_finished),
             ("request_rejected", "Requests refused with 503 (queue full or shutting down).", self.requests_rejected),
         ]
+        if "prefill_budget_tokens" in s:  # --itl-target-ms on (core/prefill_budget.py)
+            gauges += [
+                ("prefill_budget_tokens", "Prompt tokens the latest step with decodes could carry.",
+                 _pick(s, "prefill_budget_tokens", default=float("nan"))),
+                ("prefill_token_cost_seconds", "Learned seconds one prompt token adds to a step (NaN: "
+                 "still learning).", _pick(s, "prefill_token_cost_s", default=float("nan"))),
+            ]
         if "spec_decode_num_drafts" in s:  # speculative decoding on (core/spec_decode.py)
             gauges += [
                 ("spec_decode_acceptance_rate", "Draft tokens accepted over draft tokens proposed (0..1).",

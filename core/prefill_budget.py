@@ -1,0 +1,163 @@
+"""How many prompt tokens a step may carry while sequences decode, from a
+time target (``--itl-target-ms``) instead of a fixed token count.
+
+A step runs decodes and prompt chunks in one forward, so a decoding
+sequence's inter-token latency (ITL) is the whole step's time. What a
+prompt token costs depends on the machine: on two Zen 4 cores a step of 16
+decodes takes ~35 ms and each prompt token adds ~1 ms, on a 32-core server
+a few ms buy hundreds of tokens. So the engine learns its own step time
+online, from every step it runs:
+
+    t = a + c_d * n_d + c_p * n_p
+
+``n_d``: rows that generate a token (decodes and verify rows), ``n_p``:
+prompt rows, ``t``: wall seconds from the forward's start to the sampled
+tokens. The fit is recursive least squares with a forgetting factor
+(``FORGET`` 0.93: the last ~15 steps weigh most, so it follows a change of
+load within tens of steps) on relative errors (each observation divided by
+its predicted time: a 35 ms decode step counts as much as a 500 ms prefill).
+A step much slower than predicted (this machine is shared: a 3x step now and
+then) is clipped Huber-style to ``CLIP`` times the running mean relative
+error before it updates the fit; a lasting change of cost widens that mean
+within a few steps, so it is learned, not clipped away. The covariance is
+bounded (no wind-up while a direction goes unobserved, e.g. no prompts for
+a while), and a fit that ever turns non-finite restarts from the prior.
+
+The rule, for a step whose decodes and verifies take ``n_d`` rows
+(``T_d`` = their predicted time alone, ``c_p`` = the per-token cost):
+
+    tokens = min(cap, max(most that keeps T_d + c_p * n <= target,
+                          MIN_TOKENS, T_d / c_p))
+
+The floor ``T_d / c_p`` gives prompts at least the decodes' own time, so a
+step is at most ~2x its decode-only time when the decodes alone are near or
+over the target (prompts always progress; time to first token does not
+starve); ``MIN_TOKENS`` keeps chunks from getting too small to be worth a
+step. Until ``MIN_OBSERVATIONS`` steps (some with prompts, some with
+decodes) were seen, the answer is the cap, as with no target.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+#: forgetting factor of the least-squares fit (memory ~ 1 / (1 - FORGET) steps)
+FORGET = 0.93
+#: residuals beyond CLIP x the mean relative error are clipped (Huber)
+CLIP = 4.0
+#: the mean relative error never counts as below this (2%): a quiet spell does not make every step an outlier
+MIN_SCALE = 0.02
+#: weight of the newest residual in the mean relative error
+SCALE_RATE = 0.2
+#: prompt tokens a step carrying decodes may always take
+MIN_TOKENS = 16
+#: steps observed (and steps with prompts, with decodes) before the rule applies
+MIN_OBSERVATIONS = 8
+MIN_OBSERVED_EACH = 2
+#: prior variance of each coefficient (weak), and the bound on the covariance's trace
+PRIOR_VAR = 1e3
+#: a per-token cost never counts as less than this (seconds): a free-looking token does not divide by zero
+MIN_TOKEN_COST = 1e-9
+
+
+class PrefillBudget:
+    """The step-time model and the budget rule; one per engine (rank 0)."""
+
+    def __init__(self, target_s: float, cap: Optional[int] = None, min_tokens: int = MIN_TOKENS):
+        if not isinstance(target_s, (int, float)) or isinstance(target_s, bool) or not target_s > 0 \
+                or not math.isfinite(target_s):
+            raise ValueError(f"target_s: expected a positive number of seconds, got {target_s!r}")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"cap: expected an integer >= 1 or None, got {cap!r}")
+        self.target_s = float(target_s)
+        self.cap = cap
+        self.min_tokens = min_tokens if cap is None else min(min_tokens, cap)
+        self.last_tokens: Optional[int] = None  # the latest budget given (None: no step with decodes yet)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.theta = [0.0, 0.0, 0.0]  # a, c_d, c_p (seconds)
+        self.P = [[PRIOR_VAR if i == j else 0.0 for j in range(3)] for i in range(3)]
+        self.scale = 0.1  # running mean |relative error|
+        self.num_observed = self.num_with_prompts = self.num_with_decodes = 0
+
+    # -- learning ----------------------------------------------------------------
+    def observe(self, num_decode_rows: int, num_prompt_rows: int, seconds: float) -> None:
+        """One finished step; ignored when it carried nothing or its time is
+        not a finite non-negative number."""
+        if num_decode_rows < 0 or num_prompt_rows < 0 or num_decode_rows + num_prompt_rows == 0 \
+                or not math.isfinite(seconds) or seconds < 0:
+            return
+        x = (1.0, float(num_decode_rows), float(num_prompt_rows))
+        pred = self._dot(x)
+        warm = self.num_observed >= MIN_OBSERVATIONS
+        unit = pred if warm and pred > 0 else seconds  # relative errors once the fit means something
+        unit = max(unit, 1e-6)
+        xs = [v / unit for v in x]
+        r = seconds / unit - self._dot(xs)
+        if warm:
+            limit = CLIP * self.scale
+            r = max(-limit, min(limit, r))
+            self.scale = max(MIN_SCALE, (1 - SCALE_RATE) * self.scale + SCALE_RATE * abs(r))
+        self._update(xs, r)
+        self.num_observed += 1
+        self.num_with_prompts += num_prompt_rows > 0
+        self.num_with_decodes += num_decode_rows > 0
+
+    def _update(self, x: list[float], r: float) -> None:
+        """Recursive least squares with forgetting: theta += k r, P = (P - k x^T P) / FORGET."""
+        P = self.P
+        px = [sum(P[i][j] * x[j] for j in range(3)) for i in range(3)]
+        denom = FORGET + sum(x[i] * px[i] for i in range(3))
+        k = [v / denom for v in px]
+        theta = [self.theta[i] + k[i] * r for i in range(3)]
+        P = [[(P[i][j] - k[i] * px[j]) / FORGET for j in range(3)] for i in range(3)]
+        P = [[(P[i][j] + P[j][i]) / 2 for j in range(3)] for i in range(3)]  # keep it symmetric
+        trace = P[0][0] + P[1][1] + P[2][2]
+        if trace > 3 * PRIOR_VAR:  # no wind-up in a direction no step excites
+            P = [[v * 3 * PRIOR_VAR / trace for v in row] for row in P]
+        if not all(math.isfinite(v) for v in theta + [v for row in P for v in row]):
+            self._reset()
+            return
+        self.theta, self.P = theta, P
+
+    def _dot(self, x) -> float:
+        return sum(t * v for t, v in zip(self.theta, x))
+
+    # -- predictions -----------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return (self.num_observed >= MIN_OBSERVATIONS and self.num_with_prompts >= MIN_OBSERVED_EACH
+                and self.num_with_decodes >= MIN_OBSERVED_EACH)
+
+    @property
+    def token_cost_s(self) -> float:
+        """Predicted seconds one more prompt token adds to a step (> 0)."""
+        return max(self.theta[2], MIN_TOKEN_COST)
+
+    def decode_time_s(self, num_decode_rows: int) -> float:
+        """Predicted seconds of a step carrying only these decode rows (>= 0)."""
+        return max(self.theta[0] + self.theta[1] * num_decode_rows, 0.0)
+
+    def predict_s(self, num_decode_rows: int, num_prompt_rows: int) -> float:
+        return self.decode_time_s(num_decode_rows) + self.token_cost_s * num_prompt_rows
+
+    def tokens(self, num_decode_rows: int) -> Optional[int]:
+        """Prompt tokens a step carrying ``num_decode_rows`` decode / verify
+        rows may add (None: no limit, when there is no cap and the fit is
+        not ready yet)."""
+        if not self.ready:
+            n = self.cap
+        else:
+            decodes, cost = self.decode_time_s(num_decode_rows), self.token_cost_s
+            fits = math.floor((self.target_s - decodes) / cost) if decodes < self.target_s else 0
+            floor = max(self.min_tokens, math.floor(decodes / cost))
+            n = max(fits, floor)
+            n = n if self.cap is None else min(n, self.cap)
+        self.last_tokens = n
+        return n
+
+    def stats(self) -> dict:
+        return {"prefill_budget_tokens": self.last_tokens if self.last_tokens is not None else self.cap,
+                "prefill_token_cost_s": self.token_cost_s if self.ready else None}
