@@ -13,13 +13,15 @@ online, from every step it runs:
 ``n_d``: rows that generate a token (decodes and verify rows), ``n_p``:
 prompt rows, ``t``: wall seconds from the forward's start to the sampled
 tokens. The fit is recursive least squares with a forgetting factor
-(``FORGET`` 0.93: the last ~15 steps weigh most, so it follows a change of
+(``FORGET`` 0.9: the last ~10 steps weigh most, so it follows a change of
 load within tens of steps) on relative errors (each observation divided by
 its predicted time: a 35 ms decode step counts as much as a 500 ms prefill).
 A step much slower than predicted (this machine is shared: a 3x step now and
 then) is clipped Huber-style to ``CLIP`` times the running mean relative
-error before it updates the fit; a lasting change of cost widens that mean
-within a few steps, so it is learned, not clipped away. The covariance is
+error (scaled by the prediction's own uncertainty, so a kind of step not
+seen before is learned from, not clipped) before it updates the fit; a
+lasting change of cost widens that mean within a few steps, so it is
+learned, not clipped away. The covariance is
 bounded (no wind-up while a direction goes unobserved, e.g. no prompts for
 a while), and a fit that ever turns non-finite restarts from the prior.
 
@@ -43,13 +45,13 @@ import math
 from typing import Optional
 
 #: forgetting factor of the least-squares fit (memory ~ 1 / (1 - FORGET) steps)
-FORGET = 0.93
+FORGET = 0.9
 #: residuals beyond CLIP x the mean relative error are clipped (Huber)
 CLIP = 4.0
 #: the mean relative error never counts as below this (2%): a quiet spell does not make every step an outlier
 MIN_SCALE = 0.02
 #: weight of the newest residual in the mean relative error
-SCALE_RATE = 0.2
+SCALE_RATE = 0.3
 #: prompt tokens a step carrying decodes may always take
 MIN_TOKENS = 16
 #: steps observed (and steps with prompts, with decodes) before the rule applies
@@ -90,16 +92,17 @@ class PrefillBudget:
                 or not math.isfinite(seconds) or seconds < 0:
             return
         x = (1.0, float(num_decode_rows), float(num_prompt_rows))
-        pred = self._dot(x)
-        warm = self.num_observed >= MIN_OBSERVATIONS
-        unit = pred if warm and pred > 0 else seconds  # relative errors once the fit means something
-        unit = max(unit, 1e-6)
+        unit = max(seconds, 1e-6)  # relative errors: each step weighs 1 / its time squared
         xs = [v / unit for v in x]
         r = seconds / unit - self._dot(xs)
-        if warm:
-            limit = CLIP * self.scale
-            r = max(-limit, min(limit, r))
-            self.scale = max(MIN_SCALE, (1 - SCALE_RATE) * self.scale + SCALE_RATE * abs(r))
+        if self.num_observed >= MIN_OBSERVATIONS:
+            # the residual in units of its expected spread: a step in a direction the fit has
+            # seen little of (leverage x^T P x large: e.g. the first prompts after decodes only)
+            # is information, not an outlier
+            spread = math.sqrt(1 + max(self._leverage(xs), 0.0))
+            z = max(-CLIP * self.scale, min(CLIP * self.scale, r / spread))
+            self.scale = max(MIN_SCALE, (1 - SCALE_RATE) * self.scale + SCALE_RATE * abs(z))
+            r = z * spread
         self._update(xs, r)
         self.num_observed += 1
         self.num_with_prompts += num_prompt_rows > 0
@@ -117,10 +120,13 @@ class PrefillBudget:
         trace = P[0][0] + P[1][1] + P[2][2]
         if trace > 3 * PRIOR_VAR:  # no wind-up in a direction no step excites
             P = [[v * 3 * PRIOR_VAR / trace for v in row] for row in P]
-        if not all(math.isfinite(v) for v in theta + [v for row in P for v in row]):
+        if not all(math.isfinite(v) for v in theta + [v for row in P for v in row]) or min(P[i][i] for i in range(3)) < 0:
             self._reset()
             return
         self.theta, self.P = theta, P
+
+    def _leverage(self, x: list[float]) -> float:
+        return sum(x[i] * self.P[i][j] * x[j] for i in range(3) for j in range(3))
 
     def _dot(self, x) -> float:
         return sum(t * v for t, v in zip(self.theta, x))
