@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Optional
 
 import torch
 
@@ -73,6 +74,11 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes sequences have exactly one query token
     max_query_len: int
     max_seq_len: int
+    # Not read by attention: query rows from here on are prompt rows (their
+    # next token is known), the rows before them generate one (decodes and
+    # speculative verify rows). The model's linears may compute prompt rows
+    # more cheaply (the CPU's "mixed" activations). None: not marked.
+    first_prompt_row: Optional[int] = field(default=None, kw_only=True)
 
     @property
     def num_seqs(self) -> int:

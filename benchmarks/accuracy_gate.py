@@ -15,8 +15,9 @@ loading the same GGUF in float32 (the correctness oracle):
    name, cut into --window-token windows (--ppl-tokens in all). Gate: within
    1% of paged's float32 path.
 
-Paths measured: --dtype float32 with float32, int8 and int8x2 linear activations,
-and bfloat16. Prints a table, then JSON (--json PATH also writes it).
+Paths measured: --dtype float32 with float32, int8, int8x2 and mixed linear
+activations, and bfloat16; `--paths int8x2@float16` runs a path with that --kv-cache-dtype.
+Prints a table, then JSON (--json PATH also writes it).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ PROMPTS = [
 PATHS = {"float32": dict(dtype="float32", linear_activations="float32"),
          "int8": dict(dtype="float32", linear_activations="int8"),
          "int8x2": dict(dtype="float32", linear_activations="int8x2"),
+         "mixed": dict(dtype="float32", linear_activations="mixed"),
          "bfloat16": dict(dtype="bfloat16", linear_activations="float32")}
 
 
@@ -153,7 +155,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--ppl-tokens", type=int, default=8192)
     ap.add_argument("--window-tokens", type=int, default=512)
-    ap.add_argument("--paths", default=",".join(PATHS), help=f"comma list of {', '.join(PATHS)}")
+    ap.add_argument("--paths", default=",".join(PATHS),
+                    help=f"comma list of {', '.join(PATHS)}; PATH@KV also sets --kv-cache-dtype KV")
     ap.add_argument("--llama-server", default=None, metavar="URL")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
@@ -170,7 +173,9 @@ def main() -> int:
     ref, ref_ppl = hf_greedy_and_nll(model_path, prompts, args.new_tokens, windows)
     rows = {"hf-float32": {"agree": agreement(ref, ref), "ppl": ref_ppl}}
     for name in args.paths.split(","):
-        outs, ppl = paged_greedy_and_ppl(model_path, PATHS[name], prompts, args.new_tokens, windows)
+        path, _, kv = name.partition("@")
+        options = dict(PATHS[path], **({"kv_cache_dtype": kv} if kv else {}))
+        outs, ppl = paged_greedy_and_ppl(model_path, options, prompts, args.new_tokens, windows)
         rows[f"paged-{name}"] = {"agree": agreement(outs, ref), "ppl": ppl}
     if args.llama_server:
         rows["llama.cpp"] = {"agree": agreement(llama_server_greedy(args.llama_server, prompts, args.new_tokens), ref),

@@ -41,9 +41,9 @@ def parse_tensor_parallel_size(value) -> int | str:
 
 
 #: --linear-activations choices; auto = the platform's choice
-LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2")
+LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2", "mixed")
 
-#: --kv-cache-dtype choices (vLLM's flag); auto = the model dtype. Which a
+#: --kv-cache-dtype choices (vLLM's flag); auto = Platform.auto_kv_cache_dtype. Which a
 #: platform runs: Platform.check_kv_cache_dtype (docs/kernels.md)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 
@@ -163,11 +163,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="activations of packed-weight linears: float32 (exact to fp32 rounding), int8 "
                         "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
                         "int8x2 (int8 plus the residual's int8: float32's accuracy, integer speed), "
+                        "mixed (int8x2 for decodes and the K/V projection, int8 for the rest of prompts), "
                         "auto = the platform's choice (default: auto)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
-                   help="what the KV cache stores: auto = the model dtype; bfloat16; int8 (a float32 scale "
-                        "per token and kv head: ~4x the tokens of a float32 cache; CPU only); fp8_e4m3 (the same "
-                        "rows as float8_e4m3fn codes, scale = max|x| / 448; CPU only) (default: auto)")
+                   help="what the KV cache stores: auto = the platform's choice (CPU: float16 under a float32 "
+                        "model with quantized linear activations, else the model dtype); bfloat16; int8 (a "
+                        "float32 scale per token and kv head: ~4x the tokens of a float32 cache; CPU only); "
+                        "fp8_e4m3 (the same rows as float8_e4m3fn codes, scale = max|x| / 448; CPU only) "
+                        "(default: auto)")
     g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                    help="share of the GPU's memory to use for weights, activations and the KV cache; "
                         "the KV cache gets what a profiled worst-case step leaves (GPU platforms; "

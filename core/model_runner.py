@@ -43,6 +43,7 @@ class HostBatch:
     block_tables: np.ndarray
     num_decodes: int
     sample_rows: np.ndarray  # row of the last token of each sampling sequence
+    first_prompt_row: int  # rows before it generate a token (decodes, verifies), prompt rows from it
     prompt_rows: list[tuple[int, int]] = field(default_factory=list)  # (first row, rows) per prompt_logprobs entry
     copies: list = field(default_factory=list)  # copy-on-write (src, dst) block pairs
 
@@ -118,9 +119,10 @@ class ModelRunner:
         samples = [i for i, e in enumerate(entries) if e.samples]
         prompt_lp = [i for i, e in enumerate(entries)
                      if i >= num_decodes and not e.draft and e.seq.group.params.prompt_logprobs is not None]
+        generating = num_decodes + sum(1 for e in entries if e.draft)  # decodes, then verifies (their order)
         batch = HostBatch(np.asarray(ids, dtype=np.int64), positions, slot_mapping, qsl.astype(np.int32),
                           seq_lens.astype(np.int32), block_tables, num_decodes,
-                          draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples]),
+                          draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples]), int(qsl[generating]),
                           [(int(qsl[i]), entries[i].num_new_tokens) for i in prompt_lp])
         return self.inputs_from(batch, [entries[i].seq for i in samples], [entries[i] for i in prompt_lp])
 
@@ -138,6 +140,7 @@ class ModelRunner:
             num_decodes=b.num_decodes,
             max_query_len=int(np.diff(b.query_start_loc).max()) if num_seqs else 0,
             max_seq_len=int(b.seq_lens.max()) if num_seqs else 0,
+            first_prompt_row=b.first_prompt_row,
         )
         # Once per step: what the backend derives from it (launch sizes, host
         # lists, masks) is shared by every layer.

@@ -117,5 +117,6 @@ class LayerStack:
         out = torch.empty_like(hidden)
         self._native.run(dl(hidden), dl(out), dl(positions), dl(cos_sin),
                          dl(meta.slot_mapping), dl(meta.query_start_loc),
-                         dl(meta.seq_lens), dl(meta.block_tables), int(meta.num_decodes))
+                         dl(meta.seq_lens), dl(meta.block_tables), int(meta.num_decodes),
+                         -1 if meta.first_prompt_row is None else int(meta.first_prompt_row))
         return out

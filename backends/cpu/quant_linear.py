@@ -49,8 +49,10 @@ if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at ru
 DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
 
-#: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s ``activations``).
-ACTIVATIONS = ("float32", "int8", "int8x2")
+#: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s
+#: ``activations``), and "mixed": int8x2 for rows that generate a token, int8
+#: for prompt rows where the caller marks them (``first_prompt_row``).
+ACTIVATIONS = ("float32", "int8", "int8x2", "mixed")
 
 
 def _one_of(names) -> str:
@@ -104,7 +106,11 @@ class CpuPackedLinear:
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               first_prompt_row: int | None = None) -> torch.Tensor:
+        """x @ W^T + bias. ``first_prompt_row``: the rows from there on are
+        prompt rows (their tokens are known), which "mixed" computes with one
+        int8 term; None: every row generates (or the caller does not say)."""
         from paged import _C_cpu
 
         lead = x.shape[:-1]
@@ -115,7 +121,12 @@ class CpuPackedLinear:
             out = F.linear(x2, self._dequantized(), bias)
         else:
             out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
-            _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), self.activations)
+            if self.activations == "mixed":
+                split = -1 if first_prompt_row is None else first_prompt_row
+                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), "int8x2", split)
+            else:
+                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out),
+                                    self.activations)
             if bias is not None:
                 out += bias
         return out.view(*lead, self.out_features).to(x.dtype)

@@ -13,11 +13,12 @@ namespace paged::cpu {
 void register_linear(nb::module_& m) {
   namespace l = linear;
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
-        "activations"_a = "float32",
+        "activations"_a = "float32", "two_term_rows"_a = -1,
         "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks. activations='float32': "
         "calls of M <= 2 rows quantize x to two-term int16 per 32-block, more rows compute in fp32; "
         "activations='int8': x quantized to int8 per 32-block, integer dot products, bitwise the same for a "
-        "row whatever the call (docs/kernels.md).");
+        "row whatever the call; 'int8x2': a second int8 term (the residual), for rows [0, two_term_rows) only "
+        "when two_term_rows >= 0 (the rest as 'int8') (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
   m.attr("LINEAR_INT16_MAX_ROWS") = l::kInt16MaxRows;  // calls with more rows take the fp32 path

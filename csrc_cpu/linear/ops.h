@@ -14,9 +14,13 @@ namespace paged::cpu::linear {
 using Array = nanobind::ndarray<>;
 
 // out[M, N] = x[M, K] @ W^T with W [N, K] given as GGUF blocks (qs, d, m);
-// activations "float32" (x as given) or "int8" (x quantized per 32-block, int8.h).
+// activations "float32" (x as given), "int8" (x quantized per 32-block, int8.h) or
+// "int8x2" (two int8 terms). two_term_rows (int8x2 only; -1 = all): only rows
+// [0, two_term_rows) get the second term, the rest are computed as "int8" would
+// (each row bitwise what a call of that row alone with that setting returns).
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
-                  const std::optional<Array>& m, const Array& out, const std::string& activations = "float32");
+                  const std::optional<Array>& m, const Array& out, const std::string& activations = "float32",
+                  int64_t two_term_rows = -1);
 // out[N, K] = W, exactly as gguf dequantizes it.
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);

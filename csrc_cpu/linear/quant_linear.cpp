@@ -211,36 +211,47 @@ void quantize_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int
   }
 }
 
-void int8_linear(LinearArgs& a, bool two_terms) {
+// Rows [0, two_rows) with int8x2's second term, rows [two_rows, M) as int8.
+void int8_linear(LinearArgs& a, int64_t two_rows) {
   const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks();
   static thread_local Int8Scratch scratch;  // the caller's: its OpenMP team shares it for this call
   int8_t* const codes = at_least(scratch.codes, M * K);
   float* const scale = at_least(scratch.scale, M * nb);
   float* const sums = at_least(scratch.sums, M * nb);
   int32_t* const corr = at_least(scratch.corr, M * nb);
-  int8_t* const lo = two_terms ? at_least(scratch.lo, M * K) : nullptr;
-  int32_t* const lo_corr = two_terms ? at_least(scratch.lo_corr, M * nb) : nullptr;
-  a.x8 = codes;
-  a.x8_scale = scale;
-  a.x8_corr = corr;
-  a.x8_sum = sums;
-  a.x8_lo = lo;
-  a.x8_lo_corr = lo_corr;
+  int8_t* const lo = two_rows ? at_least(scratch.lo, two_rows * K) : nullptr;
+  int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
-  const Int8Kernel kernel = kernels.int8_rows;
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = M * N * K >= kSerialMacs && (chunks > 1 || M > 1);
   parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
     kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
-    if (two_terms)
+    if (r < two_rows)
       quantize_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                         sums + r * nb);
   });
+  // The two row groups as two argument sets over the same weight chunk (the
+  // second call finds the chunk's codes in cache).
+  auto rows = [&](int64_t r0, int64_t r1, bool two_terms) {
+    LinearArgs g = a;
+    g.M = r1 - r0;
+    g.x8 = codes + r0 * K;
+    g.x8_scale = scale + r0 * nb;
+    g.x8_corr = corr + r0 * nb;
+    g.x8_sum = sums + r0 * nb;
+    g.x8_lo = two_terms ? lo + r0 * K : nullptr;
+    g.x8_lo_corr = two_terms ? lo_corr + r0 * nb : nullptr;
+    g.out = a.out + r0 * N;
+    return g;
+  };
+  const LinearArgs two = rows(0, two_rows, true), one = rows(two_rows, M, false);
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
     static thread_local Int8Panel panel;
-    kernel(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panel);
+    const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
+    if (two.M) kernels.int8_rows(two, n0, n1, panel);
+    if (one.M) kernels.int8_rows(one, n0, n1, panel);
   });
 }
 
@@ -259,7 +270,8 @@ void set_isa(const std::string& name) { selector().set(name); }
 std::vector<std::string> supported_isas() { return selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
-                  const std::optional<Array>& m, const Array& out, const std::string& activations) {
+                  const std::optional<Array>& m, const Array& out, const std::string& activations,
+                  int64_t two_term_rows) {
   const Activations act = parse_activations(activations);
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
@@ -271,8 +283,12 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   require_shape(to, a.M, a.N, "out is [M, N] with N the weight's output size");
   a.out = static_cast<float*>(to.data);
   a.x = static_cast<const float*>(tx.data);
+  if (two_term_rows < -1 || (two_term_rows >= 0 && act != Activations::Int8x2))
+    fail("two_term_rows", "-1 (all rows), or >= 0 with activations 'int8x2'",
+         std::to_string(two_term_rows) + " with activations '" + activations + "'");
   nb::gil_scoped_release no_gil;
-  if (act != Activations::Float32) return int8_linear(a, act == Activations::Int8x2);
+  if (act != Activations::Float32)
+    return int8_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)));
   const bool int16_path = a.M <= kInt16MaxRows;
   const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();

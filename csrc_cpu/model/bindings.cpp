@@ -17,7 +17,8 @@ void register_model(nb::module_& m) {
                          "The decoder layers of a float32 Llama-family model on packed GGUF weights, run in "
                          "one call per step with the kernels and arguments of the Python path (bitwise "
                          "identical). Single-threaded: one engine thread per stack. activations: the packed "
-                         "linear's 'float32' or 'int8' (quant_linear's argument) for every matrix.")
+                         "linear's 'float32', 'int8' or 'int8x2' (quant_linear's argument) for every matrix, or 'mixed' "
+                         "(int8x2 for rows before run()'s first_prompt_row and in QKV, int8 for the other prompt rows).")
       .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array, std::string>(),
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
@@ -27,9 +28,9 @@ void register_model(nb::module_& m) {
       .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
            "One (key_cache, value_cache) per layer, used by the following run() calls.")
       .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,
-           "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "num_decodes"_a,
+           "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "num_decodes"_a, "first_prompt_row"_a = -1,
            "All layers and the final add + RMSNorm: hidden [T, hidden] (embedding rows; becomes the "
-           "residual) -> out [T, hidden].")
+           "residual) -> out [T, hidden]. first_prompt_row: rows from there on are prompt rows (-1: none marked).")
       .def_prop_ro("num_layers", &LayerStack::num_layers)
       .def_prop_ro("num_bound_caches", &LayerStack::num_bound_caches)
       .def_prop_ro("activations", &LayerStack::activations);

@@ -53,7 +53,12 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
            sliding_window},
       final_norm_(std::move(final_norm)),
       activations_(std::move(activations)) {
-  linear::parse_activations(activations_);  // ValueError naming the argument
+  if (activations_ == "mixed") {  // int8x2 for rows that generate a token, int8 for prompt rows (header)
+    linear_activations_ = "int8x2";
+  } else {
+    linear::parse_activations(activations_);  // ValueError naming the argument
+    linear_activations_ = activations_;
+  }
   if (num_heads % num_kv_heads)
     fail("num_heads", "a multiple of num_kv_heads (" + str(num_kv_heads) + ")", num_heads);
   if (sliding_window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", sliding_window);
@@ -91,10 +96,12 @@ void LayerStack::reserve(int64_t tokens) {
 }
 
 // out[rows, n] = x[rows, in] @ W^T through the packed kernel (which checks W against in and n).
-void LayerStack::linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n) const {
+// two_term_rows: quant_linear's (-1 = every row as `activations` says).
+void LayerStack::linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
+                        int64_t two_term_rows) const {
   const auto& [qtype, qs, d, m] = w;
   linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
-                       activations_);
+                       linear_activations_, two_term_rows);
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then
@@ -130,7 +137,8 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
 }
 
 void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping,
-                     Array query_start_loc, Array seq_lens, Array block_tables, int64_t num_decodes) {
+                     Array query_start_loc, Array seq_lens, Array block_tables, int64_t num_decodes,
+                     int64_t first_prompt_row) {
   const auto& c = cfg_;
   // Everything that sizes or slices memory here is checked before the first
   // kernel runs; the kernels check the rest of their arguments themselves.
@@ -152,6 +160,11 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   const auto* starts = static_cast<const int32_t*>(qsl.data);
   if (starts[ns] != tokens)
     fail("query_start_loc[-1]", "T = " + str(tokens) + " (the step's tokens)", starts[ns]);
+  if (first_prompt_row < -1 || first_prompt_row > tokens)
+    fail("first_prompt_row", "-1 (no prompt rows marked) or in [0, T = " + str(tokens) + "]", first_prompt_row);
+  // "mixed": prompt rows take one int8 term except in the QKV projection,
+  // whose K/V outputs are cached and read by every later token.
+  const int64_t split = activations_ == "mixed" && first_prompt_row >= 0 ? first_prompt_row : -1;
   if (tokens == 0) return;
   if (num_decodes < ns) {  // meta.prefill_part's query_start_loc
     prefill_starts_.assign(starts + num_decodes, starts + ns + 1);
@@ -183,13 +196,13 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
     ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
     attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
-    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size);
+    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, split);
 
     ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, c.eps);
-    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size);
+    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, split);
     ops::silu_and_mul(f32(act_.data(), {t, size_t(c.intermediate_size)}),
                       f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)}));
-    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size);
+    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size, split);
   }
   ops::fused_add_rms_norm(x_rows, hidden, final_norm_, c.eps);
 }

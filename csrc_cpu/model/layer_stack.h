@@ -8,8 +8,11 @@
 // what it saves is Python dispatch, DLPack capsules and torch allocations.
 //
 // `activations` is the packed linear's setting for every matrix of the stack
-// ("float32" or "int8", linear/quant_linear.h), the same the Python path's
-// CpuPackedLinear objects carry, so the two stay bitwise equal in both modes.
+// ("float32", "int8" or "int8x2", linear/quant_linear.h), the same the Python
+// path's CpuPackedLinear objects carry, so the two stay bitwise equal in every
+// mode; or "mixed": int8x2 for the rows before run()'s first_prompt_row (the
+// rows that generate a token) and in every QKV projection, int8 for prompt
+// rows in the other matrices (docs/kernels.md, "Mixed activations").
 //
 // Not thread-safe: one engine thread owns a stack (the scratch and the bound
 // KV caches are shared state). Call run() with the GIL held: the kernels it
@@ -63,7 +66,7 @@ class LayerStack {
   // final normed hidden states. positions int64 [T] and cos_sin float32 are
   // CpuFusedLayerOps.rope_inputs; the rest is AttentionMetadata.
   void run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping, Array query_start_loc,
-           Array seq_lens, Array block_tables, int64_t num_decodes);
+           Array seq_lens, Array block_tables, int64_t num_decodes, int64_t first_prompt_row = -1);
 
   size_t num_layers() const { return layers_.size(); }
   size_t num_bound_caches() const { return kv_caches_.size(); }
@@ -76,14 +79,16 @@ class LayerStack {
     std::optional<Array> qkv_bias;
   };
 
-  void linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n) const;
+  void linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
+              int64_t two_term_rows = -1) const;
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
   void reserve(int64_t tokens);
 
   StackConfig cfg_;
   Array final_norm_;
-  std::string activations_;  // the packed linear's activations, checked at construction
+  std::string activations_;  // the packed linear's activations (or "mixed"), checked at construction
+  std::string linear_activations_;  // what quant_linear is called with ("mixed" -> "int8x2")
   std::vector<Layer> layers_;
   std::vector<std::tuple<Array, Array>> kv_caches_;
   int64_t capacity_ = 0;               // token rows the scratch holds

@@ -1,0 +1,183 @@
+"""CPU "mixed" linear activations: int8x2 for rows that generate a token
+(decodes, speculative verify rows) and in every QKV projection, int8 for the
+other matrices' prompt rows (docs/kernels.md, "Mixed activations").
+
+Oracles: the pure modes, each tested against its own arithmetic in
+test_quant_linear_int8*.py. A split call (quant_linear's two_term_rows) must
+be bitwise the two pure calls concatenated, in every build; a model with
+"mixed" must be bitwise the same model with per-matrix pure modes (QKV int8x2,
+the rest int8) when every row is a prompt row, the int8x2 model when none is
+marked, and the C++ layer stack must equal the Python layers on a step that
+mixes decodes and a prompt chunk. The model runner marks the first prompt row
+after decodes and verify rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from paged import _C_cpu as C
+from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, step, tiny_config, tiny_weights
+from test_quant_linear import QTYPES, random_weight
+from test_quant_linear_int8 import SUPPORTED, run
+
+from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.quant_linear import CpuPackedLinear
+from paged.backends.cpu.worker import prepare_model
+from paged.core.models import build_model
+
+
+def split_call(x, qtype, qs, d, m, rows: int) -> torch.Tensor:
+    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
+    C.quant_linear(x, qtype, qs, d, m, out, "int8x2", rows)
+    return out
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_split_call_is_the_two_pure_calls(qtype):
+    gen = torch.Generator().manual_seed(7)
+    qs, d, m = random_weight(qtype, 72, 160, gen)
+    x = torch.randn(41, 160, generator=gen) * 3
+    threads = torch.get_num_threads()
+    try:
+        for name in SUPPORTED:
+            C.set_linear_isa(name)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for rows in (0, 1, 3, 16, 40, 41, 99):
+                    r = min(rows, 41)
+                    want = torch.cat([run(x[:r], qtype, qs, d, m, "int8x2") if r else x.new_empty(0, 72),
+                                      run(x[r:], qtype, qs, d, m, "int8") if r < 41 else x.new_empty(0, 72)])
+                    got = split_call(x, qtype, qs, d, m, rows)
+                    assert torch.equal(got, want), (name, t, rows)
+    finally:
+        C.set_linear_isa("auto")
+        torch.set_num_threads(threads)
+    # -1: every row two-term, as plain int8x2
+    assert torch.equal(split_call(x, qtype, qs, d, m, -1), run(x, qtype, qs, d, m, "int8x2"))
+
+
+def test_split_argument_errors():
+    gen = torch.Generator().manual_seed(1)
+    qs, d, m = random_weight("q8_0", 8, 64, gen)
+    x, out = torch.randn(3, 64), torch.empty(3, 8)
+    with pytest.raises(ValueError, match=r"two_term_rows: expected -1 \(all rows\), or >= 0 with activations "
+                                         r"'int8x2', got 2 with activations 'int8'"):
+        C.quant_linear(x, "q8_0", qs, d, m, out, "int8", 2)
+    with pytest.raises(ValueError, match="two_term_rows"):
+        C.quant_linear(x, "q8_0", qs, d, m, out, "int8x2", -2)
+
+
+def model_with(activations, config, weights, per_matrix=None):
+    """The tiny model with every packed matrix in ``activations``; per_matrix
+    {attribute: mode} overrides single matrices (the Python path then runs:
+    the stack needs one mode)."""
+    backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
+    model = build_model(config, weights, torch.float32, "cpu", backend,
+                        lambda t: CpuPackedLinear(t, activations=activations))
+    for layer in model.layers:
+        for attr, mode in (per_matrix or {}).items():
+            getattr(layer, attr).activations = mode
+    prepare_model(model)
+    return model, backend
+
+
+def forward(model, backend, ids, pos, meta, stack: bool, monkeypatch):
+    monkeypatch.setenv("PAGED_LAYER_STACK", "1" if stack else "0")
+    caches = backend.allocate_kv_cache(len(model.layers), len(LENGTHS) * MAX_BLOCKS)
+    return model(ids, pos, caches, meta), caches
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = tiny_config()
+    return config, tiny_weights(config)
+
+
+def prompt_step(first_prompt_row):
+    rng = np.random.default_rng(3)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (3, 0, 20)], 0)
+    meta.first_prompt_row = first_prompt_row
+    return ids, pos, meta
+
+
+def test_all_prompt_rows_are_qkv_int8x2_and_the_rest_int8(tiny, monkeypatch):
+    config, weights = tiny
+    ids, pos, meta = prompt_step(0)
+    mixed, backend = model_with("mixed", config, weights)
+    assert mixed.layer_stack is not None
+    oracle, ob = model_with("int8", config, weights, per_matrix={"qkv": "int8x2"})
+    assert oracle.layer_stack is None  # per-matrix modes: the Python layers
+    want, _ = forward(oracle, ob, ids, pos, meta, False, monkeypatch)
+    for stack in (False, True):
+        got, _ = forward(mixed, backend, ids, pos, meta, stack, monkeypatch)
+        assert torch.equal(got, want), f"stack={stack}"
+    # and the mark matters: the all-int8x2 model differs on these rows
+    int8x2, xb = model_with("int8x2", config, weights)
+    assert not torch.equal(forward(int8x2, xb, ids, pos, meta, False, monkeypatch)[0], want)
+
+
+def test_unmarked_rows_are_int8x2(tiny, monkeypatch):
+    config, weights = tiny
+    ids, pos, meta = prompt_step(None)
+    mixed, backend = model_with("mixed", config, weights)
+    int8x2, xb = model_with("int8x2", config, weights)
+    want, _ = forward(int8x2, xb, ids, pos, meta, True, monkeypatch)
+    for stack in (False, True):
+        assert torch.equal(forward(mixed, backend, ids, pos, meta, stack, monkeypatch)[0], want)
+
+
+def test_stack_equals_python_layers_on_a_mixed_step(tiny, monkeypatch):
+    config, weights = tiny
+    model, backend = model_with("mixed", config, weights)
+    rng = np.random.default_rng(5)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    caches = {flag: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS) for flag in "10"}
+    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
+             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4),
+             ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5)]
+    for work, nd in steps:
+        ids, pos, meta = step(tokens, work, nd)
+        meta.first_prompt_row = int(meta.query_start_loc[nd])
+        out = {}
+        for flag in "10":
+            monkeypatch.setenv("PAGED_LAYER_STACK", flag)
+            out[flag] = model(ids, pos, caches[flag], meta)
+        assert torch.equal(out["1"], out["0"]), (work, nd)
+        for (k1, v1), (k0, v0) in zip(caches["1"], caches["0"]):
+            assert torch.equal(k1, k0) and torch.equal(v1, v0)
+
+
+def test_runner_marks_prompt_rows_after_decodes_and_verifies(default_model_path):
+    """Through the engine: a step with decodes, an n-gram verify and a prompt
+    chunk; the first prompt row is the first row of the prompt chunk."""
+    from paged.core.engine import Engine
+    from paged.core.engine_config import EngineConfig
+
+    engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", max_model_len=256, max_num_seqs=4,
+                                 kv_cache_memory="32MiB", linear_activations="mixed",
+                                 speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'))
+    assert engine.linear_activations == "mixed"
+    seen = []
+    runner = engine.runner
+    build = runner.build_inputs
+
+    def spy(out, tables):
+        inp = build(out, tables)
+        decode_rows = len(out.decodes) + sum(s.num_new_tokens for s in out.verifies)
+        seen.append((inp.meta.first_prompt_row, decode_rows, len(out.verifies), bool(out.prefills)))
+        return inp
+
+    runner.build_inputs = spy
+    from paged.core.sampling_params import SamplingParams
+    from paged.core.llm import LLM
+
+    llm = LLM.from_engine(engine)
+    repetitive = "one two three four one two three four one two three four one two"
+    llm.generate([repetitive, "The capital of France is", "x " * 60],
+                 SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert seen and all(first == rows for first, rows, _, _ in seen)
+    assert any(v for _, _, v, _ in seen), "no step verified drafts: the verify rows went untested"
