@@ -138,6 +138,16 @@ def test_rejects_bad_arguments(target, cap):
         PrefillBudget(target, cap)
 
 
+def exported_metrics(stats: dict) -> dict[str, float]:
+    """The server's /metrics text for these engine stats, parsed by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from paged.core.server.metrics import ServerMetrics
+
+    text = ServerMetrics("m").render(stats, 0)
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if "le" not in s.labels}
+
+
 class RecordingBudget(PrefillBudget):
     """A real budget that also records what the scheduler asked it."""
 
@@ -221,5 +231,24 @@ def test_engine_steps_stay_within_the_budget_and_outputs_are_unchanged(default_m
         else:
             assert allowed is None  # not asked: a step without decodes fills the step budget
     assert bound >= 3, "the learned budget never limited a step"
+    exported = exported_metrics(engine.stats())
+    assert exported["paged:prefill_budget_tokens"] == budget.last_tokens
+    assert exported["paged:prefill_token_cost_seconds"] == pytest.approx(budget.token_cost_s)
     engine.scheduler.prefill_budget = None  # off: only the fixed 512 cap
     assert run() == with_budget
+
+
+def test_itl_target_option():
+    import argparse
+
+    from paged.core.engine_config import EngineConfig, add_engine_args, engine_config_from_args
+
+    assert EngineConfig().itl_target_ms == 60.0 and EngineConfig().max_prefill_tokens_with_decodes == 512
+    assert EngineConfig(itl_target_ms=0).itl_target_ms is None
+    for bad in (-1, float("nan"), float("inf"), "60", True):
+        with pytest.raises(ValueError, match=r"^--itl-target-ms: expected a number of milliseconds >= 0"):
+            EngineConfig(itl_target_ms=bad)
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--itl-target-ms", "25"])).itl_target_ms == 25.0
+    assert engine_config_from_args(parser.parse_args(["--itl-target-ms", "0"])).itl_target_ms is None
