@@ -4,8 +4,8 @@ time target (``--itl-target-ms``) instead of a fixed token count.
 A step runs decodes and prompt chunks in one forward, so a decoding
 sequence's inter-token latency (ITL) is the whole step's time. What a
 prompt token costs depends on the machine: on two Zen 4 cores a step of 16
-decodes takes ~35 ms and each prompt token adds ~1 ms, on a 32-core server
-a few ms buy hundreds of tokens. So the engine learns its own step time
+decodes takes ~35 ms and each prompt token adds ~1 ms, while a many-core
+server or a GPU runs 128 prompt tokens in a few ms. So the engine learns its own step time
 online, from every step it runs:
 
     t = a + c_d * n_d + c_p * n_p
@@ -14,16 +14,18 @@ online, from every step it runs:
 prompt rows, ``t``: wall seconds from the forward's start to the sampled
 tokens. The fit is recursive least squares with a forgetting factor
 (``FORGET`` 0.9: the last ~10 steps weigh most, so it follows a change of
-load within tens of steps) on relative errors (each observation divided by
-its predicted time: a 35 ms decode step counts as much as a 500 ms prefill).
-A step much slower than predicted (this machine is shared: a 3x step now and
-then) is clipped Huber-style to ``CLIP`` times the running mean relative
-error (scaled by the prediction's own uncertainty, so a kind of step not
-seen before is learned from, not clipped) before it updates the fit; a
-lasting change of cost widens that mean within a few steps, so it is
-learned, not clipped away. The covariance is
-bounded (no wind-up while a direction goes unobserved, e.g. no prompts for
-a while), and a fit that ever turns non-finite restarts from the prior.
+load within tens of steps) on relative errors: each step is divided by its
+own time, so a 40 ms decode step counts as much as a 600 ms prefill and a
+step slowed 3x by a neighbour (this machine is shared) weighs a ninth. A
+residual beyond ``CLIP`` times the running mean relative error, measured in
+units of the prediction's own uncertainty (so a kind of step the fit has
+seen little of, like the first prompts after decodes only, is information,
+not an outlier), is clipped Huber-style before it updates the fit; a lasting
+change of cost widens that mean within a few steps, so it is learned, not
+clipped away. The covariance is bounded (no wind-up while a direction goes
+unobserved, e.g. no prompts for a while), bad times are ignored, and a fit
+that ever turns non-finite restarts from the prior: no prediction is ever
+negative or NaN.
 
 The rule, for a step whose decodes and verifies take ``n_d`` rows
 (``T_d`` = their predicted time alone, ``c_p`` = the per-token cost):
@@ -97,8 +99,7 @@ class PrefillBudget:
         r = seconds / unit - self._dot(xs)
         if self.num_observed >= MIN_OBSERVATIONS:
             # the residual in units of its expected spread: a step in a direction the fit has
-            # seen little of (leverage x^T P x large: e.g. the first prompts after decodes only)
-            # is information, not an outlier
+            # seen little of (leverage x^T P x large) is information, not an outlier
             spread = math.sqrt(1 + max(self._leverage(xs), 0.0))
             z = max(-CLIP * self.scale, min(CLIP * self.scale, r / spread))
             self.scale = max(MIN_SCALE, (1 - SCALE_RATE) * self.scale + SCALE_RATE * abs(z))
@@ -120,7 +121,8 @@ class PrefillBudget:
         trace = P[0][0] + P[1][1] + P[2][2]
         if trace > 3 * PRIOR_VAR:  # no wind-up in a direction no step excites
             P = [[v * 3 * PRIOR_VAR / trace for v in row] for row in P]
-        if not all(math.isfinite(v) for v in theta + [v for row in P for v in row]) or min(P[i][i] for i in range(3)) < 0:
+        finite = all(math.isfinite(v) for v in theta + [v for row in P for v in row])
+        if not finite or min(P[i][i] for i in range(3)) < 0:  # numerically lost: start again
             self._reset()
             return
         self.theta, self.P = theta, P
@@ -145,9 +147,6 @@ class PrefillBudget:
     def decode_time_s(self, num_decode_rows: int) -> float:
         """Predicted seconds of a step carrying only these decode rows (>= 0)."""
         return max(self.theta[0] + self.theta[1] * num_decode_rows, 0.0)
-
-    def predict_s(self, num_decode_rows: int, num_prompt_rows: int) -> float:
-        return self.decode_time_s(num_decode_rows) + self.token_cost_s * num_prompt_rows
 
     def tokens(self, num_decode_rows: int) -> Optional[int]:
         """Prompt tokens a step carrying ``num_decode_rows`` decode / verify
