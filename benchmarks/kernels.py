@@ -168,7 +168,7 @@ def kv_cache_main(args, min_time) -> dict:
     rows = []
     for h, hkv, d in ((9, 3, 64), (16, 2, 128)):
         base = None
-        for kv in (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn):
+        for kv in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.float8_e4m3fn):
             r = decode_case(h, hkv, d, 32, 4096, torch.float32, args.block_size, min_time, with_reference=False,
                             kv_dtype=kv)
             base = base or r["cpu_ms"]
@@ -198,7 +198,7 @@ def kv_accuracy(quick: bool) -> dict:
     corpus = tok.encode(gate.stdlib_docstrings())[:ppl_tokens]
     windows = [w for w in (corpus[i:i + window] for i in range(0, len(corpus) - 1, window)) if len(w) > 1]
     rows = {}
-    for kv in ("auto", "bfloat16", "int8", "fp8_e4m3"):
+    for kv in ("auto", "bfloat16", "float16", "int8", "fp8_e4m3"):
         outs, ppl = gate.paged_greedy_and_ppl(model_path, dict(dtype="float32", kv_cache_dtype=kv), prompts,
                                               new_tokens, windows)
         rows[kv] = {"outs": outs, "ppl": ppl}
@@ -226,7 +226,7 @@ def main(argv=None):
     ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
                     help="KV block size in tokens (default: the CPU platform's, %(default)s)")
     ap.add_argument("--kv-cache", action="store_true",
-                    help="only decode over float32 / bfloat16 / int8 / fp8_e4m3 KV caches (batch 32 x context 4096)")
+                    help="only decode over float32 / bfloat16 / float16 / int8 / fp8_e4m3 KV caches (batch 32 x context 4096)")
     ap.add_argument("--kv-accuracy", action="store_true",
                     help="with --kv-cache: greedy agreement and perplexity delta on the default model")
     args = ap.parse_args(argv)

@@ -102,11 +102,12 @@ class Engine:
         # the platform's declaration is binding: refuse what it does not accept, before loading
         caps = self.platform.capabilities()
         caps.check(self.platform.name, block_size=self.block_size, dtype=self.dtype)
-        self.kv_cache_dtype = self.platform.resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+        packed_linear = self._packed_linear(config)
+        self.kv_cache_dtype = self.platform.resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype,
+                                                                   self.linear_activations)
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
-        packed_linear = self._packed_linear(config)
         loaded = load_model_files(str(path), self.dtype, keep_packed=packed_linear is not None)
         self.model_path = str(path)
         self.model_config = mc = loaded.config

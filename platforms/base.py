@@ -148,14 +148,15 @@ class Platform(abc.ABC):
     #: platforms refuse them at start until their kernels implement them.
     extra_kv_cache_dtypes: tuple = ()
 
-    def resolve_kv_cache_dtype(self, choice: str | None, model_dtype):
+    def resolve_kv_cache_dtype(self, choice: str | None, model_dtype, linear_activations: str | None = None):
         """The torch dtype the KV cache stores for --kv-cache-dtype ``choice``
-        (auto / None: the model dtype); ValueError, one line, for one this
-        platform does not run."""
+        (auto / None: ``auto_kv_cache_dtype``); ValueError, one line, for one
+        this platform does not run. ``linear_activations``: the resolved
+        packed-linear mode (None: weights not packed)."""
         import torch
 
         if choice in (None, "auto"):
-            return model_dtype
+            return self.auto_kv_cache_dtype(model_dtype, linear_activations)
         # fp8_e4m3 names torch.float8_e4m3fn (rows with a scale, like int8)
         dtype = torch.float8_e4m3fn if choice == "fp8_e4m3" else getattr(torch, str(choice), None)
         if dtype == model_dtype:
@@ -168,6 +169,10 @@ class Platform(abc.ABC):
             raise ValueError(f"--kv-cache-dtype on {self.name}: expected one of {allowed} "
                              f"(the {model} model's own dtype or what its kernels implement), got {choice!r}")
         return dtype
+
+    def auto_kv_cache_dtype(self, model_dtype, linear_activations: str | None = None):
+        """--kv-cache-dtype auto: the model dtype unless the platform knows better."""
+        return model_dtype
 
     def select_attention_backend(self, choice: str | None = None):
         """The attention backend class for --attention-backend ``choice``:

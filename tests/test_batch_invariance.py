@@ -1,10 +1,10 @@
 """The batch-invariance guarantee of each CPU compute path, exactly as
 docs/kernels.md ("Batch invariance, per path") states it:
 
-- int8 and int8x2 (auto, the default) linear activations: a sequence's
-  logits are bitwise the same alone and batched with others (any row count
-  per call, chunked or whole prefill); checked here through the logprobs of
-  every generated token.
+- int8, int8x2 and mixed (auto, the default) linear activations: a
+  sequence's logits are bitwise the same alone and batched with others (any
+  row count per call, chunked or whole prefill, prompt rows beside decode
+  rows); checked here through the logprobs of every generated token.
 - float32 activations: equal greedy tokens alone and batched
   (tests/test_engine.py and tests/test_server.py check it under batching,
   chunked prefill and preemption); logits agree to float32 rounding only,
@@ -35,7 +35,8 @@ def run(llm, prompts):
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, PARAMS)]
 
 
-@pytest.fixture(scope="module", params=[("int8", "int8"), ("auto", "int8x2")], ids=["int8", "auto"])
+@pytest.fixture(scope="module", params=[("int8", "int8"), ("int8x2", "int8x2"), ("auto", "mixed")],
+                ids=["int8", "int8x2", "auto"])
 def int8_llm(request, default_model_path, isa_level):
     setting, resolved = request.param
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",

@@ -70,11 +70,11 @@ def check_activations(activations: str) -> str:
 
 def resolve_activations(setting: str) -> str:
     """An engine setting ("auto" or one of ACTIVATIONS) as the mode to build
-    CpuPackedLinear with: "auto" is "int8x2", the fastest mode that passes
-    the accuracy gate (docs/kernels.md, "Choosing the CPU path"): as faithful
-    to HF float32 as float32 activations, and faster at every row count."""
+    CpuPackedLinear with: "auto" is "mixed", the fastest mode that passes the
+    accuracy gate (docs/kernels.md, "Choosing the CPU path"): int8x2 wherever
+    a token is generated or K/V is cached, int8 for the rest of prompts."""
     if setting == "auto":
-        return "int8x2"
+        return "mixed"
     if setting not in ACTIVATIONS:
         raise ValueError(f"linear activations: expected {_one_of(('auto',) + ACTIVATIONS)}, got {setting!r}")
     return setting

@@ -55,9 +55,10 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
       activations_(std::move(activations)) {
   if (activations_ == "mixed") {  // int8x2 for rows that generate a token, int8 for prompt rows (header)
     linear_activations_ = "int8x2";
-  } else {
-    linear::parse_activations(activations_);  // ValueError naming the argument
+  } else if (activations_ == "float32" || activations_ == "int8" || activations_ == "int8x2") {
     linear_activations_ = activations_;
+  } else {
+    fail("activations", "'float32', 'int8', 'int8x2' or 'mixed'", "'" + activations_ + "'");
   }
   if (num_heads % num_kv_heads)
     fail("num_heads", "a multiple of num_kv_heads (" + str(num_kv_heads) + ")", num_heads);
