@@ -1,10 +1,16 @@
 """Greedy tokens through the full Engine (float32, CPU backend) equal HF
-transformers' on the same GGUF, token for token.
+transformers' on the same GGUF, token for token, on three paths:
+
+- exact: float32 activations and cache (--linear-activations float32),
+- int8x2: two-term int8 activations, float32 cache,
+- auto: the default (mixed activations, float16 cache; docs/kernels.md,
+  "Choosing the CPU path"), whose prompt rows are int8 outside QKV.
 
 Where the engine picks a different token, HF's top-2 logit margin at that
-step must be tiny (a float32 near-tie that a different but correct summation
-order can flip); the rest of that prompt is then not compared. The largest
-logprob difference over the compared steps is printed (pytest -s).
+step must be below the path's NEAR_TIE (a near-tie that a different but
+correct summation order, or the path's documented rounding, can flip); the
+rest of that prompt is then not compared. The largest logprob difference
+over the compared steps is printed (pytest -s) and bounded per path.
 """
 
 import os
@@ -30,18 +36,24 @@ PROMPTS = [
     "In a hole in the ground there lived",
 ]
 NEW_TOKENS = 32
-NEAR_TIE = 1e-3
+# path: (engine options, NEAR_TIE: the largest HF top-2 margin a divergence may have, logprob bound)
+PATHS = {"exact": (dict(linear_activations="float32"), 1e-3, 1e-2),
+         "int8x2": (dict(linear_activations="int8x2", kv_cache_dtype="float32"), 1e-3, 1e-2),
+         # measured 2026-12-01 (Zen 4, avx512 and avx2 levels): divergences at margins <= 0.014,
+         # max |logprob diff| 0.21 (int8 prompt rows move low-ranked top-5 entries most)
+         "auto": (dict(), 0.05, 0.35)}
 
 
-@pytest.fixture(scope="module")
-def ours(default_model_path, isa_level):
+@pytest.fixture(scope="module", params=list(PATHS))
+def ours(request, default_model_path, isa_level):
+    options, near_tie, lp_bound = PATHS[request.param]
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
                                  max_model_len=256, max_num_seqs=8, kv_cache_memory="64MiB",
-                                 cpu_threads_bind=str(min(os.sched_getaffinity(0)))))
+                                 cpu_threads_bind=str(min(os.sched_getaffinity(0))), **options))
     llm = LLM.from_engine(engine)
     ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5))
-    return ids, [o.outputs[0] for o in outs]
+    return ids, [o.outputs[0] for o in outs], near_tie, lp_bound
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +80,7 @@ def hf_greedy(model, ids):
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_greedy_tokens_equal_hf(ours, hf_model):
-    ids, completions = ours
+    ids, completions, near_tie, lp_bound = ours
     max_lp_diff, near_ties, compared = 0.0, [], 0
     for p, (prompt_ids, comp) in enumerate(zip(ids, completions)):
         ref_tokens, ref_logits = hf_greedy(hf_model, prompt_ids)
@@ -80,7 +92,7 @@ def test_greedy_tokens_equal_hf(ours, hf_model):
             if mine != ref:
                 top2 = logits.topk(2).values
                 margin = (top2[0] - top2[1]).item()
-                assert margin < NEAR_TIE, (
+                assert margin < near_tie, (
                     f"prompt {p} step {step}: engine chose {mine}, HF chose {ref} with a clear margin {margin:.4g}")
                 # a near-tie: our choice must be one of HF's two best, with a matching logprob
                 assert mine in logits.topk(2).indices.tolist()
@@ -89,5 +101,5 @@ def test_greedy_tokens_equal_hf(ours, hf_model):
             compared += 1
     print(f"\nengine vs HF float32: {compared} greedy tokens compared, max |logprob diff| over the top-5 = "
           f"{max_lp_diff:.3g}, near-ties: {near_ties or 'none'}")
-    assert max_lp_diff < 1e-2
+    assert max_lp_diff < lp_bound
     assert compared >= len(PROMPTS) * NEW_TOKENS // 2
