@@ -38,7 +38,10 @@ step is at most ~2x its decode-only time when the decodes alone are near or
 over the target (prompts always progress; time to first token does not
 starve); ``MIN_TOKENS`` keeps chunks from getting too small to be worth a
 step. Until ``MIN_OBSERVATIONS`` steps (some with prompts, some with
-decodes) were seen, the answer is the cap, as with no target.
+decodes) were seen, the answer is ``UNTRAINED_TOKENS`` (or the cap if
+smaller): a size that keeps a step short even on a slow CPU, since the
+first steps with decodes come in a burst of new requests, exactly when the
+inter-token latency is measured.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ MIN_SCALE = 0.02
 SCALE_RATE = 0.3
 #: prompt tokens a step carrying decodes may always take
 MIN_TOKENS = 16
+#: prompt tokens a step with decodes may take before the fit is ready (~35 ms on two Zen 4 cores)
+UNTRAINED_TOKENS = 32
 #: steps observed (and steps with prompts, with decodes) before the rule applies
 MIN_OBSERVATIONS = 8
 MIN_OBSERVED_EACH = 2
@@ -150,10 +155,9 @@ class PrefillBudget:
 
     def tokens(self, num_decode_rows: int) -> Optional[int]:
         """Prompt tokens a step carrying ``num_decode_rows`` decode / verify
-        rows may add (None: no limit, when there is no cap and the fit is
-        not ready yet)."""
+        rows may add."""
         if not self.ready:
-            n = self.cap
+            n = UNTRAINED_TOKENS if self.cap is None else min(self.cap, UNTRAINED_TOKENS)
         else:
             decodes, cost = self.decode_time_s(num_decode_rows), self.token_cost_s
             fits = math.floor((self.target_s - decodes) / cost) if decodes < self.target_s else 0

@@ -19,7 +19,7 @@ import random
 import pytest
 
 from paged.core.kv_cache_manager import KVCacheManager
-from paged.core.prefill_budget import MIN_OBSERVATIONS, MIN_TOKENS, PrefillBudget
+from paged.core.prefill_budget import MIN_OBSERVATIONS, MIN_TOKENS, UNTRAINED_TOKENS, PrefillBudget
 from paged.core.request import Request
 from paged.core.sampling_params import SamplingParams
 from paged.core.scheduler import Scheduler
@@ -103,17 +103,20 @@ def test_ceiling_is_the_cap():
     assert uncapped.tokens(16) > 10 * CAP
 
 
-def test_the_cap_until_enough_steps_were_seen():
+def test_a_small_chunk_until_enough_steps_were_seen():
     budget = PrefillBudget(TARGET, CAP)
-    assert budget.tokens(16) == CAP and budget.stats() == {"prefill_budget_tokens": CAP, "prefill_token_cost_s": None}
+    assert budget.stats() == {"prefill_budget_tokens": CAP, "prefill_token_cost_s": None}
+    assert budget.tokens(16) == min(CAP, UNTRAINED_TOKENS) < CAP
+    assert budget.stats() == {"prefill_budget_tokens": UNTRAINED_TOKENS, "prefill_token_cost_s": None}
     for _ in range(3 * MIN_OBSERVATIONS):
         budget.observe(16, 0, 0.037)  # decodes only: nothing says what a prompt token costs
-    assert not budget.ready and budget.tokens(16) == CAP
+    assert not budget.ready and budget.tokens(16) == UNTRAINED_TOKENS
     budget.observe(16, 64, 0.101)
     assert not budget.ready
     budget.observe(16, 128, 0.165)
     assert budget.ready and budget.tokens(16) < CAP
-    assert PrefillBudget(TARGET, None).tokens(16) is None  # no cap, not ready: no limit
+    assert PrefillBudget(TARGET, None).tokens(16) == UNTRAINED_TOKENS  # no cap, not ready
+    assert PrefillBudget(TARGET, 8).tokens(16) == 8  # a cap below it wins
 
 
 def test_bad_observations_are_ignored_and_predictions_stay_sane():
