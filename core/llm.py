@@ -56,6 +56,10 @@ def normalize_params(params, n: int) -> list[SamplingParams]:
 
 class LLM:
     def __init__(self, model: Optional[str] = None, device: str = "auto", dtype: str = "auto", **engine_options):
+        # Offline generation is throughput-first: nobody waits between tokens, so
+        # prompts are not throttled to an inter-token latency target unless asked
+        # (itl_target_ms=...); the server keeps EngineConfig's default.
+        engine_options.setdefault("itl_target_ms", None)
         self.engine = Engine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
         self._ids = itertools.count()
 

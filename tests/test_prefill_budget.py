@@ -255,3 +255,12 @@ def test_itl_target_option():
     add_engine_args(parser)
     assert engine_config_from_args(parser.parse_args(["--itl-target-ms", "25"])).itl_target_ms == 25.0
     assert engine_config_from_args(parser.parse_args(["--itl-target-ms", "0"])).itl_target_ms is None
+
+
+def test_offline_llm_is_throughput_first_unless_asked(default_model_path):
+    from paged.core.llm import LLM
+
+    small = dict(device="cpu", max_model_len=128, max_num_seqs=2, kv_cache_memory="16MiB")
+    assert LLM(str(default_model_path), **small).engine.scheduler.prefill_budget is None
+    budget = LLM(str(default_model_path), itl_target_ms=60, **small).engine.scheduler.prefill_budget
+    assert isinstance(budget, PrefillBudget) and budget.target_s == pytest.approx(0.06)
