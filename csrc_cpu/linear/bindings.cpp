@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "linear/ops.h"
+#include "linear/weight_panels.h"
 #include "module.h"
 
 namespace nb = nanobind;
@@ -13,14 +14,22 @@ namespace paged::cpu {
 void register_linear(nb::module_& m) {
   namespace l = linear;
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
-        "activations"_a = "float32", "two_term_rows"_a = -1,
+        "activations"_a = "float32", "two_term_rows"_a = -1, "panels"_a.none() = nb::none(),
         "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks. activations='float32': "
         "calls of M <= 2 rows quantize x to two-term int16 per 32-block, more rows compute in fp32; "
         "activations='int8': x quantized to int8 per 32-block, integer dot products, bitwise the same for a "
         "row whatever the call; 'int8x2': a second int8 term (the residual), for rows [0, two_term_rows) only "
-        "when two_term_rows >= 0 (the rest as 'int8') (docs/kernels.md).");
+        "when two_term_rows >= 0 (the rest as 'int8'). panels: build_weight_panels' tensor for this weight and linear "
+        "ISA (int8 paths; same bits, without the per-call panel build) (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
+  m.def("weight_panel_layout", &l::weight_panel_layout,
+        "The active linear ISA's persistent weight panel layout (e.g. 'avx512/1'), '' when it has none.");
+  m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),
+        "Bytes of build_weight_panels' tensor for this weight under the active linear ISA.");
+  m.def("build_weight_panels", &l::build_weight_panels, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
+        "Builds the weight's int8 panels (the int8 kernel's per-call layout, once) into out, a 64-byte aligned "
+        "uint8 tensor of weight_panel_bytes bytes, for quant_linear's panels.");
   m.attr("LINEAR_INT16_MAX_ROWS") = l::kInt16MaxRows;  // calls with more rows take the fp32 path
   m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");
   m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto' or a build of supported_linear_isas() ('avx512', 'avxvnni', 'avx2', 'scalar'): all "

@@ -124,9 +124,17 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
     for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kAhead * nb * 4);
 }
 
+// Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
+// caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
+struct PanelView {
+  uint8_t* codes;  // [nb][kSteps][kCols][kLanes][4]
+  float* d;        // [nb][kPanel]
+  float* m;        // [nb][kPanel], q4_1 only
+};
+
 // Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
 template <QType T>
-PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, Int8Panel& p) {
+PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
   const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
@@ -136,7 +144,7 @@ PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c
               v);
     transpose16(v);  // v[j]: dword j of the chunk, 16 rows
     for (int64_t i = 0; i < blocks_per_chunk && chunk * blocks_per_chunk + i < nb; ++i) {
-      uint8_t* dst = p.codes.data() + (chunk * blocks_per_chunk + i) * kBlockBytes + c * 64;
+      uint8_t* dst = p.codes + (chunk * blocks_per_chunk + i) * kBlockBytes + c * 64;
       if constexpr (T == QType::Q8_0) {
         for (int s = 0; s < kSteps; ++s) _mm512_store_si512(dst + s * kCols * 64, _mm512_xor_si512(v[8 * i + s], bias));
       } else {  // dword s of a block: low nibbles are codes 4s.., high nibbles 16 + 4s..
@@ -151,9 +159,9 @@ PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c
 
 // Column c (rows n0 .. n0 + rows) of the panel's scales.
 template <QType T>
-PAGED_VNNI512 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, Int8Panel& p) {
-  transpose_scales(a.d, a.blocks(), n0, rows, c, p.d.data());
-  if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m.data());
+PAGED_VNNI512 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+  transpose_scales(a.d, a.blocks(), n0, rows, c, p.d);
+  if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m);
 }
 
 PAGED_VNNI512_INLINE __m512i broadcast4(const int8_t* p) {
@@ -202,13 +210,13 @@ PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_ep
 
 // out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
 template <QType T, int R>
-PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
+PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
   const int64_t nb = a.blocks(), K = a.K;
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = p.codes.data() + b * kBlockBytes;
+    const uint8_t* w = p.codes + b * kBlockBytes;
     __m512i isum[R][kCols];
     tile_sums<T, R>(w, a.x8, a.x8_corr, K, nb, r0, b, isum);
     if (a.x8_lo) {  // int8x2: the low codes' sums folded in
@@ -220,7 +228,7 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
         const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
-        acc[r][c] = block_step<T>(acc[r][c], isum[r][c], p.d.data() + at, p.m.data() + at, a.x8_scale[xb],
+        acc[r][c] = block_step<T>(acc[r][c], isum[r][c], p.d + at, p.m + at, a.x8_scale[xb],
                                   a.x8_sum[xb]);
       }
   }
@@ -233,7 +241,7 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const Int8Panel& p, int64_t r0, int
 // from registers; only its scales come from the panel. Each block's sums run
 // in two chains, steps 0-3 and 4-7 (low and high nibbles of one dword).
 template <QType T, int R>
-PAGED_VNNI512 void direct_column(const LinearArgs& a, const Int8Panel& p, int64_t n0, int c, __mmask16 mask) {
+PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes(), K = a.K;
   const int64_t chunk_blocks = T == QType::Q8_0 ? 2 : 4;  // blocks per 64 bytes of packed codes
   const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
@@ -279,7 +287,7 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const Int8Panel& p, int64_
       }
       for (int r = 0; r < R; ++r) {
         const int64_t at = b * kPanel + c * kLanes;
-        acc[r] = block_step<T>(acc[r], isum[r], p.d.data() + at, p.m.data() + at, a.x8_scale[r * nb + b],
+        acc[r] = block_step<T>(acc[r], isum[r], p.d + at, p.m + at, a.x8_scale[r * nb + b],
                                a.x8_sum[r * nb + b]);
       }
     }
@@ -287,37 +295,62 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const Int8Panel& p, int64_
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
 
-using DirectFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t n0, int c, __mmask16 mask);
+using DirectFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, int c, __mmask16 mask);
 template <QType T, int... R>
 constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<int, R...>) {
   return {&direct_column<T, R + 1>...};
 }
 
-using TileFn = void (*)(const LinearArgs&, const Int8Panel&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
+using TileFn = void (*)(const LinearArgs&, const PanelView&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
 template <QType T, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
   return {&tile<T, R + 1>...};
 }
 
+// A chunk's persistent panel (weight_panels.cpp): its codes, d, then q4_1's m.
+PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb) {
+  auto* codes = const_cast<uint8_t*>(chunk);
+  auto* d = reinterpret_cast<float*>(codes + nb * kBlockBytes);
+  return {codes, d, t == QType::Q4_1 ? d + nb * kPanel : nullptr};
+}
+
+// Masks of the chunk's two columns (rows n0 .. n1).
+void column_masks(int64_t n0, int64_t n1, __mmask16 mask[kCols]) {
+  for (int c = 0; c < kCols; ++c)
+    mask[c] = __mmask16((1u << int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes))) - 1);
+}
+
+// The chunk's panel: scales always, codes unless `scales_only`.
 template <QType T>
-PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& p) {
+PAGED_VNNI512 void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[kCols], bool scales_only,
+                         const PanelView& p) {
+  for (int c = 0; c < kCols; ++c) build_scales<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
+  if (!scales_only)
+    for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
+}
+
+template <QType T>
+PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   static constexpr auto tiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
   static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
   const int64_t nb = a.blocks();
-  p.d.resize(size_t(nb * kPanel));
-  if (T == QType::Q4_1) p.m.resize(size_t(nb * kPanel));
   __mmask16 mask[kCols];
-  for (int c = 0; c < kCols; ++c) {
-    const auto rows = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
-    mask[c] = __mmask16((1u << rows) - 1);
-    build_scales<T>(a, n0 + c * kLanes, rows, c, p);
+  column_masks(n0, n1, mask);
+  const bool few = a.M <= kDirectRows;
+  PanelView p{};
+  if (a.panels) {  // built once (build_panel_chunk): the same bytes as below
+    p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(T, a.K), T, nb);
+  } else {
+    scratch.d.resize(size_t(nb * kPanel));
+    if (T == QType::Q4_1) scratch.m.resize(size_t(nb * kPanel));
+    if (!few) scratch.codes.resize(size_t(nb * kBlockBytes));
+    p = {scratch.codes.data(), scratch.d.data(), scratch.m.data()};
+    build<T>(a, n0, mask, few, p);
   }
-  if (a.M <= kDirectRows) {
+  if (few) {
     for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
     return;
   }
-  p.codes.resize(size_t(nb * kBlockBytes));
-  for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
     tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask);
 }
@@ -351,6 +384,22 @@ PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes
     dx[b] = scale;
     corr[b] = -offset * sum;
     xs[b] = scale * float(sum);
+  }
+}
+
+int64_t panel_chunk_bytes(QType t, int64_t K) {
+  const int64_t nb = K / kBlock;
+  return nb * kBlockBytes + (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));
+}
+
+PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
+  __mmask16 mask[kCols];
+  column_masks(n0, n1, mask);
+  const PanelView p = chunk_view(dst, a.qtype, a.blocks());
+  switch (a.qtype) {
+    case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, false, p); break;
+    case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, false, p); break;
+    case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, false, p); break;
   }
 }
 

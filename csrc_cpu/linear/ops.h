@@ -18,9 +18,14 @@ using Array = nanobind::ndarray<>;
 // "int8x2" (two int8 terms). two_term_rows (int8x2 only; -1 = all): only rows
 // [0, two_term_rows) get the second term, the rest are computed as "int8" would
 // (each row bitwise what a call of that row alone with that setting returns).
+// panels: the weight's persistent panels (weight_panels.h) for the int8 paths
+// (same bits, no per-call panel build); ignored with "float32".
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations = "float32",
-                  int64_t two_term_rows = -1);
+                  int64_t two_term_rows = -1, const std::optional<Array>& panels = std::nullopt);
+// The packed weight: qs, d, m checked against each other; fills a's qtype, N, K and pointers.
+void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
+                  const std::optional<Array>& m);
 // out[N, K] = W, exactly as gguf dequantizes it.
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);

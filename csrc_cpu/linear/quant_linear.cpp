@@ -15,6 +15,7 @@
 
 #include "attention/tensor_args.h"
 #include "linear/int8.h"
+#include "linear/weight_panels.h"
 
 namespace nb = nanobind;
 
@@ -60,6 +61,8 @@ void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const s
 
 bool absent(const std::optional<Array>& a) { return !a.has_value() || a->size() == 0; }
 
+}  // namespace
+
 // The packed weight: qs, d, m checked against each other; fills N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m) {
@@ -89,6 +92,8 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
          "a tensor of " + std::to_string(m->size()) + " elements");
   }
 }
+
+namespace {
 
 // x as the kernels read it: for the int16 path the two-term codes and block
 // scales (quant_linear.h), and for q4_1 the exact fp32 block sums (both
@@ -271,7 +276,7 @@ std::vector<std::string> supported_isas() { return selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations,
-                  int64_t two_term_rows) {
+                  int64_t two_term_rows, const std::optional<Array>& panels) {
   const Activations act = parse_activations(activations);
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
@@ -286,6 +291,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   if (two_term_rows < -1 || (two_term_rows >= 0 && act != Activations::Int8x2))
     fail("two_term_rows", "-1 (all rows), or >= 0 with activations 'int8x2'",
          std::to_string(two_term_rows) + " with activations '" + activations + "'");
+  if (panels && act != Activations::Float32) a.panels = check_panels(a, *panels);  // float32 ignores them
   nb::gil_scoped_release no_gil;
   if (act != Activations::Float32)
     return int8_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)));

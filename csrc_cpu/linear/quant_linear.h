@@ -89,6 +89,9 @@ struct LinearArgs {
   // block's isum is then isum(x8) * 256 + isum(x8_lo), x8_scale the low scale.
   const int8_t* x8_lo = nullptr;      // [M, K]
   const int32_t* x8_lo_corr = nullptr; // [M, K/32]
+  // The active build's persistent weight panels (weight_panels.h), checked
+  // at the boundary, or null: the int8 kernels then build each chunk's panel.
+  const uint8_t* panels = nullptr;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }

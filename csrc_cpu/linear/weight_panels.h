@@ -1,0 +1,36 @@
+// Persistent int8 weight panels (issue #15): the panel the AVX-512 int8
+// kernel builds per call and per 32-row chunk (kernel_i8_avx512.cpp: codes
+// widened to bytes in its interleaved layout, d and q4_1's m transposed),
+// built once for a whole matrix into a caller-owned uint8 tensor and read by
+// every later call instead. The arithmetic and the bits are unchanged: the
+// kernel reads the same bytes from elsewhere.
+//
+// The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K),
+// then one panel per chunk of kI8ChunkRows weight rows, panel_chunk_bytes each
+// (~2x the packed q4 bytes: one byte per code, plus the scales). Only builds
+// with a layout have panels (today "avx512"); quant_linear refuses a tensor
+// whose header names another layout, qtype or shape, so a cache built under one
+// build is never read by another (set_linear_isa switches builds).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "linear/ops.h"
+
+namespace paged::cpu::linear {
+
+// The active build's panel layout ("avx512/1"), or "" when it has none.
+std::string weight_panel_layout();
+// Bytes of the panels of this weight for the active build (ValueError when it has none).
+int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m);
+// Builds them into `out` (uint8, 1-D, weight_panel_bytes long, 64-byte aligned).
+void build_weight_panels(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
+                         const Array& out);
+// Whether `panels` (a tensor of any content) carries the active build's layout.
+bool weight_panels_match_build(const Array& panels);
+// The panel bytes past the header for the weight in `a` (qtype, N, K filled);
+// ValueError "panels: expected ..., got ..." when they do not fit it or the build.
+const uint8_t* check_panels(const LinearArgs& a, const Array& panels);
+
+}  // namespace paged::cpu::linear
