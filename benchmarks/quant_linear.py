@@ -9,10 +9,13 @@ from DRAM while the packed one (~100 MB) can stay in L3, as in real decoding. Th
 (30 layers + lm_head) of the matmul time per step at M = 1 and M = 16.
 
     python benchmarks/quant_linear.py [--quick] [--json PATH] [--threads N] [--isa NAME]
-        [--rows M ...] [--activations float32|int8] [--baseline OLD_C_CPU_SO ...]
+        [--rows M ...] [--activations float32|int8|int8x2] [--panels] [--baseline OLD_C_CPU_SO ...]
 
 (--activations int8 times the int8-activation path; benchmarks/linear_gflops.py
-compares both paths as the engine dispatches them, per M, in GFLOP/s.)
+compares both paths as the engine dispatches them, per M, in GFLOP/s. --panels,
+with int8 / int8x2 on the avx512 build, also times each call with the
+weight's persistent panels (build_weight_panels) in a "panels us" column, and
+the whole-model estimate with them.)
 """
 
 from __future__ import annotations
@@ -72,6 +75,13 @@ def packed_weight(qtype: str, n: int, k: int, gen: torch.Generator):
 
 
 ACTIVATIONS = "float32"  # the kernel's activations argument (--activations)
+PANELS = False  # also time the calls with persistent weight panels (--panels)
+
+
+def weight_panels(qtype, qs, d, m) -> torch.Tensor:
+    panels = torch.empty(C.weight_panel_bytes(qtype, dl(qs), dl(d), dl(m)), dtype=torch.uint8)
+    C.build_weight_panels(qtype, dl(qs), dl(d), dl(m), dl(panels))
+    return panels
 
 
 def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=True) -> dict:
@@ -99,13 +109,22 @@ def bench_shape(name, qtype, n, k, m_rows, copies, min_time, gen, with_torch=Tru
 
     t_q = best_time(quant, min_time) / copies
     nan = float("nan")
+    t_p = nan
+    if PANELS:
+        cached = [(qs, d, m, weight_panels(qtype, qs, d, m)) for qs, d, m in weights]
+
+        def quant_panels():
+            for qs, d, m, p in cached:
+                C.quant_linear(dl(x), qtype, dl(qs), dl(d), dl(m), dl(out), ACTIVATIONS, -1, dl(p))
+
+        t_p = best_time(quant_panels, min_time) / copies
     t_f32 = best_time(lambda: [F.linear(x, w) for w in dense], min_time) / copies if with_torch else nan
     t_bf16 = best_time(lambda: [F.linear(x_bf16, w) for w in dense_bf16], min_time) / copies if with_torch else nan
     flop = 2.0 * m_rows * n * k
     return {
         "name": name, "qtype": qtype, "N": n, "K": k, "M": m_rows, "copies": copies,
         "packed_bytes": packed_bytes,
-        "quant_us": t_q * 1e6, "quant_GBps": packed_bytes / t_q / 1e9, "quant_GFLOPs": flop / t_q / 1e9,
+        "quant_us": t_q * 1e6, "panels_us": t_p * 1e6, "quant_GBps": packed_bytes / t_q / 1e9, "quant_GFLOPs": flop / t_q / 1e9,
         "torch_fp32_us": t_f32 * 1e6, "torch_bf16_us": t_bf16 * 1e6,
         "speedup_vs_fp32": t_f32 / t_q, "speedup_vs_bf16": t_bf16 / t_q,
     }
@@ -117,7 +136,7 @@ def measure(rows_list, threads, min_time, with_torch, show) -> list[dict]:
     rows = []
     if show:
         print(f"{'shape':8} {'qtype':5} {'N':>6} {'K':>5} {'M':>4} | {'quant us':>9} {'GB/s':>6} {'GFLOP/s':>8} |"
-              f" {'fp32 us':>9} {'bf16 us':>9} | {'x fp32':>6} {'x bf16':>6}")
+              f" {'fp32 us':>9} {'bf16 us':>9} | {'x fp32':>6} {'x bf16':>6}" + (" | panels us" if PANELS else ""))
     for m_rows in rows_list:
         for name, qtype, n, k, count in SHAPES:
             # Many rows are compute-bound: one weight (cached) is representative and quicker.
@@ -127,7 +146,8 @@ def measure(rows_list, threads, min_time, with_torch, show) -> list[dict]:
             if show:
                 print(f"{name:8} {qtype:5} {n:6} {k:5} {m_rows:4} | {r['quant_us']:9.1f} {r['quant_GBps']:6.1f}"
                       f" {r['quant_GFLOPs']:8.1f} | {r['torch_fp32_us']:9.1f} {r['torch_bf16_us']:9.1f} |"
-                      f" {r['speedup_vs_fp32']:6.2f} {r['speedup_vs_bf16']:6.2f}")
+                      f" {r['speedup_vs_fp32']:6.2f} {r['speedup_vs_bf16']:6.2f}"
+                      + (f" | {r['panels_us']:9.1f}" if PANELS else ""))
     return rows
 
 
@@ -158,13 +178,18 @@ def main() -> None:
     ap.add_argument("--activations", choices=["float32", "int8", "int8x2"], default="float32",
                     help="the kernel's activations argument (int8: x quantized per 32-block; "
                          "int8x2: plus the residual's int8)")
+    ap.add_argument("--panels", action="store_true",
+                    help="also time the int8 paths with persistent weight panels (avx512 build)")
     ap.add_argument("--baseline", nargs="+", default=[],
                     help="other _C_cpu*.so builds to time side by side (child processes, default ISA)")
     ap.add_argument("--extension", help=argparse.SUPPRESS)  # the child's build under test
     ap.add_argument("--no-torch", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global ACTIVATIONS
+    global ACTIVATIONS, PANELS
     ACTIVATIONS = args.activations
+    PANELS = args.panels
+    if PANELS and ACTIVATIONS == "float32":
+        ap.error("--panels: expected --activations int8 or int8x2, got float32")
     baselines = [run_baseline(args, path) for path in args.baseline]
     load_extension(args.extension)
     C.set_linear_isa(args.isa)
@@ -175,14 +200,16 @@ def main() -> None:
     rows = measure(args.rows, args.threads, min_time, not args.no_torch, show=not args.no_torch)
     model = {}
     for m_rows in args.rows:
-        total = {key: whole_model(rows, m_rows, key) for key in ("quant_us", "torch_fp32_us", "torch_bf16_us")}
+        total = {key: whole_model(rows, m_rows, key)
+                 for key in ("quant_us", "panels_us", "torch_fp32_us", "torch_bf16_us")}
         megabytes = whole_model(rows, m_rows, "packed_bytes", 1e6)
         model[m_rows] = {"quant_ms": total["quant_us"], "torch_fp32_ms": total["torch_fp32_us"],
                          "torch_bf16_ms": total["torch_bf16_us"], "packed_MB": megabytes}
         print(f"whole model (30 layers + lm_head) M={m_rows}: quant {total['quant_us']:.2f} ms ({megabytes:.1f} MB),"
               f" torch fp32 {total['torch_fp32_us']:.2f} ms, torch bf16 {total['torch_bf16_us']:.2f} ms"
               f" -> x{total['torch_fp32_us'] / total['quant_us']:.2f} vs fp32,"
-              f" x{total['torch_bf16_us'] / total['quant_us']:.2f} vs bf16")
+              f" x{total['torch_bf16_us'] / total['quant_us']:.2f} vs bf16"
+              + (f"; with panels {total['panels_us']:.2f} ms" if PANELS else ""))
     if baselines:
         names = [f"base{i + 1}" for i in range(len(baselines))]
         print("\nbaselines (measured first) vs this build:")

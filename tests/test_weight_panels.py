@@ -9,11 +9,17 @@ shape or size, and the engine's greedy output must not change."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, step, tiny_config, tiny_weights
 from test_quant_linear import QTYPES, random_weight
 
 from paged import _C_cpu as C
+from paged.backends.cpu import CpuBackend
+from paged.backends.cpu import quant_linear as ql
+from paged.backends.cpu.worker import prepare_model
+from paged.core.models import build_model
 
 pytestmark = pytest.mark.skipif("avx512" not in C.supported_linear_isas(),
                                 reason="this CPU lacks AVX-512 F/BW/VL/DQ + AVX512_VNNI: only the avx512 build "
@@ -84,3 +90,104 @@ def test_refused_under_another_build_weight_or_size(avx512):
     # float32 activations ignore them
     C.set_linear_isa("avx512")
     assert torch.equal(call(x, "q4_1", qs, d, m, "float32", panels=panels), call(x, "q4_1", qs, d, m, "float32"))
+
+
+# -- CpuPackedLinear, the layer stack and the engine --------------------------
+
+
+def tiny_model(activations, panels: str, monkeypatch):
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", panels)
+    config = tiny_config()
+    backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
+    model = build_model(config, tiny_weights(config), torch.float32, "cpu", backend,
+                        lambda t: ql.CpuPackedLinear(t, activations=activations))
+    prepare_model(model)
+    return model, backend
+
+
+def built(model) -> list[bool]:
+    return [layer.gate_up._panels is not None for layer in model.layers]
+
+
+@pytest.mark.parametrize("activations", ["int8", "mixed"])
+def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activations, monkeypatch):
+    """Prompt and decode steps of more than 8 rows, through the Python layers
+    and the layer stack, with panels (planned at load) and without."""
+    on, ob = tiny_model(activations, "1", monkeypatch)
+    off, fb = tiny_model(activations, "0", monkeypatch)
+    assert all(built(on)) and not any(built(off))
+    assert on.layer_stack is not None
+    rng = np.random.default_rng(11)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
+             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4)]
+    for stack in ("1", "0"):
+        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+        caches = [b.allocate_kv_cache(len(m.layers), len(LENGTHS) * MAX_BLOCKS) for m, b in ((on, ob), (off, fb))]
+        for work, nd in steps:
+            ids, pos, meta = step(tokens, work, nd)
+            meta.first_prompt_row = int(meta.query_start_loc[nd])
+            got, want = on(ids, pos, caches[0], meta), off(ids, pos, caches[1], meta)
+            assert got.shape[0] > ql.PANEL_MIN_ROWS - 1 and torch.equal(got, want), (stack, work)
+        for (k1, v1), (k0, v0) in zip(*caches):
+            assert torch.equal(k1, k0) and torch.equal(v1, v0)
+
+
+def test_panels_follow_the_linear_isa(avx512, monkeypatch):
+    model, backend = tiny_model("int8x2", "1", monkeypatch)
+    w = model.layers[0].gate_up
+    x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
+    first = w.weight_panels()
+    assert w._panels_layout == "avx512/1"
+    with_panels = w.linear(x)
+    w.use_panels = False
+    assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
+    w.use_panels = True
+    others = [name for name in C.supported_linear_isas() if name != "avx512"]
+    for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused
+        C.set_linear_isa(name)
+        assert w.weight_panels() is None
+        ids, pos, meta = step([list(range(20))], [(0, 0, 20)], 0)
+        outs = []
+        for stack in ("1", "0"):
+            monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+            outs.append(model(ids, pos, backend.allocate_kv_cache(len(model.layers), MAX_BLOCKS), meta))
+        assert torch.equal(outs[0], outs[1]), name
+    C.set_linear_isa("avx512")
+    assert w.weight_panels() is first  # the same build's layout: kept
+
+
+def test_plan_policy(avx512, monkeypatch):
+    model, _ = tiny_model("int8", "0", monkeypatch)
+    mats = [layer.down for layer in model.layers]
+    packed = sum(w.nbytes for w in mats)
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")
+    monkeypatch.setattr(ql, "PANEL_MAX_PACKED_BYTES", packed - 1)
+    assert ql.plan_weight_panels(mats) == 0 and not any(w.use_panels for w in mats)
+    monkeypatch.setattr(ql, "PANEL_MAX_PACKED_BYTES", packed)
+    total = ql.plan_weight_panels(mats)
+    assert total == sum(C.weight_panel_bytes(w.qtype, w.qs, w.d, w.m) for w in mats) and all(w.use_panels for w in mats)
+    exact, _ = tiny_model("float32", "1", monkeypatch)  # the float32 paths have no panels
+    assert ql.plan_weight_panels([layer.down for layer in exact.layers]) == 0
+    assert not exact.layers[0].down.use_panels and exact.layers[0].down.weight_panels() is None
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "yes")
+    with pytest.raises(ValueError, match=r"PAGED_CPU_WEIGHT_PANELS: expected '0', '1' or 'auto', got 'yes'"):
+        ql.plan_weight_panels(mats)
+
+
+def test_engine_greedy_output_is_the_same_with_and_without_panels(avx512, default_model_path, monkeypatch):
+    """Ten sequences decode together (10 rows per step: the panel path)."""
+    from paged.core.llm import LLM
+    from paged.core.sampling_params import SamplingParams
+
+    prompts = [f"Question {i}: what is {i} plus {i + 3}? Answer:" for i in range(10)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    texts = {}
+    for panels in ("0", "1"):
+        monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", panels)
+        llm = LLM(str(default_model_path), device="cpu", max_model_len=256, max_num_seqs=16,
+                  kv_cache_memory="64MiB")
+        gate_up = llm.engine.runner.model.layers[0].gate_up
+        assert (gate_up._panels is not None) == (panels == "1")
+        texts[panels] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert texts["0"] == texts["1"]

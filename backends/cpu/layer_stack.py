@@ -14,7 +14,10 @@ matrices packed (``CpuPackedLinear``, all with the same ``activations``) and
 attention on ``CpuBackend``. The stack runs the packed kernel with its
 layers' ``activations``: with "float32", steps of ``DENSE_ROWS`` tokens or
 more keep the Python path (they run a dense GEMM there); with "int8" or
-"int8x2" the stack runs every step. ``PAGED_LAYER_STACK=0`` turns the stack off (read on
+"int8x2" the stack runs every step. Matrices with persistent weight panels
+(``CpuPackedLinear.weight_panels``, planned before the stack is built) hand
+the stack the same tensors; it uses them while they match the active linear
+build. ``PAGED_LAYER_STACK=0`` turns the stack off (read on
 every step).
 
 Single-threaded: a stack belongs to the engine thread that runs the model.
@@ -41,6 +44,13 @@ def enabled() -> bool:
 
 def _matrix(w: CpuPackedLinear):
     return (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
+
+
+def _panels(mats) -> list:
+    """Each matrix's persistent weight panels (None where off), the tensors
+    its CpuPackedLinear passes, so both paths read the same bytes."""
+    panels = [w.weight_panels() for w in mats]
+    return [] if all(p is None for p in panels) else [None if p is None else dl(p) for p in panels]
 
 
 def _dense_f32(t) -> bool:
@@ -87,9 +97,10 @@ class LayerStack:
                                    dl(spec.final_norm), activations.pop())
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
+            mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down))
+                             _matrix(layer.down), _panels(mats))
         return cls(native)
 
     @staticmethod

@@ -23,10 +23,19 @@ dense prefill branch below is never taken in that mode.
 quantized the same way: ~15 bits of x per block (greedy output as faithful as
 float32 activations on the accuracy gate), still batch invariant, at about
 twice int8's integer work (the weight unpacking is shared).
+
+Weight panels (int8 paths, avx512 build): calls of more than 8 rows make the
+kernel widen each 32-row chunk's codes and transpose its scales into a panel
+before sweeping it; ``use_panels`` keeps that panel for the whole matrix
+(``_C_cpu.build_weight_panels``, built on the first such call and again when
+the linear ISA changed) and passes it, which gives the same bits without the
+per-call build, for ~2x the packed q4 bytes. ``plan_weight_panels`` switches
+it on for a model (docs/kernels.md, "Weight panels").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -48,6 +57,16 @@ if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at ru
 #: bits. PAGED_DENSE_PREFILL_ROWS=0 keeps every call on the packed kernel.
 DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
+
+#: Calls of more rows than this take the int8 kernel's panel path (its
+#: kDirectRows, kernel_i8_avx512.cpp); fewer read the packed codes directly.
+PANEL_MIN_ROWS = 9
+
+#: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
+#: most this many bytes get persistent panels (~2x that memory again).
+PANEL_MAX_PACKED_BYTES = 1 << 30
+
+log = logging.getLogger(__name__)
 
 #: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s
 #: ``activations``), and "mixed": int8x2 for rows that generate a token, int8
@@ -101,6 +120,28 @@ class CpuPackedLinear:
         self.qs, self.d, self.m = packed.fields()
         self.out_features, self.in_features = packed.shape
         self.nbytes = packed.nbytes
+        self.use_panels = False  # persistent weight panels (plan_weight_panels)
+        self._panels: torch.Tensor | None = None
+        self._panels_layout = ""  # the linear build _panels were built for
+
+    def weight_panels(self) -> torch.Tensor | None:
+        """The matrix's persistent int8 panels for the active linear build
+        (built now if missing or built for another), or None when
+        ``use_panels`` is off, the activations are float32 or the build has
+        no panel layout."""
+        from paged import _C_cpu
+
+        if not self.use_panels or self.activations == "float32":
+            return None
+        layout = _C_cpu.weight_panel_layout()
+        if not layout:
+            return None
+        if layout != self._panels_layout:
+            panels = torch.empty(_C_cpu.weight_panel_bytes(self.qtype, dl(self.qs), dl(self.d), dl(self.m)),
+                                 dtype=torch.uint8)
+            _C_cpu.build_weight_panels(self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(panels))
+            self._panels, self._panels_layout = panels, layout
+        return self._panels
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -121,12 +162,15 @@ class CpuPackedLinear:
             out = F.linear(x2, self._dequantized(), bias)
         else:
             out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
+            panels = self.weight_panels() if x2.shape[0] >= PANEL_MIN_ROWS else None
+            panels = None if panels is None else dl(panels)
             if self.activations == "mixed":
                 split = -1 if first_prompt_row is None else first_prompt_row
-                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), "int8x2", split)
+                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), "int8x2", split,
+                                    panels)
             else:
                 _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out),
-                                    self.activations)
+                                    self.activations, -1, panels)
             if bias is not None:
                 out += bias
         return out.view(*lead, self.out_features).to(x.dtype)
@@ -144,3 +188,40 @@ class CpuPackedLinear:
 
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def panels_setting() -> str:
+    """PAGED_CPU_WEIGHT_PANELS: "0" (off), "1" (on whatever the size) or
+    "auto" (the default: on up to PANEL_MAX_PACKED_BYTES of packed weights)."""
+    value = os.environ.get("PAGED_CPU_WEIGHT_PANELS", "auto")
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"PAGED_CPU_WEIGHT_PANELS: expected '0', '1' or 'auto', got {value!r}")
+    return value
+
+
+def plan_weight_panels(linears) -> int:
+    """Sets ``use_panels`` on the int8-path matrices of one model
+    (``linears``: its CpuPackedLinear objects, others are skipped) by
+    panels_setting(), builds their panels for the active linear build (the
+    layer stack takes them at construction) and logs once what they take.
+    Returns the panel bytes (0 when off or the build has none)."""
+    from paged import _C_cpu
+
+    mats = [w for w in linears if isinstance(w, CpuPackedLinear) and w.activations != "float32"]
+    if not mats:
+        return 0
+    setting, packed = panels_setting(), sum(w.nbytes for w in mats)
+    on = setting == "1" or (setting == "auto" and packed <= PANEL_MAX_PACKED_BYTES)
+    layout = _C_cpu.weight_panel_layout()
+    for w in mats:
+        w.use_panels = on
+    if not on or not layout:
+        why = (f"linear ISA {_C_cpu.linear_isa()!r} has none" if on else
+               "PAGED_CPU_WEIGHT_PANELS=0" if setting == "0" else
+               f"packed weights {packed / 2**20:.0f} MiB > {PANEL_MAX_PACKED_BYTES / 2**20:.0f} MiB")
+        log.info("cpu weight panels: off (%s)", why)
+        return 0
+    total = sum(w.weight_panels().numel() for w in mats)
+    log.info("cpu weight panels: %.0f MiB for %d matrices (%s; packed %.0f MiB; PAGED_CPU_WEIGHT_PANELS=0 turns "
+             "them off)", total / 2**20, len(mats), layout, packed / 2**20)
+    return total

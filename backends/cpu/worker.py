@@ -5,6 +5,9 @@ paths chosen here, not in the model.
   for float32 / bfloat16, else torch's;
 - stack runner: ``LayerStack``, every decoder layer of a step in one C++ call,
   where the model is eligible (backends/cpu/layer_stack.py);
+- weight panels: the int8 kernel's panels kept per matrix where the model is
+  small enough (backends/cpu/quant_linear.py plan_weight_panels), built
+  before the stack, which takes them;
 - profiling: none. The KV budget is a share of the host memory available
   after the weights are loaded; a step's activations are small beside it.
 """
@@ -15,6 +18,7 @@ import torch
 
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
+from paged.backends.cpu.quant_linear import plan_weight_panels
 from paged.core.models.layers import TorchLayerOps
 from paged.core.worker import Worker
 
@@ -33,9 +37,20 @@ class CpuWorker(Worker):
     def stack_runner(self, model):
         return LayerStack.for_model(model)
 
+    def prepare_model(self, model) -> None:
+        plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
+        super().prepare_model(model)
+
+
+def packed_matrices(model) -> list:
+    """Every matrix of the model's decoder layers and its LM head."""
+    mats = [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    return mats + [model.lm_head]
+
 
 def prepare_model(model) -> None:
     """Gives a model built outside an engine (tests, benchmarks) the CPU
     worker's layer ops and stack runner."""
     model.ops = cpu_layer_ops(model.dtype)
+    plan_weight_panels(packed_matrices(model))
     model.layer_stack = LayerStack.for_model(model)

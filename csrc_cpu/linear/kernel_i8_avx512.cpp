@@ -338,7 +338,7 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
   column_masks(n0, n1, mask);
   const bool few = a.M <= kDirectRows;
   PanelView p{};
-  if (a.panels) {  // built once (build_panel_chunk): the same bytes as below
+  if (a.panels && !few) {  // built once (build_panel_chunk): the same bytes as below
     p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(T, a.K), T, nb);
   } else {
     scratch.d.resize(size_t(nb * kPanel));

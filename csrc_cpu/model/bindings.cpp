@@ -23,8 +23,10 @@ void register_model(nb::module_& m) {
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
       .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
-           "o_proj"_a, "gate_up"_a, "down"_a,
-           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it.")
+           "o_proj"_a, "gate_up"_a, "down"_a, "panels"_a = std::vector<std::optional<model::Array>>{},
+           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
+           "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
+           "it matches the active linear ISA).")
       .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
            "One (key_cache, value_cache) per layer, used by the following run() calls.")
       .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,

@@ -9,6 +9,7 @@
 #include "attention/ops.h"
 #include "attention/tensor_args.h"
 #include "linear/ops.h"
+#include "linear/weight_panels.h"
 #include "ops/ops.h"
 
 namespace nb = nanobind;
@@ -67,12 +68,17 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 }
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
-                           PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down) {
+                           PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
+                           std::vector<std::optional<Array>> panels) {
   f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
   f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
   if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
-  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(o_proj),
-                          std::move(gate_up), std::move(down), std::move(qkv_bias)});
+  if (!panels.empty() && panels.size() != 4)
+    fail("panels", "none or 4 (qkv, o_proj, gate_up, down)", int64_t(panels.size()));
+  panels.resize(4);
+  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
+                          {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
+                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias)});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -98,11 +104,13 @@ void LayerStack::reserve(int64_t tokens) {
 
 // out[rows, n] = x[rows, in] @ W^T through the packed kernel (which checks W against in and n).
 // two_term_rows: quant_linear's (-1 = every row as `activations` says).
-void LayerStack::linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
+void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
                         int64_t two_term_rows) const {
-  const auto& [qtype, qs, d, m] = w;
+  static const std::optional<Array> none;
+  const auto& [qtype, qs, d, m] = w.w;
+  const bool cached = w.panels && linear::weight_panels_match_build(*w.panels);  // else an old build's: unused
   linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
-                       linear_activations_, two_term_rows);
+                       linear_activations_, two_term_rows, cached ? w.panels : none);
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then

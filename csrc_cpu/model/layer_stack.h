@@ -38,6 +38,14 @@ using Array = nanobind::ndarray<>;
 // (qtype, qs, d, m) of one packed GGUF matrix, as linear::quant_linear takes it.
 using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>;
 
+// A stack's matrix and, optionally, its persistent int8 weight panels
+// (linear/weight_panels.h), passed to quant_linear while they match the
+// active linear build (else the kernel builds its panels per call, same bits).
+struct StackMatrix {
+  PackedMatrix w;
+  std::optional<Array> panels;
+};
+
 struct StackConfig {
   int64_t num_heads, num_kv_heads, head_dim, hidden_size, intermediate_size;
   double eps, scale;
@@ -54,9 +62,12 @@ class LayerStack {
              std::string activations = "float32");
 
   // Appends one decoder layer (weights checked by the kernels on every run;
-  // the bias, which this class adds itself, is checked here).
+  // the bias, which this class adds itself, is checked here). panels: none,
+  // or one per matrix (qkv, o_proj, gate_up, down; each None or
+  // build_weight_panels' tensor of that matrix, checked by quant_linear).
   void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
-                 PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down);
+                 PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
+                 std::vector<std::optional<Array>> panels = {});
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -75,11 +86,11 @@ class LayerStack {
  private:
   struct Layer {
     Array input_norm, post_norm;
-    PackedMatrix qkv, o_proj, gate_up, down;
+    StackMatrix qkv, o_proj, gate_up, down;
     std::optional<Array> qkv_bias;
   };
 
-  void linear(const PackedMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
+  void linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
               int64_t two_term_rows = -1) const;
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
