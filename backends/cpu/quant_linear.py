@@ -27,9 +27,10 @@ twice int8's integer work (the weight unpacking is shared).
 Weight panels (int8 paths, avx512 build): calls of more than 8 rows make the
 kernel widen each 32-row chunk's codes and transpose its scales into a panel
 before sweeping it; ``use_panels`` keeps that panel for the whole matrix
-(``_C_cpu.build_weight_panels``, built on the first such call and again when
-the linear ISA changed) and passes it, which gives the same bits without the
-per-call build, for ~2x the packed q4 bytes. ``plan_weight_panels`` switches
+(``_C_cpu.build_weight_panels``, built on first use and again when the linear
+ISA changed) and passes it on every call: the kernel reads it wherever that
+is faster (every M but M = 1 of 4-bit types), with the same bits, for ~1.7x
+the packed q4 bytes (q8_0: 1x). ``plan_weight_panels`` switches
 it on for a model (docs/kernels.md, "Weight panels").
 """
 
@@ -57,10 +58,6 @@ if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at ru
 #: bits. PAGED_DENSE_PREFILL_ROWS=0 keeps every call on the packed kernel.
 DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
-
-#: Calls of more rows than this take the int8 kernel's panel path (its
-#: kDirectRows, kernel_i8_avx512.cpp); fewer read the packed codes directly.
-PANEL_MIN_ROWS = 9
 
 #: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
 #: most this many bytes get persistent panels (~2x that memory again).
@@ -162,7 +159,7 @@ class CpuPackedLinear:
             out = F.linear(x2, self._dequantized(), bias)
         else:
             out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
-            panels = self.weight_panels() if x2.shape[0] >= PANEL_MIN_ROWS else None
+            panels = self.weight_panels()  # the kernel decides per call whether to read them
             panels = None if panels is None else dl(panels)
             if self.activations == "mixed":
                 split = -1 if first_prompt_row is None else first_prompt_row

@@ -22,6 +22,16 @@
 // under the static schedule) are prefetched into L2: at decode the weight
 // streams from DRAM (1 thread, 30 rotating 3072 x 576, M=1: 362 us without,
 // 108 us with).
+// Persistent panels (LinearArgs::panels, weight_panels.h) hold each item's
+// panel built once by the same code (build_panel_chunk); the tiles then
+// read it in place, prefetching the item after next likewise, and skip the
+// build (1 thread, 30 rotating q4_1 3072 x 576, int8: M=16 325 -> 262 us,
+// M=64 792 -> 729 us). With them the tiles beat the direct path from M = 2
+// (M=2 70 -> 54 us, M=4 98 -> 81 us, 2 threads), and at M = 1 for q8_0,
+// whose panel is as large as its packed weight (LM head 49152 x 576: 672 ->
+// 407 us); a 4-bit panel is 1.67x its packed bytes and at M = 1, where the
+// weight streams, it only broke even (gate_up 60 vs 61 us, down 24 vs 27),
+// so M = 1 keeps the direct path for q4.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -130,6 +140,10 @@ struct PanelView {
   uint8_t* codes;  // [nb][kSteps][kCols][kLanes][4]
   float* d;        // [nb][kPanel]
   float* m;        // [nb][kPanel], q4_1 only
+  // A persistent panel streams from memory: while block b is swept, its
+  // share (1/nb) of the chunk `ahead` bytes on (the thread's item after
+  // next) is prefetched into L2, as load_rows does for the packed rows.
+  int64_t ahead = 0;
 };
 
 // Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
@@ -217,6 +231,10 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* w = p.codes + b * kBlockBytes;
+    if (p.ahead && r0 == 0) {
+      const int64_t share = p.ahead / (kAhead / kPanel) / nb;  // the chunk's bytes per block
+      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.codes + at, p.ahead);
+    }
     __m512i isum[R][kCols];
     tile_sums<T, R>(w, a.x8, a.x8_corr, K, nb, r0, b, isum);
     if (a.x8_lo) {  // int8x2: the low codes' sums folded in
@@ -336,10 +354,15 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
   const int64_t nb = a.blocks();
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  const bool few = a.M <= kDirectRows;
+  // Persistent panels serve the tiles at every M but one: a 4-bit panel
+  // holds 1.67x the packed bytes (a byte per code), and M = 1 streams the
+  // weight, so the direct path keeps reading the packed codes there.
+  const bool cached = a.panels && (a.M > 1 || T == QType::Q8_0);
+  const bool few = a.M <= kDirectRows && !cached;
   PanelView p{};
-  if (a.panels && !few) {  // built once (build_panel_chunk): the same bytes as below
+  if (cached) {  // built once (build_panel_chunk): the same bytes as below
     p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(T, a.K), T, nb);
+    p.ahead = (kAhead / kPanel) * panel_chunk_bytes(T, a.K);
   } else {
     scratch.d.resize(size_t(nb * kPanel));
     if (T == QType::Q4_1) scratch.m.resize(size_t(nb * kPanel));
