@@ -3,6 +3,7 @@
 // only x86-64's avx512 build has a layout.
 #include "linear/weight_panels.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
