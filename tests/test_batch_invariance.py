@@ -55,3 +55,30 @@ def test_int8_logprobs_bitwise_alone_and_batched(int8_llm):
         want_tokens, want_logprobs = alone[i % len(PROMPTS)]
         assert tokens == want_tokens, f"prompt {i}"
         assert logprobs == want_logprobs, f"prompt {i}: logprobs differ from the run alone"
+
+
+def test_prompts_chunked_beside_decodes_equal_alone(default_model_path):
+    """The default path with prompts arriving while others decode and cut
+    into 1-token chunks (the smallest a prefill budget gives): every
+    sequence's tokens and logprobs are bitwise those of its run alone. (A
+    SIMD attention reduction once depended on how many keys followed a row
+    in its chunk; int8 prompt rows turned that last-bit difference into
+    other tokens.)"""
+    engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", max_model_len=256, max_num_seqs=8,
+                                 kv_cache_memory="64MiB", itl_target_ms=None, max_prefill_tokens_with_decodes=1,
+                                 cpu_threads_bind=str(min(os.sched_getaffinity(0)))))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+
+    def finish(prompts, stagger):
+        done = {}
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, params)
+            for _ in range(stagger):
+                done.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+        while engine.has_unfinished_requests():
+            done.update({o.request_id: o.outputs[0] for o in engine.step() if o.finished})
+        return [(done[str(i)].token_ids, done[str(i)].logprobs) for i in range(len(prompts))]
+
+    prompts = PROMPTS[:6]
+    alone = [finish([p], 0)[0] for p in prompts]
+    assert finish(prompts, 1) == alone

@@ -290,7 +290,8 @@ def check_copy_and_swap(backend_cls, device, dtype, seed: int = 0, caps: Capabil
 def check_batch_invariance(backend_cls, device, dtype, thread_counts=(1, 2), seed: int = 0,
                            caps: Capabilities | None = None):
     """A sequence's output is the same alone or in a batch, in any batch
-    order and under any torch/OpenMP thread count: bitwise where ``caps``
+    order, under any torch/OpenMP thread count and (prefill) when its query
+    rows are split into chunks as chunked prefill runs them: bitwise where ``caps``
     declares the path (decode / prefill) invariant; elsewhere the largest
     difference is measured and returned as a Measured."""
     caps = caps or ANY
@@ -344,10 +345,40 @@ def _invariance_diffs(backend_cls, device, dtype, case: AttnCase, thread_counts)
         yield (f"sequence {r} differs when the batch order changes",
                _max_diff(shuffled[at:at + n], full[qsl[r]:qsl[r + 1]]))
         at += n
+    if not case.decode:  # chunked prefill: rows of a chunk that ends early, over the keys cached so far
+        for r in range(len(case.seq_lens)):
+            q = qsl[r + 1] - qsl[r]
+            for c0, c1 in _chunks(q):
+                part = _run_chunk(be, batch, case, kv, r, c0, c1)
+                yield (f"sequence {r}: query rows {c0}..{c1 - 1} differ when computed as a chunk ending there",
+                       _max_diff(part, full[qsl[r] + c0:qsl[r] + c1]))
     for t in thread_counts[1:]:
         torch.set_num_threads(t)
         yield (f"output differs between {thread_counts[0]} and {t} threads",
                _max_diff(run_attention(be, batch, case, kv), full))
+
+
+def _chunks(q: int) -> list[tuple[int, int]]:
+    """Some [c0, c1) chunks of a q-row query: short ones at the start, in
+    the middle and at the end (a 1-3 key tail is where SIMD reductions
+    differ), and a half."""
+    spans = {(0, 1), (0, min(q, 2)), (1, min(q, 3)), (q // 2, q // 2 + 1), (max(0, q - 3), q - 1), (0, q // 2)}
+    return sorted((c0, c1) for c0, c1 in spans if 0 <= c0 < c1 <= q)
+
+
+def _run_chunk(backend, batch: Batch, case: AttnCase, kv, r: int, c0: int, c1: int) -> torch.Tensor:
+    """Prefill attention of query rows [c0, c1) of sequence r alone, as a
+    chunked prefill runs them: the sequence's cached length ends at row c1."""
+    qsl = batch.query_start_loc.cpu().tolist()
+    q = qsl[r + 1] - qsl[r]
+    query = batch.query[qsl[r] + c0:qsl[r] + c1].contiguous()
+    length = int(batch.seq_lens[r]) - q + c1
+    dev = batch.query.device
+    out = torch.empty_like(query)
+    backend.prefill_attention(out, query, kv[0], kv[1], torch.tensor([0, c1 - c0], dtype=torch.int32, device=dev),
+                              torch.tensor([length], dtype=torch.int32, device=dev),
+                              batch.block_tables[r:r + 1].contiguous(), backend.scale, case.sliding_window)
+    return out
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
