@@ -119,7 +119,10 @@ class ModelRunner:
         samples = [i for i, e in enumerate(entries) if e.samples]
         prompt_lp = [i for i, e in enumerate(entries)
                      if i >= num_decodes and not e.draft and e.seq.group.params.prompt_logprobs is not None]
-        generating = num_decodes + sum(1 for e in entries if e.draft)  # decodes, then verifies (their order)
+        # rows that generate a token come first: decodes, verifies, then recomputed generated tokens
+        # (the scheduler's order); prompt rows from the first chunk inside its original prompt on
+        generating = next((i for i in range(num_decodes, num_seqs)
+                           if not entries[i].draft and entries[i].start < entries[i].seq.num_prompt_tokens), num_seqs)
         batch = HostBatch(np.asarray(ids, dtype=np.int64), positions, slot_mapping, qsl.astype(np.int32),
                           seq_lens.astype(np.int32), block_tables, num_decodes,
                           draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples]), int(qsl[generating]),

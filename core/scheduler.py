@@ -35,6 +35,18 @@ from .request import Request, Sequence, SeqStatus
 from .spec_decode import speculates
 
 
+def prompt_chunk(seq: Sequence, start: int, n: int) -> int:
+    """n, cut so that a chunk never spans the end of the original prompt.
+    After a preemption the generated tokens are recomputed as part of the
+    prefill; ending the prompt's chunk there lets their rows come right after
+    the decodes (the scheduler sorts them first) and keep the arithmetic of a
+    row that generates a token (AttentionMetadata.first_prompt_row), so a
+    preempted sequence continues bitwise as if it never was."""
+    if start < seq.num_prompt_tokens < start + n:
+        return seq.num_prompt_tokens - start
+    return n
+
+
 class WaitingQueueFull(RuntimeError):
     """The waiting queue is at max_waiting; the server answers 503."""
 
@@ -191,7 +203,7 @@ class Scheduler:
                 break
             if not seq.in_prefill or seq.seq_id in scheduled or seq.status is not SeqStatus.RUNNING:
                 continue
-            n = min(seq.prefill_target - seq.num_computed_tokens, budget)
+            n = prompt_chunk(seq, seq.num_computed_tokens, min(seq.prefill_target - seq.num_computed_tokens, budget))
             if self._allocate_running(seq, n, out, scheduled):
                 out.prefills.append(ScheduledSeq(seq, seq.num_computed_tokens, n))
                 scheduled.add(seq.seq_id)
@@ -205,6 +217,8 @@ class Scheduler:
             self.waiting.popleft()
             scheduled.add(seq.seq_id)
             budget -= out.prefills[-1].num_new_tokens
+        # recomputed generated tokens first: rows that produced a token keep that role (see prompt_chunk)
+        out.prefills.sort(key=lambda e: e.start < e.seq.num_prompt_tokens)
         return out
 
     def advance(self, out: SchedulerOutput) -> None:
@@ -233,7 +247,7 @@ class Scheduler:
         use_cache = self.enable_prefix_caching and req.params.prompt_logprobs is None
         if use_cache:
             hit = self.kv.get_computed_tokens(seq.seq_id, seq.token_ids)
-        n = min(seq.prefill_target - hit, budget)
+        n = prompt_chunk(seq, hit, min(seq.prefill_target - hit, budget))
         copies = self.kv.allocate_slots(seq.seq_id, seq.token_ids, hit, n)
         if copies is None:
             self.kv.free(seq.seq_id)  # give back the prefix-hit references taken above

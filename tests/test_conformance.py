@@ -144,7 +144,9 @@ def test_kernel_cases_are_built_from_the_declaration():
         assert check(_Only128Backend, "cpu", torch.float32, caps=only128) == 0.0
     assert kernel_checks.check_edge_cases(_Only128Backend, "cpu", torch.float32, quick=True, caps=only128) < 1e-5
     got = kernel_checks.check_batch_invariance(_Only128Backend, "cpu", torch.float32, caps=only128)
-    assert isinstance(got, Measured) and got.value == 0.0  # the reference is invariant, measured all the same
+    # measured, not asserted (nothing declared): the torch reference is invariant across batches, order and
+    # threads, but a prompt's rows computed in chunks differ in the last bits (other matmul shapes)
+    assert isinstance(got, Measured) and 0.0 <= got.value < 1e-5
 
 
 def test_declaration_checks_name_the_value():

@@ -255,3 +255,30 @@ def test_prefill_cap_also_holds_while_only_verifies_run():
     out = sched.schedule()
     assert out.verifies and not out.decodes
     assert sum(e.num_new_tokens for e in out.prefills) == 5
+
+
+def test_recompute_chunks_end_at_the_prompt_and_generated_rows_come_first():
+    """After a preemption, a chunk never spans the original prompt's end, and
+    chunks of recomputed generated tokens come before prompt chunks (the rows
+    that generate tokens keep their place; AttentionMetadata.first_prompt_row)."""
+    from paged.core.scheduler import prompt_chunk
+
+    kv, sched = make(budget=64, prefix=False)  # no prefix hits: the recompute starts at 0
+    a = add(sched, "a", list(range(10)), 8).seqs[0]
+    b = add(sched, "b", list(range(100, 107)), 8).seqs[0]
+    for _ in range(4):
+        step(sched, {"a": 8, "b": 8})
+    assert a.num_output_tokens == 4 and prompt_chunk(a, 0, 14) == 10 and prompt_chunk(a, 10, 4) == 4
+    assert prompt_chunk(a, 3, 5) == 5  # inside the prompt: unchanged
+    for seq in (a, b):  # as the scheduler's preemption does
+        kv.free(seq.seq_id)
+        seq.reset_for_recompute()
+    sched.running.clear()
+    sched.waiting.extendleft([b, a])
+    first = sched.schedule()
+    assert [(e.seq.seq_id, e.start, e.num_new_tokens) for e in first.prefills] == [("a", 0, 10), ("b", 0, 7)]
+    sched.advance(first)
+    second = sched.schedule()
+    starts = [(e.seq.seq_id, e.start, e.num_new_tokens) for e in second.prefills]
+    assert starts == [("a", 10, 4), ("b", 7, 4)]  # both generated parts; none is a prompt chunk
+    assert all(e.start >= e.seq.num_prompt_tokens for e in second.prefills)
