@@ -121,8 +121,7 @@ class ModelRunner:
                      if i >= num_decodes and not e.draft and e.seq.group.params.prompt_logprobs is not None]
         # rows that generate a token come first: decodes, verifies, then recomputed generated tokens
         # (the scheduler's order); prompt rows from the first chunk inside its original prompt on
-        generating = next((i for i in range(num_decodes, num_seqs)
-                           if not entries[i].draft and entries[i].start < entries[i].seq.num_prompt_tokens), num_seqs)
+        generating = next((i for i in range(num_decodes, num_seqs) if entries[i].in_prompt), num_seqs)
         batch = HostBatch(np.asarray(ids, dtype=np.int64), positions, slot_mapping, qsl.astype(np.int32),
                           seq_lens.astype(np.int32), block_tables, num_decodes,
                           draft_rows(qsl[1:][samples] - 1, [entries[i].draft for i in samples]), int(qsl[generating]),

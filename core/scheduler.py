@@ -66,6 +66,13 @@ class ScheduledSeq:
         return known + self.draft if self.draft else known
 
     @property
+    def in_prompt(self) -> bool:
+        """Whether this step's rows are tokens of the original prompt (a
+        prompt chunk), not rows that generate a token: decodes, verifies and
+        generated tokens recomputed after a preemption (prompt_chunk)."""
+        return self.start < self.seq.num_prompt_tokens
+
+    @property
     def samples(self) -> bool:
         """Whether this step computes the sequence's last known token, so its
         logits give the next token (a prompt chunk that does not finish the
@@ -218,7 +225,7 @@ class Scheduler:
             scheduled.add(seq.seq_id)
             budget -= out.prefills[-1].num_new_tokens
         # recomputed generated tokens first: rows that produced a token keep that role (see prompt_chunk)
-        out.prefills.sort(key=lambda e: e.start < e.seq.num_prompt_tokens)
+        out.prefills.sort(key=lambda e: e.in_prompt)
         return out
 
     def advance(self, out: SchedulerOutput) -> None:

@@ -284,7 +284,7 @@ class CpuPlatform(Platform):
         float32 cache."""
         import torch
 
-        if model_dtype == torch.float32 and linear_activations in ("int8", "int8x2", "mixed"):
+        if model_dtype == torch.float32 and linear_activations not in (None, "float32"):
             return torch.float16
         return model_dtype
 

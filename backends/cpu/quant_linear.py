@@ -160,14 +160,11 @@ class CpuPackedLinear:
         else:
             out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
             panels = self.weight_panels()  # the kernel decides per call whether to read them
-            panels = None if panels is None else dl(panels)
-            if self.activations == "mixed":
-                split = -1 if first_prompt_row is None else first_prompt_row
-                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), "int8x2", split,
-                                    panels)
-            else:
-                _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out),
-                                    self.activations, -1, panels)
+            mixed = self.activations == "mixed"  # the kernel's int8x2 with prompt rows on one term
+            split = first_prompt_row if mixed and first_prompt_row is not None else -1
+            _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out),
+                                "int8x2" if mixed else self.activations, split,
+                                None if panels is None else dl(panels))
             if bias is not None:
                 out += bias
         return out.view(*lead, self.out_features).to(x.dtype)
