@@ -195,19 +195,28 @@ void quantize_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int
                        float* xs) {
   const int32_t offset = unsigned_offset(t);
   for (int64_t b = 0; b < K / kBlock; ++b) {
-    const float s = dx[b] * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
+    const float d = dx[b], s = d * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
+    const float* xb = x + b * kBlock;
+    const int8_t* hb = hi + b * kBlock;
+    int8_t* lb = lo + b * kBlock;
+    // Branch-free lanes (the selects vectorise under this file's
+    // -fno-trapping-math, csrc_cpu/CMakeLists.txt); the test is per block.
+    if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
+      for (int k = 0; k < kBlock; ++k) {
+        const float res = xb[k] - d * float(hb[k]);
+        float q = res / s;
+        q = q < -float(kI8Max) ? -float(kI8Max) : q;
+        q = q > float(kI8Max) ? float(kI8Max) : q;
+        q = (q + kI8RoundMagic) - kI8RoundMagic;  // round half to even
+        lb[k] = int8_t(q);
+      }
+    } else {
+      std::memset(lb, 0, kBlock);
+    }
     int32_t sum_hi = 0, sum_lo = 0;
     for (int k = 0; k < kBlock; ++k) {
-      const int64_t i = b * kBlock + k;
-      float q = 0.f;
-      if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
-        const float res = x[i] - dx[b] * float(hi[i]);
-        q = std::min(std::max(res / s, -float(kI8Max)), float(kI8Max));
-        q = (q + kI8RoundMagic) - kI8RoundMagic;  // round half to even
-      }
-      lo[i] = int8_t(q);
-      sum_hi += hi[i];
-      sum_lo += lo[i];
+      sum_hi += hb[k];
+      sum_lo += lb[k];
     }
     const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
     dx[b] = s;
