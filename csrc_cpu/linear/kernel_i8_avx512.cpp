@@ -193,20 +193,19 @@ PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d,
   return acc;
 }
 
-// isum[r][c] = block b's sums of x rows r0 .. r0+R (codes x, corr as in
-// int8.h) with the panel's columns, whose block starts at w.
+// isum[r][c] += block b's sums of x rows r0 .. r0+R (codes x) with the
+// panel's columns, whose block starts at w; the caller sets isum's start
+// (int8.h's corr, or the high term's sums for int8x2's low term).
 template <QType T, int R>
-PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const int8_t* x, const int32_t* corr, int64_t K, int64_t nb,
-                                    int64_t r0, int64_t b, __m512i isum[R][kCols]) {
+PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const int8_t* x, int64_t K, int64_t r0, int64_t b,
+                                    __m512i isum[R][kCols]) {
   constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
   __m512i dot[S][R][kCols];
-  for (int r = 0; r < R; ++r) {
-    const __m512i init = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[(r0 + r) * nb + b]);
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) {
-      dot[0][r][c] = init;
+      dot[0][r][c] = isum[r][c];
       if constexpr (S == 2) dot[1][r][c] = _mm512_setzero_si512();
     }
-  }
   for (int s = 0; s < kSteps; ++s) {
     __m512i wv[kCols];
     for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
@@ -217,6 +216,12 @@ PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const int8_t* x, const int
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) isum[r][c] = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
+}
+
+// A row's int32 start for block b: corr (0 for q4_1, whose codes need no offset).
+template <QType T>
+PAGED_VNNI512_INLINE __m512i corr_start(const int32_t* corr, int64_t row, int64_t nb, int64_t b) {
+  return T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[row * nb + b]);
 }
 
 // The two-term sum hi * 256 + lo (int8.h), exact in int32.
@@ -236,12 +241,16 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
       for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.codes + at, p.ahead);
     }
     __m512i isum[R][kCols];
-    tile_sums<T, R>(w, a.x8, a.x8_corr, K, nb, r0, b, isum);
-    if (a.x8_lo) {  // int8x2: the low codes' sums folded in
-      __m512i lo[R][kCols];
-      tile_sums<T, R>(w, a.x8_lo, a.x8_lo_corr, K, nb, r0, b, lo);
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kCols; ++c) isum[r][c] = corr_start<T>(a.x8_corr, r0 + r, nb, b);
+    tile_sums<T, R>(w, a.x8, K, r0, b, isum);
+    if (a.x8_lo) {  // int8x2: the low codes' sums continue from 256 x the high sums
+      // (= fold(hi, lo) exactly; one register set, so no spills and no add for q4_1)
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < kCols; ++c) isum[r][c] = fold(isum[r][c], lo[r][c]);
+        for (int c = 0; c < kCols; ++c)
+          isum[r][c] = T == QType::Q4_1 ? _mm512_slli_epi32(isum[r][c], 8)
+                                         : fold(isum[r][c], corr_start<T>(a.x8_lo_corr, r0 + r, nb, b));
+      tile_sums<T, R>(w, a.x8_lo, K, r0, b, isum);
     }
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
