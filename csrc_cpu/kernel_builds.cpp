@@ -21,26 +21,34 @@ std::vector<AttentionBuild> attention_builds() {
 // An ISA name selects all kernels of that build. The VNNI builds differ only
 // in the int8 path and reuse the AVX2 float32 kernels (same bits); likewise
 // dotprod and i8mm reuse NEON's, and every aarch64 build quantizes x with the scalar
-// quantizer.
+// quantizer. int8x2's low term is the scalar definition everywhere but avx512
+// (its twin there is bitwise the same).
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
   return {
 #if defined(PAGED_ISA_X86)
-      {"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows, isa_avx512::x8_quantize},
+      {"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows, isa_avx512::x8_quantize,
+                  isa_avx512::x8_low_term},
        cpu_has_avx512vnni},
-      {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize},
+      {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_has_avxvnni},
-      {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize},
+      {"avx2", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_has_avx2},
 #elif defined(PAGED_ISA_ARM64)
-      {"i8mm", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_i8mm::int8_rows, isa_scalar::x8_quantize},
+      {"i8mm", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_i8mm::int8_rows, isa_scalar::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_has_i8mm},
-      {"dotprod", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_dotprod::int8_rows, isa_scalar::x8_quantize},
+      {"dotprod", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_dotprod::int8_rows, isa_scalar::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_has_dotprod},
-      {"neon", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_neon::int8_rows, isa_scalar::x8_quantize},
+      {"neon", {isa_neon::int16_rows, isa_neon::fp32_rows, isa_neon::int8_rows, isa_scalar::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_has_neon},
 #endif
-      {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows, isa_scalar::x8_quantize},
+      {"scalar", {isa_scalar::int16_rows, isa_scalar::fp32_rows, isa_scalar::int8_rows, isa_scalar::x8_quantize,
+                  isa_scalar::x8_low_term},
        cpu_always}};
 }
 

@@ -34,7 +34,8 @@
 // (|isum| <= 32 * 128 * 32639 < 2^31), and run the steps below with dx := s
 // and xs := fl(s * float(sum c)) (|sum c| < 2^24: exact); float(isum) is
 // then rounded (|isum| may exceed 2^24), the same way in every build. The low
-// codes are computed once, in plain C++ (quant_linear.cpp), for every build.
+// codes are computed once per call by the build's x8_low_term: the plain C++
+// definition (kernel_i8_scalar.cpp) or avx512's bitwise twin.
 //
 // The SIMD builds multiply unsigned weight codes by the signed x codes
 // (vpdpbusd, vpmaddubsw): u = q (4-bit) or q8 + 128, so isum = sum u * xq +
@@ -78,6 +79,8 @@ struct Int8Panel {
 namespace isa_scalar {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
+void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
+                 float* xs);
 }
 namespace isa_avx2 {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
@@ -94,6 +97,8 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 int64_t panel_chunk_bytes(QType t, int64_t K);
 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
+void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
+                 float* xs);
 }
 // aarch64 (kernel_i8_neon.inc); both quantize x with isa_scalar::x8_quantize.
 namespace isa_neon {

@@ -419,6 +419,42 @@ PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes
   }
 }
 
+// int8x2's low term, the scalar definition (kernel_i8_scalar.cpp) in vector
+// lanes: the same exact IEEE steps (multiply and subtract with an explicit
+// rounding mode, so the compiler cannot fuse them into an fma; division,
+// clamp, round half to even), so bitwise equal. Was the plain C++ one at
+// ~3% of a 16-stream serving run.
+PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
+                               int32_t* lo_corr, float* xs) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const int32_t offset = unsigned_offset(t);
+  const __m512 limit = _mm512_set1_ps(float(kI8Max)), magic = _mm512_set1_ps(kI8RoundMagic);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float d = dx[b], s = d * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
+    int32_t sum_hi = 0, sum_lo = 0;
+    for (int h = 0; h < 2; ++h) {
+      const int64_t at = b * kBlock + 16 * h;
+      const __m512i hq = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + at)));
+      __m512i q = _mm512_setzero_si512();
+      if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
+        const __m512 dhi = _mm512_mul_round_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(hq), kRound);
+        const __m512 res = _mm512_sub_round_ps(_mm512_loadu_ps(x + at), dhi, kRound);
+        __m512 v = _mm512_div_ps(res, _mm512_set1_ps(s));
+        v = _mm512_min_ps(_mm512_max_ps(v, -limit), limit);
+        v = _mm512_sub_round_ps(_mm512_add_round_ps(v, magic, kRound), magic, kRound);
+        q = _mm512_cvttps_epi32(v);  // v is an integer: exact
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + at), _mm512_cvtepi32_epi8(q));
+      sum_hi += _mm512_reduce_add_epi32(hq);
+      sum_lo += _mm512_reduce_add_epi32(q);
+    }
+    const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
+    dx[b] = s;
+    lo_corr[b] = -offset * sum_lo;
+    xs[b] = s * float(sum);
+  }
+}
+
 int64_t panel_chunk_bytes(QType t, int64_t K) {
   const int64_t nb = K / kBlock;
   return nb * kBlockBytes + (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));

@@ -5,12 +5,51 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "linear/int8.h"
 
 namespace paged::cpu::linear {
 namespace isa_scalar {
+
+// int8x2's low term of one row (int8.h), from the row's int8 quantization
+// (hi codes, dx) as the build's x8_quantize made it: the definition, which
+// every build but avx512 runs (this file is compiled without FMA contraction).
+// Rewrites dx as the low scale s = dx / 256 and xs as s * sum of 256 hi + lo.
+void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
+                       float* xs) {
+  const int32_t offset = unsigned_offset(t);
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float d = dx[b], s = d * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
+    const float* xb = x + b * kBlock;
+    const int8_t* hb = hi + b * kBlock;
+    int8_t* lb = lo + b * kBlock;
+    // Branch-free lanes (the selects vectorise under this file's
+    // -fno-trapping-math, csrc_cpu/CMakeLists.txt); the test is per block.
+    if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
+      for (int k = 0; k < kBlock; ++k) {
+        const float res = xb[k] - d * float(hb[k]);
+        float q = res / s;
+        q = q < -float(kI8Max) ? -float(kI8Max) : q;
+        q = q > float(kI8Max) ? float(kI8Max) : q;
+        q = (q + kI8RoundMagic) - kI8RoundMagic;  // round half to even
+        lb[k] = int8_t(q);
+      }
+    } else {
+      std::memset(lb, 0, kBlock);
+    }
+    int32_t sum_hi = 0, sum_lo = 0;
+    for (int k = 0; k < kBlock; ++k) {
+      sum_hi += hb[k];
+      sum_lo += lb[k];
+    }
+    const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
+    dx[b] = s;
+    lo_corr[b] = -offset * sum_lo;
+    xs[b] = s * float(sum);
+  }
+}
 
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs) {
   const int32_t offset = unsigned_offset(t);

@@ -187,44 +187,6 @@ auto* at_least(V& v, int64_t n) {
   return v.data();
 }
 
-// int8x2's low term of one row (int8.h), from the row's int8 quantization
-// (hi codes, dx) as the build's x8_quantize made it: plain C++ here, so it
-// is the same in every build (this file is compiled without FMA contraction).
-// Rewrites dx as the low scale s = dx / 256 and xs as s * sum of 256 hi + lo.
-void quantize_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
-                       float* xs) {
-  const int32_t offset = unsigned_offset(t);
-  for (int64_t b = 0; b < K / kBlock; ++b) {
-    const float d = dx[b], s = d * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
-    const float* xb = x + b * kBlock;
-    const int8_t* hb = hi + b * kBlock;
-    int8_t* lb = lo + b * kBlock;
-    // Branch-free lanes (the selects vectorise under this file's
-    // -fno-trapping-math, csrc_cpu/CMakeLists.txt); the test is per block.
-    if (s > 0.f) {  // not for a zero block or a NaN dx (the row is NaN anyway)
-      for (int k = 0; k < kBlock; ++k) {
-        const float res = xb[k] - d * float(hb[k]);
-        float q = res / s;
-        q = q < -float(kI8Max) ? -float(kI8Max) : q;
-        q = q > float(kI8Max) ? float(kI8Max) : q;
-        q = (q + kI8RoundMagic) - kI8RoundMagic;  // round half to even
-        lb[k] = int8_t(q);
-      }
-    } else {
-      std::memset(lb, 0, kBlock);
-    }
-    int32_t sum_hi = 0, sum_lo = 0;
-    for (int k = 0; k < kBlock; ++k) {
-      sum_hi += hb[k];
-      sum_lo += lb[k];
-    }
-    const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
-    dx[b] = s;
-    lo_corr[b] = -offset * sum_lo;
-    xs[b] = s * float(sum);
-  }
-}
-
 // Rows [0, two_rows) with int8x2's second term, rows [two_rows, M) as int8.
 void int8_linear(LinearArgs& a, int64_t two_rows) {
   const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks();
@@ -241,8 +203,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows) {
   parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
     kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
     if (r < two_rows)
-      quantize_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
-                        sums + r * nb);
+      kernels.x8_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
+                          sums + r * nb);
   });
   // The two row groups as two argument sets over the same weight chunk (the
   // second call finds the chunk's codes in cache).

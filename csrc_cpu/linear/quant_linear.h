@@ -107,6 +107,10 @@ using Int8Kernel = void (*)(const LinearArgs& a, int64_t n0, int64_t n1, Int8Pan
 // One row of x quantized for the int8 path (int8.h): codes [K], per block dx,
 // corr, xs [K/32].
 using Int8Quantize = void (*)(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
+// int8x2's low term of one row (int8.h) from its int8 quantization: low codes
+// [K], and per block dx rewritten as the low scale, lo_corr, xs [K/32].
+using Int8LowTerm = void (*)(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
+                             int32_t* lo_corr, float* xs);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -114,6 +118,7 @@ struct Kernels {
   RowsKernel fp32_rows;   // float32 activations, any M
   Int8Kernel int8_rows;   // int8 activations, any M
   Int8Quantize x8_quantize;  // x for int8_rows
+  Int8LowTerm x8_low_term;   // int8x2's second term for int8_rows
 };
 
 namespace isa_scalar {
