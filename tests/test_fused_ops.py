@@ -77,8 +77,8 @@ def test_fused_add_rms_norm_in_place(isa, dtype, t, n):
 @pytest.mark.parametrize("t,inter", [(1, 1536), (3, 7), (9, 100)])
 def test_silu_and_mul(isa, dtype, t, inter):
     gu = rand(t, 2 * inter, dtype=dtype, scale=4.0)
-    if inter >= 4:  # exp's clamped range and zero
-        gu[0, :4] = torch.tensor([0.0, -100.0, 100.0, -30.0]).to(dtype)
+    if inter >= 5:  # exp's clamped range (exp(-g) is clamped at g = -64 and 87) and zero
+        gu[0, :5] = torch.tensor([0.0, -100.0, 100.0, -30.0, -70.0]).to(dtype)
     out = torch.empty(t, inter, dtype=dtype)
     C.silu_and_mul(out, gu)
     g, u = gu.double().chunk(2, dim=-1)
