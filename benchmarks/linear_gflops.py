@@ -52,6 +52,8 @@ PATHS = ["float32", "int8", "int8x2", "bf16", "fp32"]
 # int8 multiply-adds per cycle and core of one build's inner instruction, as assumed for the peak
 MACS_PER_CYCLE = {
     "avx512": (64, "1 zmm vpdpbusd (64 MACs) per cycle per core (Zen 4: two 256-bit pipes; Intel: port 0 (+5))"),
+    "amx": (512, "1 tdpbsud of 16 x 16 x 32 MACs per 16 cycles per core (one 32-block per tile: half the"
+                 " unit's 64-byte K); the per-block fp32 steps run beside it on the vector units"),
     "avxvnni": (64, "2 ymm vpdpbusd (32 MACs each) per cycle per core"),
     "avx2": (32, "2 ymm vpmaddubsw (32 MACs) per cycle, halved for the vpmaddwd + add that follow"),
     "scalar": (1, "1 multiply-add per cycle"),

@@ -3,7 +3,7 @@
 // run, or a build by name; PAGED_CPU_ISA picks the initial one for every
 // family that has a build of that name (tests and benchmarks use it). Build
 // names are shared by every family: scalar (runs everywhere); on x86-64 avx2,
-// avxvnni, avx512; on aarch64 neon, dotprod, i8mm. A family lists only the
+// avxvnni, avx512, amx; on aarch64 neon, dotprod, i8mm. A family lists only the
 // builds compiled for the target architecture (kernel_builds.cpp, with
 // PAGED_ISA_X86 / PAGED_ISA_ARM64 below: the same split as
 // csrc_cpu/CMakeLists.txt makes on file names).
@@ -38,6 +38,7 @@ inline bool cpu_has_avx512() {
 }
 
 inline bool cpu_has_avx512vnni() { return cpu_has_avx512() && runtime::cpu_has("avx512vnni"); }
+inline bool cpu_has_amx_int8() { return cpu_has_avx512vnni() && runtime::cpu_has("amx_int8"); }
 inline bool cpu_has_avxvnni() { return cpu_has_avx2() && runtime::cpu_has("avxvnni"); }
 
 // aarch64: Advanced SIMD (with fp16 conversions) is in every ARMv8-A core;

@@ -19,10 +19,12 @@ std::vector<AttentionBuild> attention_builds() {
 }
 
 // An ISA name selects all kernels of that build. The VNNI builds differ only
-// in the int8 path and reuse the AVX2 float32 kernels (same bits); likewise
+// in the int8 path and reuse the AVX2 float32 kernels (same bits), and amx
+// is avx512 with the block sums of calls of >= 8 rows on AMX tiles (same
+// bits again); likewise
 // dotprod and i8mm reuse NEON's, and every aarch64 build quantizes x with the scalar
 // quantizer. int8x2's low term is the scalar definition everywhere but avx512
-// (its twin there is bitwise the same).
+// and amx (its twin there is bitwise the same).
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
   return {
@@ -30,6 +32,12 @@ std::vector<LinearBuild> linear_builds() {
       {"avx512", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx512::int8_rows, isa_avx512::x8_quantize,
                   isa_avx512::x8_low_term},
        cpu_has_avx512vnni},
+      // listed after avx512, so auto never picks it: measured no faster in
+      // the engine on the 2-vCPU Xeon here (docs/kernels.md, "AMX"); opt in
+      // with PAGED_CPU_ISA=amx or set_linear_isa("amx")
+      {"amx", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_amx::int8_rows, isa_avx512::x8_quantize,
+                  isa_avx512::x8_low_term, true},
+       isa_amx::supported},
       {"avxvnni", {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize,
                   isa_scalar::x8_low_term},
        cpu_has_avxvnni},

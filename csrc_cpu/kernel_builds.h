@@ -20,7 +20,7 @@ using LinearBuild = IsaSelector<linear::Kernels>::Build;
 
 // x86-64: avx512, avx2; aarch64: neon; then scalar.
 std::vector<AttentionBuild> attention_builds();
-// x86-64: avx512 (VNNI), avxvnni, avx2; aarch64: i8mm, dotprod, neon; then scalar.
+// x86-64: avx512 (VNNI), amx (opt-in: never auto), avxvnni, avx2; aarch64: i8mm, dotprod, neon; then scalar.
 std::vector<LinearBuild> linear_builds();
 
 }  // namespace paged::cpu

@@ -21,8 +21,10 @@ import contextlib
 import platform
 from typing import Iterator
 
-#: build names, best first within each architecture; every family's builds are a subset
-RANKED_BUILDS = ("avx512", "avxvnni", "avx2", "i8mm", "dotprod", "neon", "scalar")
+#: build names, best first within each architecture; every family's builds are a subset.
+#: The linear's amx build (AMX-INT8 tiles, bitwise avx512's) belongs to the avx512
+#: level but ranks below it: auto never picks it (csrc_cpu/kernel_builds.cpp).
+RANKED_BUILDS = ("avx512", "amx", "avxvnni", "avx2", "i8mm", "dotprod", "neon", "scalar")
 #: per architecture: levels, best first, and the features PAGED_CPU_HIDE hides for each
 _ARCH_LEVELS = {
     "x86_64": {"avx512": "", "avx2": "avx512,avxvnni", "scalar": "avx2"},

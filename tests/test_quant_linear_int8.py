@@ -27,10 +27,11 @@ import torch
 from paged import _C_cpu as C
 from test_quant_linear import QTYPES, dense_parts, gguf_packed, random_weight
 
-BUILDS = ["scalar", "avx2", "avxvnni", "avx512"]
+BUILDS = ["scalar", "avx2", "avxvnni", "avx512", "amx"]
 SUPPORTED = C.supported_linear_isas()
-NEEDS = {"avx2": "AVX2 + FMA", "avxvnni": "AVX-VNNI (compile-only here: no CPU of ours has it)",
-         "avx512": "AVX-512 F/BW/VL/DQ + AVX512_VNNI"}
+NEEDS = {"avx2": "AVX2 + FMA", "avxvnni": "AVX-VNNI (Alder Lake, Sapphire Rapids and later; Zen 5)",
+         "avx512": "AVX-512 F/BW/VL/DQ + AVX512_VNNI",
+         "amx": "AMX-INT8 with AVX512_VNNI, and the kernel's grant of the tile state (Linux 5.16+)"}
 OFFSET = {"q4_0": 8, "q4_1": 0, "q8_0": 128}
 
 
@@ -319,14 +320,17 @@ def test_float32_default_unchanged_and_bad_activations():
 
 
 def test_hiding_vnni_falls_back_to_avx2():
-    """PAGED_CPU_HIDE=avx512vnni: an AVX-512 CPU without VNNI runs the avx2 build."""
+    """PAGED_CPU_HIDE=avx512vnni: an AVX-512 CPU without VNNI runs the avx2
+    build, or avxvnni where it has AVX-VNNI (Intel from Sapphire Rapids); amx
+    needs AVX512_VNNI too, so it goes as well."""
     if "avx512" not in SUPPORTED:
         pytest.skip("this CPU lacks AVX-512 VNNI")
     code = "from paged import _C_cpu as C; print(C.linear_isa(), *C.supported_linear_isas())"
     env = {**os.environ, "PAGED_CPU_HIDE": "avx512vnni"}
     env.pop("PAGED_CPU_ISA", None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["avx2", "avx2", "scalar"]
+    left = ["avxvnni", "avx2", "scalar"] if C.cpu_features()["avxvnni"] else ["avx2", "scalar"]
+    assert out.stdout.split() == [left[0], *left]
 
 
 # -- the whole-stack runner and the Python layers in int8 mode -------------------------

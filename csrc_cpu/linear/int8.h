@@ -61,6 +61,11 @@ constexpr float kI8RoundMagic = 12582912.f;
 // most this many (a multiple of every build's panel width).
 constexpr int64_t kI8ChunkRows = 32;
 
+// Rows past M that the quantized x (x8, and x8_lo for its rows) must have
+// readable: the AMX build's tiles load 16 rows at a time, and the sums of the
+// rows past M are never used, so their values do not matter.
+constexpr int64_t kI8PadRows = 16;
+
 // Offset subtracted from the unsigned codes the SIMD builds multiply (see above).
 constexpr int32_t unsigned_offset(QType t) { return t == QType::Q4_0 ? 8 : (t == QType::Q8_0 ? 128 : 0); }
 
@@ -99,6 +104,12 @@ void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
                  float* xs);
+}
+// AMX-INT8 tiles for the block sums (kernel_i8_amx.cpp); the VNNI build's
+// panels, quantizer and low term, and its kernels for calls of few rows.
+namespace isa_amx {
+bool supported();  // the CPU has AMX-INT8 and the OS granted this process the tile state
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 }
 // aarch64 (kernel_i8_neon.inc); both quantize x with isa_scalar::x8_quantize.
 namespace isa_neon {

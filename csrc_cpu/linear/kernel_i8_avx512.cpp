@@ -40,7 +40,7 @@
 #include <cstring>
 #include <utility>
 
-#include "linear/int8.h"
+#include "linear/int8_avx512.h"
 
 #define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
@@ -57,17 +57,10 @@
 namespace paged::cpu::linear::isa_avx512 {
 namespace {
 
-constexpr int kLanes = 16;                    // weight rows per zmm (one column)
-constexpr int kCols = 2;                      // columns per panel and tile
-constexpr int64_t kPanel = kLanes * kCols;    // weight rows per panel
-constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 codes each)
-constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
 constexpr int kTileRows = 4;                  // x rows per register tile
 // Calls of up to this many rows skip the panel of codes (1 thread, q4_1
 // 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other way).
 constexpr int kDirectRows = 8;
-static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
-constexpr int64_t kAhead = 2 * kI8ChunkRows;  // weight rows between a line read and its prefetch
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
 PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
@@ -133,18 +126,6 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
   if (nb < 16)  // else their lines were prefetched with the transposed blocks'
     for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kAhead * nb * 4);
 }
-
-// Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
-// caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
-struct PanelView {
-  uint8_t* codes;  // [nb][kSteps][kCols][kLanes][4]
-  float* d;        // [nb][kPanel]
-  float* m;        // [nb][kPanel], q4_1 only
-  // A persistent panel streams from memory: while block b is swept, its
-  // share (1/nb) of the chunk `ahead` bytes on (the thread's item after
-  // next) is prefetched into L2, as load_rows does for the packed rows.
-  int64_t ahead = 0;
-};
 
 // Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
 template <QType T>
@@ -357,34 +338,25 @@ PAGED_VNNI512 void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[k
 }
 
 template <QType T>
-PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
-  static constexpr auto tiles = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
-  static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
-  const int64_t nb = a.blocks();
+PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
+  static constexpr auto table = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
+  for (; r0 < r1; r0 += kTileRows) table[size_t(std::min<int64_t>(kTileRows, r1 - r0) - 1)](a, p, r0, n0, mask);
+}
+
+template <QType T>
+PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
+  static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
   // Persistent panels serve the tiles at every M but one: a 4-bit panel
   // holds 1.67x the packed bytes (a byte per code), and M = 1 streams the
   // weight, so the direct path keeps reading the packed codes there.
-  const bool cached = a.panels && (a.M > 1 || T == QType::Q8_0);
-  const bool few = a.M <= kDirectRows && !cached;
-  PanelView p{};
-  if (cached) {  // built once (build_panel_chunk): the same bytes as below
-    p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(T, a.K), T, nb);
-    p.ahead = (kAhead / kPanel) * panel_chunk_bytes(T, a.K);
-  } else {
-    scratch.d.resize(size_t(nb * kPanel));
-    if (T == QType::Q4_1) scratch.m.resize(size_t(nb * kPanel));
-    if (!few) scratch.codes.resize(size_t(nb * kBlockBytes));
-    p = {scratch.codes.data(), scratch.d.data(), scratch.m.data()};
-    build<T>(a, n0, mask, few, p);
-  }
-  if (few) {
-    for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < a.M; r0 += kTileRows)
-    tiles[size_t(std::min<int64_t>(kTileRows, a.M - r0) - 1)](a, p, r0, n0, mask);
+  const bool few = a.M <= kDirectRows && !(a.panels && (a.M > 1 || T == QType::Q8_0));
+  const PanelView p = chunk_panel(a, n0, n1, few, scratch);
+  if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
+  __mmask16 mask[kCols];
+  column_masks(n0, n1, mask);
+  for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
 }
 
 }  // namespace
@@ -468,6 +440,38 @@ PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1
     case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, false, p); break;
     case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, false, p); break;
     case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, false, p); break;
+  }
+}
+
+PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch) {
+  const int64_t nb = a.blocks();
+  // the direct path (scales only) streams the packed codes and transposes
+  // the scales beside them, as without persistent panels
+  if (a.panels && !scales_only) {
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(a.qtype, a.K), a.qtype, nb);
+    p.ahead = (kAhead / kPanel) * panel_chunk_bytes(a.qtype, a.K);
+    return p;
+  }
+  scratch.d.resize(size_t(nb * kPanel));
+  if (a.qtype == QType::Q4_1) scratch.m.resize(size_t(nb * kPanel));
+  if (!scales_only) scratch.codes.resize(size_t(nb * kBlockBytes));
+  const PanelView p{scratch.codes.data(), scratch.d.data(), scratch.m.data()};
+  __mmask16 mask[kCols];
+  column_masks(n0, n1, mask);
+  switch (a.qtype) {
+    case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, scales_only, p); break;
+    case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, scales_only, p); break;
+    case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, scales_only, p); break;
+  }
+  return p;
+}
+
+PAGED_VNNI512 void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0,
+                              int64_t n1) {
+  switch (a.qtype) {
+    case QType::Q4_0: tiles<QType::Q4_0>(a, p, r0, r1, n0, n1); break;
+    case QType::Q4_1: tiles<QType::Q4_1>(a, p, r0, r1, n0, n1); break;
+    case QType::Q8_0: tiles<QType::Q8_0>(a, p, r0, r1, n0, n1); break;
   }
 }
 

@@ -174,11 +174,12 @@ IsaSelector<Kernels>& selector() {
 // chunks, enough for the threads, and no panel is built twice.
 //
 // The quantized x lives in the calling thread's scratch, kept between calls
-// (a fresh buffer per call costs a zero fill and page faults).
+// (a fresh buffer per call costs a zero fill and page faults), with
+// kI8PadRows readable rows past each code matrix (int8.h).
 struct Int8Scratch {
   std::vector<int8_t> codes, lo;
-  std::vector<float> scale, sums;
-  std::vector<int32_t> corr, lo_corr;
+  std::vector<float> scale, sums, scale_bm, sums_bm;
+  std::vector<int32_t> corr, lo_corr, corr_bm;
 };
 
 template <class V>
@@ -191,11 +192,11 @@ auto* at_least(V& v, int64_t n) {
 void int8_linear(LinearArgs& a, int64_t two_rows) {
   const int64_t M = a.M, K = a.K, N = a.N, nb = a.blocks();
   static thread_local Int8Scratch scratch;  // the caller's: its OpenMP team shares it for this call
-  int8_t* const codes = at_least(scratch.codes, M * K);
+  int8_t* const codes = at_least(scratch.codes, (M + kI8PadRows) * K);
   float* const scale = at_least(scratch.scale, M * nb);
   float* const sums = at_least(scratch.sums, M * nb);
   int32_t* const corr = at_least(scratch.corr, M * nb);
-  int8_t* const lo = two_rows ? at_least(scratch.lo, two_rows * K) : nullptr;
+  int8_t* const lo = two_rows ? at_least(scratch.lo, (two_rows + kI8PadRows) * K) : nullptr;
   int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
@@ -206,6 +207,22 @@ void int8_linear(LinearArgs& a, int64_t two_rows) {
       kernels.x8_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
   });
+  // Block-major copies for the builds that read them (LinearArgs::x8_bm):
+  // cheap beside the call (M x K/32 values against M x N x K products).
+  LinearArgs::BlockMajor bm;
+  if (kernels.block_major) {
+    float* const scale_bm = at_least(scratch.scale_bm, M * nb);
+    float* const sums_bm = at_least(scratch.sums_bm, M * nb);
+    int32_t* const corr_bm = at_least(scratch.corr_bm, M * nb);
+    parallel_for(nb, parallel, Schedule::Static, 1, [&](int64_t b) {
+      for (int64_t r = 0; r < M; ++r) {
+        scale_bm[b * M + r] = scale[r * nb + b];
+        sums_bm[b * M + r] = sums[r * nb + b];
+        corr_bm[b * M + r] = r < two_rows ? corr[r * nb + b] * 256 + lo_corr[r * nb + b] : corr[r * nb + b];
+      }
+    });
+    bm = {scale_bm, sums_bm, corr_bm, M};
+  }
   // The two row groups as two argument sets over the same weight chunk (the
   // second call finds the chunk's codes in cache).
   auto rows = [&](int64_t r0, int64_t r1, bool two_terms) {
@@ -217,6 +234,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows) {
     g.x8_sum = sums + r0 * nb;
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_lo_corr = two_terms ? lo_corr + r0 * nb : nullptr;
+    if (bm.scale) g.x8_bm = {bm.scale + r0, bm.sum + r0, bm.corr + r0, bm.ld};
     g.out = a.out + r0 * N;
     return g;
   };

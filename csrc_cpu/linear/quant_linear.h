@@ -89,6 +89,14 @@ struct LinearArgs {
   // block's isum is then isum(x8) * 256 + isum(x8_lo), x8_scale the low scale.
   const int8_t* x8_lo = nullptr;      // [M, K]
   const int32_t* x8_lo_corr = nullptr; // [M, K/32]
+  // The same per-block values block-major (int8.h, Int8BlockMajor), for the
+  // builds that read one block of many rows at a time (Kernels::block_major).
+  struct BlockMajor {
+    const float* scale = nullptr;     // [nb][ld] x8_scale
+    const float* sum = nullptr;       // [nb][ld] x8_sum
+    const int32_t* corr = nullptr;    // [nb][ld] x8_corr, or int8x2's x8_corr * 256 + x8_lo_corr
+    int64_t ld = 0;                   // block b of row r at b * ld + r
+  } x8_bm;
   // The active build's persistent weight panels (weight_panels.h), checked
   // at the boundary, or null: the int8 kernels then build each chunk's panel.
   const uint8_t* panels = nullptr;
@@ -119,6 +127,7 @@ struct Kernels {
   Int8Kernel int8_rows;   // int8 activations, any M
   Int8Quantize x8_quantize;  // x for int8_rows
   Int8LowTerm x8_low_term;   // int8x2's second term for int8_rows
+  bool block_major = false;  // int8_rows reads LinearArgs::x8_bm (else it may be left empty)
 };
 
 namespace isa_scalar {

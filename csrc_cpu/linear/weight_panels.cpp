@@ -29,10 +29,17 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeaderBytes, "the header is one cache line");
 
+// The active build's panel layout: avx512's, which amx reads as it lies
+// (int8_avx512.h); nullptr for builds without one.
+const char* layout_name() {
+  const std::string isa = current_isa();
+  return isa == "avx512" || isa == "amx" ? "avx512" : nullptr;
+}
+
 // Bytes per chunk of the active build's layout, 0 when it has none.
 int64_t chunk_bytes(QType t, int64_t K) {
 #if defined(PAGED_ISA_X86)
-  if (std::strcmp(current_isa(), "avx512") == 0) return isa_avx512::panel_chunk_bytes(t, K);
+  if (layout_name()) return isa_avx512::panel_chunk_bytes(t, K);
 #endif
   (void)t, (void)K;
   return 0;
@@ -43,7 +50,7 @@ int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8Chunk
 int64_t total_bytes(const LinearArgs& a) {
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
   if (per_chunk == 0)
-    fail("linear ISA", "a build with weight panels ('avx512')", "'" + std::string(current_isa()) + "'");
+    fail("linear ISA", "a build with weight panels ('avx512', 'amx')", "'" + std::string(current_isa()) + "'");
   return kHeaderBytes + chunks(a) * per_chunk;
 }
 
@@ -72,7 +79,7 @@ uint8_t* panel_data(const Array& panels, int64_t bytes) {
 
 }  // namespace
 
-std::string weight_panel_layout() { return chunk_bytes(QType::Q4_0, kBlock) ? current_isa() + std::string("/1") : ""; }
+std::string weight_panel_layout() { return chunk_bytes(QType::Q4_0, kBlock) ? layout_name() + std::string("/1") : ""; }
 
 int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m) {
   LinearArgs a;

@@ -8,9 +8,10 @@
 // The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K),
 // then one panel per chunk of kI8ChunkRows weight rows, panel_chunk_bytes each
 // (~2x the packed q4 bytes: one byte per code, plus the scales). Only builds
-// with a layout have panels (today "avx512"); quant_linear refuses a tensor
-// whose header names another layout, qtype or shape, so a cache built under one
-// build is never read by another (set_linear_isa switches builds).
+// with a layout have panels (today "avx512", which amx reads as it lies);
+// quant_linear refuses a tensor whose header names another layout, qtype or
+// shape, so a cache built under one layout is never read by another
+// (set_linear_isa switches builds).
 #pragma once
 
 #include <optional>

@@ -63,7 +63,7 @@ X random_x(const Weight& w, int64_t M, Int8Quantize quantize) {
     x.xscale.push_back(s * kLoScale);
   }
   for (int64_t i = 0; i < M * nb; ++i) x.xs.push_back(uniform(-8.f, 8.f));
-  x.x8.resize(size_t(M * w.K));
+  x.x8.resize(size_t((M + kI8PadRows) * w.K));  // int8.h: rows past M readable
   x.x8_scale.resize(size_t(M * nb));
   x.x8_sum.resize(size_t(M * nb));
   x.x8_corr.resize(size_t(M * nb));
@@ -73,6 +73,7 @@ X random_x(const Weight& w, int64_t M, Int8Quantize quantize) {
   // int8x2's low codes (any in [-127, 127]) and their corr: the kernels' part
   // of that path (the low quantization itself is quant_linear.cpp's, one for all builds).
   for (int64_t i = 0; i < M * w.K; ++i) x.x8_lo.push_back(int8_t(uniform_int(-kI8Max, kI8Max)));
+  x.x8_lo.resize(size_t((M + kI8PadRows) * w.K));
   for (int64_t i = 0; i < M * nb; ++i) {
     int32_t sum = 0;
     for (int k = 0; k < kBlock; ++k) sum += x.x8_lo[size_t(i * kBlock + k)];
@@ -120,6 +121,18 @@ std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
     a.x8_lo = x.x8_lo.data();
     a.x8_lo_corr = x.x8_lo_corr.data();
   }
+  // the block-major copies (LinearArgs::x8_bm), as quant_linear.cpp makes them
+  const int64_t nb = w.K / kBlock;
+  std::vector<float> scale_bm(size_t(x.M * nb)), sum_bm(scale_bm.size());
+  std::vector<int32_t> corr_bm(scale_bm.size());
+  for (int64_t r = 0; r < x.M; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      scale_bm[size_t(b * x.M + r)] = x.x8_scale[size_t(r * nb + b)];
+      sum_bm[size_t(b * x.M + r)] = x.x8_sum[size_t(r * nb + b)];
+      const int32_t corr = x.x8_corr[size_t(r * nb + b)];
+      corr_bm[size_t(b * x.M + r)] = p == Path::Int8x2 ? corr * 256 + x.x8_lo_corr[size_t(r * nb + b)] : corr;
+    }
+  a.x8_bm = {scale_bm.data(), sum_bm.data(), corr_bm.data(), x.M};
   if (p == Path::Int8 || p == Path::Int8x2) {
     Int8Panel panel;
     for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) k.int8_rows(a, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
@@ -165,7 +178,7 @@ int main(int argc, char** argv) {
       for (const Shape& sh : shapes) {
         const Weight w = random_weight(t, sh.N, sh.K);
         check_quantizer(b, s, t, sh.K);
-        for (int64_t M : {1, 2, 3, 5, 9}) {
+        for (int64_t M : {1, 2, 3, 5, 9, 16, 17, 40}) {  // amx: tiles from 8 rows, groups of 16
           const X x = random_x(w, M, quantize);
           for (Path p : {Path::Int16, Path::Fp32, Path::Int8, Path::Int8x2}) {
             if (p == Path::Int16 && M > kInt16MaxRows) continue;

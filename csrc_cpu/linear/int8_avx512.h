@@ -1,0 +1,43 @@
+// What the AMX build of the int8 path (kernel_i8_amx.cpp) shares with the
+// AVX-512 VNNI build (kernel_i8_avx512.cpp): the weight panel of a work item
+// -- its layout is exactly what a tdpbsud B tile of one block and 16 weight
+// rows wants -- and the VNNI register tiles over it, which serve the calls
+// AMX leaves to VNNI. Both builds' arithmetic is int8.h's, bitwise.
+#pragma once
+
+#include <cstdint>
+
+#include "linear/int8.h"
+
+namespace paged::cpu::linear::isa_avx512 {
+
+constexpr int kLanes = 16;                    // weight rows per zmm (one column)
+constexpr int kCols = 2;                      // columns per panel and tile
+constexpr int64_t kPanel = kLanes * kCols;    // weight rows per panel
+constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 codes each)
+constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
+constexpr int64_t kAhead = 2 * kI8ChunkRows;  // weight rows between a line read and its prefetch
+static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
+
+// Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
+// caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
+struct PanelView {
+  // [nb][kSteps][kCols][kLanes][4]: block b's codes 4s .. 4s+3 of column c's
+  // row i at ((b * kSteps + s) * kCols + c) * 64 + 4 * i (unsigned: the
+  // nibble, or the q8 code + 128)
+  uint8_t* codes;
+  float* d;  // [nb][kPanel]
+  float* m;  // [nb][kPanel], q4_1 only
+  // A persistent panel streams from memory: while block b is swept, its
+  // share (1/nb) of the chunk `ahead` bytes on (the thread's item after
+  // next) is prefetched into L2, as the packed rows' reads do.
+  int64_t ahead = 0;
+};
+
+// Chunk [n0, n1)'s panel for this call: the persistent one (a.panels) unless
+// only the scales are wanted, else built into `scratch` (codes unless `scales_only`).
+PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch);
+// out[r0 .. r1, n0 .. n1] from a panel with codes, by the VNNI register tiles.
+void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1);
+
+}  // namespace paged::cpu::linear::isa_avx512
