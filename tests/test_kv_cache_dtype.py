@@ -158,6 +158,38 @@ def test_fp8_conversion_is_torchs_bit_for_bit():
     assert torch.equal(k.flatten(), codes[:n].view(FP8).float())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("level", ["auto", "scalar"])
+def test_half_cache_writes_are_torchs_conversion_bit_for_bit(dtype, level, monkeypatch):
+    """reshape_and_cache of float32 tokens into a float16 / bfloat16 cache
+    (the vectorised row conversion, and the scalar one under
+    PAGED_CPU_HIDE=avx2 in a child) against torch's .to(dtype): a sweep of
+    float32 bit patterns over every exponent, half's rounding ties and
+    overflow edge, subnormals, signed zeros, infinities and NaN (as NaN)."""
+    sweep = torch.arange(0, 0x7F800000, 65521, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    edges = torch.tensor([65504.0, 65519.0, 65520.0, 1e5, 6.1e-5, 6e-8, 2.98e-8, 3e-8, 1e-40, 0.0,
+                          float("inf"), float("nan")])
+    x = torch.cat([sweep, edges, torch.nextafter(edges, edges + 1)])
+    x = torch.cat([x, -x])
+    x = torch.cat([x, torch.zeros((-x.numel()) % 64)]).view(-1, 1, 64)  # tokens of one kv head of 64
+    code = ("import sys, torch; from paged import _C_cpu as C; x = torch.load(sys.argv[1]); "
+            "c = torch.zeros(x.shape[0], 1, 1, 64, dtype=x.new_empty(0, dtype=getattr(torch, sys.argv[2])).dtype); "
+            "C.reshape_and_cache(x, x, c, c.clone(), torch.arange(x.shape[0])); torch.save(c, sys.argv[1])")
+    if level == "scalar":
+        import subprocess, sys, tempfile
+        with tempfile.NamedTemporaryFile(suffix=".pt") as f:
+            torch.save(x, f.name)
+            env = {**os.environ, "PAGED_CPU_HIDE": "avx2"}
+            subprocess.run([sys.executable, "-c", code, f.name, str(dtype).split(".")[1]], env=env, check=True)
+            cache = torch.load(f.name)
+    else:
+        cache = torch.zeros(x.shape[0], 1, 1, 64, dtype=dtype)
+        C.reshape_and_cache(x, x, cache, cache.clone(), torch.arange(x.shape[0]))
+    got, want = cache.view(-1), x.view(-1).to(dtype)
+    same = (got.view(torch.int16) == want.view(torch.int16)) | (got.isnan() & want.isnan())
+    assert bool(same.all()), x.view(-1)[~same][:8]
+
+
 def test_fp8_kernel_loads_are_exact(isa):
     """Every build's Vec::load_fp8 widens all 256 codes exactly (NaN codes to
     NaN): one visible key with scale 1 gives softmax weight 1, so the output
