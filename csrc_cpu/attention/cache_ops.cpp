@@ -94,7 +94,8 @@ __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* src, uint
 bool store_f32_row(const float* src, DType dt, void* dst, int64_t n) {
   if (dt == DType::F16) {
 #if defined(__x86_64__)
-    if (cpu_has_avx2()) return f32_to_f16_f16c(src, static_cast<uint16_t*>(dst), n), true;
+    static const bool f16c = cpu_has_avx2();  // the detector's answer is fixed at import
+    if (f16c) return f32_to_f16_f16c(src, static_cast<uint16_t*>(dst), n), true;
 #endif
     for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = float_to_f16(src[i]);
     return true;
