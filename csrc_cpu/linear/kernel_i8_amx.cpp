@@ -15,14 +15,15 @@
 // loads, dot product and store to the thread's buffer are issued before
 // block b's sums are read back and run through the fp32 steps.
 //
-// A tdpbsud over one block does 16 x 16 x 32 multiply-adds in ~16 cycles
-// whatever the rows of A (measured: ~7.5 ns at the AMX clock, 1 core; a K of
-// 64 bytes costs the same, but blocks of 32 have their own scales), so
-// ~1100 G int8 MACs/s per core against ~64 per cycle of zmm vpdpbusd; the
-// fp32 steps (4 vector ops per 16 outputs and block for q4_1, 6 with int8x2's
-// fold) are what bounds it, as they bound the VNNI build at ~25% of its time.
-// Calls of fewer than kAmxMinRows rows are the VNNI build's (the weight
-// streams there; a tile of few rows wastes the unit).
+// A tdpbsud over one block does 16 x 16 x 32 multiply-adds in ~7.5 ns on
+// one core (a K of 64 bytes costs the same, but blocks of 32 have their own
+// scales): ~1100 G int8 MACs/s against ~64 per cycle of zmm vpdpbusd. What
+// bounds it are the fp32 steps (4 vector ops per 16 outputs and block for
+// q4_1, 6 with int8x2's fold), which did not overlap with the tile work in
+// any schedule tried: in cache on one core this build runs 1.1-1.5x the
+// VNNI build, in the engine no faster (docs/kernels.md, "AMX"), so it is
+// opt-in. Calls of fewer than kAmxMinRows rows are the VNNI build's (the
+// weight streams there; a tile of few rows wastes the unit).
 //
 // Tiles load 16 rows of x codes at a time: the last group of a call reads
 // up to 15 rows past M, which int8.h's kI8PadRows makes every caller
@@ -61,13 +62,12 @@ using isa_avx512::PanelView;
 
 constexpr int kGroup = 16;  // x rows per A tile
 static_assert(kGroup - 1 <= kI8PadRows, "the last group's tile reads up to kGroup - 1 rows past M");
-// Calls of fewer rows stay on the VNNI build (2 threads, default model's
-// whole step: see docs/kernels.md "AMX").
+// Calls of fewer rows stay on the VNNI build: its direct path reads the
+// packed weight, which streams at such M.
 constexpr int64_t kAmxMinRows = 8;
 
 // The tiles, rotated by the parity of the block so that block b + 1's loads
-// and dot products need not wait for block b's to finish (1 thread, q4_1
-// 3072 x 576, M = 256, tiles alone: ~2x faster than one set). int8: x
+// and dot products need not wait for block b's tiles to be read. int8: x
 // codes X[p], weights W[p], sums S[p]; int8x2 keeps one X and XLo (8 tiles in all).
 constexpr int kX[2] = {0, 1}, kW[2] = {2, 3}, kS[2] = {4, 5};
 constexpr int kX2 = 0, kXLo2 = 1, kSLo[2] = {6, 7};
