@@ -43,6 +43,14 @@
 #include "isa_select.h"
 #include "linear/int8_avx512.h"
 
+// AMX intrinsics and target names arrived in GCC 11 and clang 12; an older
+// compiler builds the fallback at the end of this file (no amx build offered).
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define PAGED_HAVE_AMX 1
+#endif
+
+#if defined(PAGED_HAVE_AMX)
+
 #define PAGED_AMX_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8"
 #define PAGED_AMX __attribute__((target(PAGED_AMX_ISA)))
 #define PAGED_AMX_INLINE inline __attribute__((always_inline, target(PAGED_AMX_ISA)))
@@ -275,3 +283,14 @@ PAGED_AMX void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel&
 }  // namespace paged::cpu::linear::isa_amx
 
 #pragma GCC diagnostic pop
+
+#else  // !PAGED_HAVE_AMX
+
+namespace paged::cpu::linear::isa_amx {
+bool supported() { return false; }
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
+  isa_avx512::int8_rows(a, n0, n1, panel);
+}
+}  // namespace paged::cpu::linear::isa_amx
+
+#endif
