@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import gc
 import itertools
 from typing import Callable, Optional, Sequence, Union
 
@@ -61,13 +60,6 @@ class LLM:
         # prompts are not throttled to an inter-token latency target unless asked
         # (itl_target_ms=...); the server keeps EngineConfig's default.
         engine_options.setdefault("itl_target_ms", None)
-        # What the process imported (torch and the rest: ~95% of the objects the
-        # collector tracks once an engine exists) goes out of its generations,
-        # so full collections in the step loop stop walking it (~8% of the main
-        # thread in a decode-heavy run, ~5% more output tok/s measured). The
-        # engine's own objects are made after and stay collectable.
-        gc.collect()
-        gc.freeze()
         self.engine = Engine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
         self._ids = itertools.count()
 
