@@ -15,7 +15,7 @@ loading the same GGUF in float32 (the correctness oracle):
    name, cut into --window-token windows (--ppl-tokens in all). Gate: within
    1% of paged's float32 path.
 
-Paths measured: --dtype float32 with float32, int8, int8x2 and mixed linear
+Paths measured: --dtype float32 with float32, int8, int8x2, mixed and mixed-bf16 linear
 activations, and bfloat16; `--paths int8x2@float16` runs a path with that --kv-cache-dtype.
 Prints a table, then JSON (--json PATH also writes it).
 """
@@ -62,6 +62,7 @@ PATHS = {"float32": dict(dtype="float32", linear_activations="float32"),
          "int8": dict(dtype="float32", linear_activations="int8"),
          "int8x2": dict(dtype="float32", linear_activations="int8x2"),
          "mixed": dict(dtype="float32", linear_activations="mixed"),
+         "mixed-bf16": dict(dtype="float32", linear_activations="mixed-bf16"),
          "bfloat16": dict(dtype="bfloat16", linear_activations="float32")}
 
 

@@ -41,7 +41,7 @@ def parse_tensor_parallel_size(value) -> int | str:
 
 
 #: --linear-activations choices; auto = the platform's choice
-LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2", "mixed")
+LINEAR_ACTIVATIONS = ("auto", "float32", "int8", "int8x2", "mixed", "mixed-bf16")
 
 #: --kv-cache-dtype choices (vLLM's flag); auto = Platform.auto_kv_cache_dtype. Which a
 #: platform runs: Platform.check_kv_cache_dtype (docs/kernels.md)
@@ -164,7 +164,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         "(quantized per 32 values, integer dot products: faster, bitwise batch invariant), "
                         "int8x2 (int8 plus the residual's int8: float32's accuracy, integer speed), "
                         "mixed (int8x2 for decodes and the K/V projection, int8 for the rest of prompts), "
-                        "auto = the platform's choice (default: auto)")
+                        "mixed-bf16 (int8x2 for decodes, bfloat16 on AMX tiles for prompts; CPUs with AMX-BF16), "
+                        "auto = the platform's choice (CPU: mixed-bf16 where it runs, else mixed) (default: auto)")
     g.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=d.kv_cache_dtype,
                    help="what the KV cache stores: auto = the platform's choice (CPU: float16 under a float32 "
                         "model with quantized linear activations, else the model dtype); bfloat16; int8 (a "

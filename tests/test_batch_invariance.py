@@ -1,7 +1,8 @@
 """The batch-invariance guarantee of each CPU compute path, exactly as
 docs/kernels.md ("Batch invariance, per path") states it:
 
-- int8, int8x2 and mixed (auto, the default) linear activations: a
+- int8, int8x2, mixed and mixed-bf16 (auto, the default, is one of the
+  two) linear activations: a
   sequence's logits are bitwise the same alone and batched with others (any
   row count per call, chunked or whole prefill, prompt rows beside decode
   rows); checked here through the logprobs of every generated token.
@@ -35,10 +36,13 @@ def run(llm, prompts):
     return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, PARAMS)]
 
 
-@pytest.fixture(scope="module", params=[("int8", "int8"), ("int8x2", "int8x2"), ("auto", "mixed")],
-                ids=["int8", "int8x2", "auto"])
+@pytest.fixture(scope="module", params=[("int8", "int8"), ("int8x2", "int8x2"), ("mixed", "mixed"), ("auto", None)],
+                ids=["int8", "int8x2", "mixed", "auto"])
 def int8_llm(request, default_model_path, isa_level):
+    from paged.backends.cpu.quant_linear import bf16_prompt_supported
+
     setting, resolved = request.param
+    resolved = resolved or ("mixed-bf16" if bf16_prompt_supported() else "mixed")  # auto, at this level
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
                                  linear_activations=setting, max_model_len=512, max_num_seqs=16,
                                  max_num_batched_tokens=48, max_prefill_tokens_with_decodes=16,

@@ -380,10 +380,13 @@ def test_layer_stack_mixed_or_bad_activations():
     model, _ = int8_model(config, tiny_weights(config))
     model.layers[1].down.activations = "float32"
     assert LayerStack.for_model(model) is None  # mixed settings keep the Python path
-    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8', 'int8x2' or 'mixed', got 'int4'"):
+    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8', 'int8x2', 'mixed' or 'mixed-bf16', got 'int4'"):
         CpuPackedLinear(packed(np.random.default_rng(0), 8, 64), activations="int4")
-    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8', 'int8x2' or 'mixed', got 'int4'"):
+    with pytest.raises(ValueError, match=r"activations: expected 'float32', 'int8', 'int8x2', 'mixed' or 'mixed-bf16', got 'int4'"):
         C.LayerStack(1, 1, 32, 32, 32, 1e-6, 1.0, 0, torch.ones(32), "int4")
-    assert resolve_activations("auto") == "mixed" and resolve_activations("int8") == "int8"
-    with pytest.raises(ValueError, match="'auto', 'float32', 'int8', 'int8x2' or 'mixed', got 'fp8'"):
+    from paged.backends.cpu.quant_linear import bf16_prompt_supported
+
+    assert resolve_activations("auto") == ("mixed-bf16" if bf16_prompt_supported() else "mixed")
+    assert resolve_activations("int8") == "int8"
+    with pytest.raises(ValueError, match="'auto', 'float32', 'int8', 'int8x2', 'mixed' or 'mixed-bf16', got 'fp8'"):
         resolve_activations("fp8")

@@ -66,9 +66,16 @@ PANEL_MAX_PACKED_BYTES = 1 << 30
 log = logging.getLogger(__name__)
 
 #: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s
-#: ``activations``), and "mixed": int8x2 for rows that generate a token, int8
-#: for prompt rows where the caller marks them (``first_prompt_row``).
-ACTIVATIONS = ("float32", "int8", "int8x2", "mixed")
+#: ``activations``), "mixed": int8x2 for rows that generate a token, int8
+#: for prompt rows where the caller marks them (``first_prompt_row``) except
+#: in the K/V projection, and "mixed-bf16": int8x2 for rows that generate a
+#: token, bfloat16 on AMX tiles for every prompt row (``_C_cpu.bf16_linear``
+#: on a bfloat16 copy of the weight; CPUs with AMX-BF16 only).
+ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
+
+#: "mixed-bf16"'s copies, bytes at most (2 per weight): beyond it the model's
+#: matrices fall back to "mixed" (logged).
+BF16_PROMPT_MAX_BYTES = 2 << 30
 
 
 def _one_of(names) -> str:
@@ -84,15 +91,29 @@ def check_activations(activations: str) -> str:
     return activations
 
 
+def bf16_prompt_supported() -> bool:
+    """Whether "mixed-bf16" runs here: AMX-BF16 tiles granted by the OS, not
+    hidden by PAGED_CPU_HIDE, and the linear kernels at the avx512 level (a
+    process capped at an older level, platforms/cpu_isa.py use_level, runs
+    what that generation would)."""
+    from paged import _C_cpu
+
+    return bool(_C_cpu.bf16_prompt_supported()) and _C_cpu.linear_isa() in ("avx512", "amx")
+
+
 def resolve_activations(setting: str) -> str:
     """An engine setting ("auto" or one of ACTIVATIONS) as the mode to build
-    CpuPackedLinear with: "auto" is "mixed", the fastest mode that passes the
-    accuracy gate (docs/kernels.md, "Choosing the CPU path"): int8x2 wherever
-    a token is generated or K/V is cached, int8 for the rest of prompts."""
+    CpuPackedLinear with. "auto" is the fastest mode that passes the accuracy
+    gate (docs/kernels.md, "Choosing the CPU path"): "mixed-bf16" where the
+    CPU has AMX-BF16, else "mixed" (int8x2 wherever a token is generated or
+    K/V is cached, int8 for the rest of prompts)."""
     if setting == "auto":
-        return "mixed"
+        return "mixed-bf16" if bf16_prompt_supported() else "mixed"
     if setting not in ACTIVATIONS:
         raise ValueError(f"linear activations: expected {_one_of(('auto',) + ACTIVATIONS)}, got {setting!r}")
+    if setting == "mixed-bf16" and not bf16_prompt_supported():
+        raise ValueError("linear activations: 'mixed-bf16' needs AMX-BF16 tiles, which this CPU (or its OS, or "
+                         "PAGED_CPU_HIDE) does not offer; 'mixed' is the same with int8 prompt rows")
     return setting
 
 
@@ -113,6 +134,8 @@ class CpuPackedLinear:
 
     def __init__(self, packed: PackedBlocks, activations: str = "float32"):
         self.activations = check_activations(activations)
+        if self.activations == "mixed-bf16":
+            resolve_activations(self.activations)  # ValueError where the CPU cannot run it
         self.qtype = packed.kernel_type
         self.qs, self.d, self.m = packed.fields()
         self.out_features, self.in_features = packed.shape
@@ -120,6 +143,7 @@ class CpuPackedLinear:
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
+        self._prompt_weight: torch.Tensor | None = None  # "mixed-bf16"'s bfloat16 copy
 
     def weight_panels(self) -> torch.Tensor | None:
         """The matrix's persistent int8 panels for the active linear build
@@ -140,34 +164,61 @@ class CpuPackedLinear:
             self._panels, self._panels_layout = panels, layout
         return self._panels
 
+    def prompt_weight(self) -> torch.Tensor:
+        """"mixed-bf16"'s copy of the matrix: the dequantized weight rounded to
+        bfloat16 (torch's round-to-nearest-even) in ``_C_cpu.bf16_linear``'s
+        tile layout, built on first use."""
+        from paged import _C_cpu
+
+        if self._prompt_weight is None:
+            w16 = self._dequantized().to(torch.bfloat16)
+            tiles = torch.empty(_C_cpu.bf16_weight_elems(*self.shape), dtype=torch.bfloat16)
+            _C_cpu.build_bf16_weight(dl(w16), dl(tiles))
+            self._prompt_weight = tiles
+        return self._prompt_weight
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.out_features, self.in_features)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-               first_prompt_row: int | None = None) -> torch.Tensor:
+               first_prompt_row: int | None = None, kv_projection: bool = False) -> torch.Tensor:
         """x @ W^T + bias. ``first_prompt_row``: the rows from there on are
         prompt rows (their tokens are known), which "mixed" computes with one
-        int8 term; None: every row generates (or the caller does not say)."""
+        int8 term unless ``kv_projection`` (the outputs are cached K/V, read by
+        every later token) and "mixed-bf16" in bfloat16; None: every row
+        generates (or the caller does not say)."""
         from paged import _C_cpu
 
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
-        if self.activations == "float32" and 0 < DENSE_ROWS <= x2.shape[0]:
+        rows = x2.shape[0]
+        if self.activations == "float32" and 0 < DENSE_ROWS <= rows:
             out = F.linear(x2, self._dequantized(), bias)
         else:
-            out = torch.empty((x2.shape[0], self.out_features), dtype=torch.float32)
-            panels = self.weight_panels()  # the kernel decides per call whether to read them
-            mixed = self.activations == "mixed"  # the kernel's int8x2 with prompt rows on one term
-            split = first_prompt_row if mixed and first_prompt_row is not None else -1
-            _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out),
-                                "int8x2" if mixed else self.activations, split,
-                                None if panels is None else dl(panels))
+            out = torch.empty((rows, self.out_features), dtype=torch.float32)
+            split = -1 if first_prompt_row is None else min(first_prompt_row, rows)
+            if self.activations == "mixed-bf16" and 0 <= split < rows:
+                if split:
+                    self._packed(x2[:split], out[:split], "int8x2", -1)
+                _C_cpu.bf16_linear(dl(x2[split:]), dl(self.prompt_weight()), dl(out[split:]))
+            elif self.activations in ("mixed", "mixed-bf16"):  # the kernel's int8x2, prompt rows on one term
+                self._packed(x2, out, "int8x2", -1 if kv_projection or self.activations != "mixed" else split)
+            else:
+                self._packed(x2, out, self.activations, -1)
             if bias is not None:
                 out += bias
         return out.view(*lead, self.out_features).to(x.dtype)
+
+    def _packed(self, x2: torch.Tensor, out: torch.Tensor, activations: str, two_term_rows: int) -> None:
+        """quant_linear on the packed weight, with the persistent panels where on."""
+        from paged import _C_cpu
+
+        panels = self.weight_panels()  # the kernel decides per call whether to read them
+        _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
+                            two_term_rows, None if panels is None else dl(panels))
 
     def _dequantized(self) -> torch.Tensor:
         """The dense fp32 matrix, in a scratch buffer shared by every packed
@@ -218,4 +269,26 @@ def plan_weight_panels(linears) -> int:
     total = sum(w.weight_panels().numel() for w in mats)
     log.info("cpu weight panels: %.0f MiB for %d matrices (%s; packed %.0f MiB; PAGED_CPU_WEIGHT_PANELS=0 turns "
              "them off)", total / 2**20, len(mats), layout, packed / 2**20)
+    return total
+
+
+def plan_prompt_weights(linears) -> int:
+    """Builds the bfloat16 copies of one model's "mixed-bf16" matrices
+    (``linears``: its CpuPackedLinear objects, others are skipped) before the
+    KV budget is sized, and logs once what they take; beyond
+    BF16_PROMPT_MAX_BYTES they are not built and the matrices run "mixed"
+    instead (logged). Returns the copies' bytes."""
+    mats = [w for w in linears if isinstance(w, CpuPackedLinear) and w.activations == "mixed-bf16"]
+    if not mats:
+        return 0
+    need = sum(2 * w.out_features * w.in_features for w in mats)
+    if need > BF16_PROMPT_MAX_BYTES:
+        for w in mats:
+            w.activations = "mixed"
+        log.warning("cpu bf16 prompt weights: %.0f MiB > %.0f MiB: linear activations 'mixed' instead of "
+                    "'mixed-bf16' (int8 prompt rows)", need / 2**20, BF16_PROMPT_MAX_BYTES / 2**20)
+        return 0
+    total = sum(w.prompt_weight().numel() * 2 for w in mats)
+    log.info("cpu bf16 prompt weights: %.0f MiB for %d matrices (mixed-bf16: prompt rows on AMX-BF16; "
+             "--linear-activations mixed keeps them on int8)", total / 2**20, len(mats))
     return total

@@ -14,17 +14,18 @@ import torch.nn.functional as F
 
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
-           first_prompt_row: int | None = None) -> torch.Tensor:
+           first_prompt_row: int | None = None, kv_projection: bool = False) -> torch.Tensor:
     """x @ weight.T + bias. ``weight`` is a dense tensor, or a packed
     (quantized) weight object that brings its own ``linear(x, bias)``.
     ``first_prompt_row`` (rows from there on are prompt rows) goes to packed
     weights that take it, which may compute those rows more cheaply (the CPU's
-    "mixed" activations); None says nothing about the rows."""
+    "mixed" activations), with ``kv_projection`` (the outputs are the K/V the
+    cache keeps, read by every later token); None says nothing about the rows."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     if first_prompt_row is None:
         return weight.linear(x, bias)
-    return weight.linear(x, bias, first_prompt_row=first_prompt_row)
+    return weight.linear(x, bias, first_prompt_row=first_prompt_row, kv_projection=kv_projection)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,

@@ -125,11 +125,11 @@ class LlamaDecoderLayer(nn.Module):
         else:
             x, residual = ops.add_rms_norm(hidden, residual, self.input_norm, self.eps)
 
-        # Prompt rows are marked for every matrix but QKV, whose K/V outputs
-        # are cached and read by every later token (a cheaper arithmetic for
-        # prompt rows is only allowed where its error is not stored).
+        # Prompt rows are marked for every matrix; QKV's as the K/V projection,
+        # whose outputs are cached and read by every later token (the packed
+        # weight decides which cheaper arithmetic its error allows).
         prompt = meta.first_prompt_row
-        qkv = linear(x, self.qkv, self.qkv_bias)
+        qkv = linear(x, self.qkv, self.qkv_bias, first_prompt_row=prompt, kv_projection=True)
         q, k, v = ops.rope_split_qkv(qkv, rope, rope_in, self.num_heads, self.num_kv_heads, self.head_dim)
         attn = self.attn_backend.forward(q, k, v, kv_cache, meta)
         hidden = self.parallel.reduce(linear(attn.view(q.shape[0], self.q_size), self.o_proj, first_prompt_row=prompt))

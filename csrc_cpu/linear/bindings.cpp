@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "linear/bf16_prompt.h"
 #include "linear/ops.h"
 #include "linear/weight_panels.h"
 #include "module.h"
@@ -30,6 +31,15 @@ void register_linear(nb::module_& m) {
   m.def("build_weight_panels", &l::build_weight_panels, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "Builds the weight's int8 panels (the int8 kernel's per-call layout, once) into out, a 64-byte aligned "
         "uint8 tensor of weight_panel_bytes bytes, for quant_linear's panels.");
+  m.def("bf16_prompt_supported", &l::bf16_prompt_supported,
+        "Whether bf16_linear runs here: AMX-BF16 tiles (and AVX-512), granted by the OS, not hidden by PAGED_CPU_HIDE.");
+  m.def("bf16_weight_elems", &l::bf16_weight_elems, "N"_a, "K"_a,
+        "Elements of build_bf16_weight's tile layout of an [N, K] weight (N rounded up to 32, times K).");
+  m.def("build_bf16_weight", &l::build_bf16_weight, "w16"_a, "out"_a,
+        "out (bfloat16, bf16_weight_elems(N, K)) = the bfloat16 [N, K] weight w16 in bf16_linear's tile layout.");
+  m.def("bf16_linear", &l::bf16_linear, "x"_a, "weight"_a, "out"_a,
+        "out[M, N] = bf16(x[M, K]) @ W^T with float32 sums on AMX-BF16 tiles, W given by build_bf16_weight's "
+        "tensor; batch invariant (docs/kernels.md, 'bfloat16 prompt rows').");
   m.attr("LINEAR_INT16_MAX_ROWS") = l::kInt16MaxRows;  // calls with more rows take the fp32 path
   m.def("linear_isa", &l::current_isa, "SIMD build the quantized linear uses now.");
   m.def("set_linear_isa", &l::set_isa, "name"_a, "Choose 'auto' or a build of supported_linear_isas() ('avx512', 'avxvnni', 'avx2', 'scalar'): all "

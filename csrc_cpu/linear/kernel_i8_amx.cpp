@@ -28,32 +28,16 @@
 // Tiles load 16 rows of x codes at a time: the last group of a call reads
 // up to 15 rows past M, which int8.h's kI8PadRows makes every caller
 // allocate; those rows' sums are never read.
-#include <immintrin.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <utility>
 
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "isa_select.h"
+#include "linear/amx_tiles.h"
 #include "linear/int8_avx512.h"
 
-// AMX intrinsics and target names arrived in GCC 11 and clang 12; an older
-// compiler builds the fallback at the end of this file (no amx build offered).
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
-#define PAGED_HAVE_AMX 1
-#endif
-
 #if defined(PAGED_HAVE_AMX)
-
-#define PAGED_AMX_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8"
-#define PAGED_AMX __attribute__((target(PAGED_AMX_ISA)))
-#define PAGED_AMX_INLINE inline __attribute__((always_inline, target(PAGED_AMX_ISA)))
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 build
@@ -81,52 +65,21 @@ constexpr int kX[2] = {0, 1}, kW[2] = {2, 3}, kS[2] = {4, 5};
 constexpr int kX2 = 0, kXLo2 = 1, kSLo[2] = {6, 7};
 
 // The tile configuration (palette 1) every call of this build runs under.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
-
-constexpr TileConfig make_config() {
-  TileConfig c;
+constexpr amx::TileConfig make_config() {
+  amx::TileConfig c;
   for (int t : {0, 1}) c.rows[t] = kGroup, c.bytes_per_row[t] = kBlock;                // x codes
   for (int t : {2, 3}) c.rows[t] = kBlock / 4, c.bytes_per_row[t] = 4 * kLanes;        // a block of 16 weight rows
   for (int t : {4, 5, 6, 7}) c.rows[t] = kGroup, c.bytes_per_row[t] = 4 * kLanes;      // 16 x 16 int32 sums
   return c;
 }
+constexpr amx::TileConfig kConfig = make_config();
 
-// Loads the configuration unless this thread's tiles already run it: one
-// sttilecfg and a compare per call (~9 ns) instead of an ldtilecfg (~90 ns,
-// a tenth of a small call). Another library on the thread (oneDNN in torch)
-// may have loaded its own since, which the compare sees.
-PAGED_AMX_INLINE void ensure_config() {
-  static constexpr TileConfig want = make_config();
-  TileConfig have;
-  _tile_storeconfig(&have);
-  if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
-}
-
-// The tile instructions with the tile number a template argument (GCC's
-// intrinsics paste a literal into the instruction text). As GCC's own: a
-// store clobbers memory (the sums are read back right after), a load and a
-// dot product do not (what they read was written before the call).
-template <int T>
-PAGED_AMX_INLINE void tile_load(const void* base, int64_t stride) {
-  asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "n"(T));
-}
-template <int T>
-PAGED_AMX_INLINE void tile_store(void* base, int64_t stride) {
-  asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "n"(T) : "memory");
-}
-template <int T>
-PAGED_AMX_INLINE void tile_zero() {
-  asm volatile("tilezero %%tmm%c0" ::"n"(T));
-}
-template <int S, int X, int W>  // S += X (signed bytes) . W (unsigned bytes), in groups of 4
+using amx::tile_load;
+using amx::tile_store;
+using amx::tile_zero;
+template <int S, int X, int W>
 PAGED_AMX_INLINE void tile_dot() {
-  asm volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(S), "n"(X), "n"(W));
+  amx::tile_dot_i8<S, X, W>();
 }
 
 PAGED_AMX_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
@@ -238,7 +191,7 @@ template <QType T, bool Two>
 PAGED_AMX void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t n1) {
   static constexpr auto table = column_table<T, Two>(std::make_integer_sequence<int, kGroup>());
   static thread_local SumBuffer buf;
-  ensure_config();
+  amx::ensure_config(kConfig);
   for (int64_t r0 = 0; r0 < a.M; r0 += kGroup)
     for (int c = 0; c < kCols && n0 + c * kLanes < n1; ++c) {
       const int valid = int(std::min<int64_t>(kLanes, n1 - n0 - c * kLanes));
@@ -254,20 +207,7 @@ PAGED_AMX void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t
 
 }  // namespace
 
-bool supported() {
-  static const bool ok = [] {
-    if (!cpu_has_amx_int8()) return false;
-#if defined(__linux__)
-    // Linux hands out the tile state only on request (kernel 5.16+):
-    // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process.
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
-  return ok;
-}
+bool supported() { return cpu_has_amx_int8() && amx::tile_state_granted(); }
 
 PAGED_AMX void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
   // few rows, or a caller without the block-major values: the VNNI build

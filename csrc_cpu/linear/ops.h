@@ -23,11 +23,20 @@ using Array = nanobind::ndarray<>;
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations = "float32",
                   int64_t two_term_rows = -1, const std::optional<Array>& panels = std::nullopt);
+// "float32", "uint8", "bfloat16", ... for error messages.
+std::string dtype_name(const nanobind::dlpack::dtype& t);
 // The packed weight: qs, d, m checked against each other; fills a's qtype, N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m);
 // out[N, K] = W, exactly as gguf dequantizes it.
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);
+
+// bfloat16 prompt rows (bf16_prompt.h).
+bool bf16_prompt_supported();
+// out (bfloat16, bf16_weight_elems(N, K) elements) = w16 [N, K] (bfloat16) in the tile layout.
+void build_bf16_weight(const Array& w16, const Array& out);
+// out[M, N] = x[M, K] @ W^T as above, W given by its tile-layout copy.
+void bf16_linear(const Array& x, const Array& weight, const Array& out);
 
 }  // namespace paged::cpu::linear

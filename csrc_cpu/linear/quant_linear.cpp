@@ -34,21 +34,11 @@ QType parse_qtype(const std::string& s) {
   fail("qtype", "'q4_0', 'q4_1' or 'q8_0'", "'" + s + "'");
 }
 
-std::string dtype_str(const nb::dlpack::dtype& t) {
-  switch (nb::dlpack::dtype_code(t.code)) {
-    case nb::dlpack::dtype_code::Int: return "int" + std::to_string(t.bits);
-    case nb::dlpack::dtype_code::UInt: return "uint" + std::to_string(t.bits);
-    case nb::dlpack::dtype_code::Float: return "float" + std::to_string(t.bits);
-    case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(t.bits);
-    default: return "dtype code " + std::to_string(int(t.code)) + "/" + std::to_string(t.bits);
-  }
-}
-
 // A contiguous CPU tensor of the given dtype and rank 2.
 attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) {
   attn::TensorArg t = attn::any_tensor(name, a);
   if (a.dtype() != want)
-    fail(name, "dtype " + dtype_str(want), "dtype " + dtype_str(a.dtype()));
+    fail(name, "dtype " + dtype_name(want), "dtype " + dtype_name(a.dtype()));
   if (t.shape.size() != 2) fail(name, "a 2-D tensor", "shape " + t.shape_str());
   return t;
 }
@@ -62,6 +52,16 @@ void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const s
 bool absent(const std::optional<Array>& a) { return !a.has_value() || a->size() == 0; }
 
 }  // namespace
+
+std::string dtype_name(const nb::dlpack::dtype& t) {
+  switch (nb::dlpack::dtype_code(t.code)) {
+    case nb::dlpack::dtype_code::Int: return "int" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::UInt: return "uint" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::Float: return "float" + std::to_string(t.bits);
+    case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(t.bits);
+    default: return "dtype code " + std::to_string(int(t.code)) + "/" + std::to_string(t.bits);
+  }
+}
 
 // The packed weight: qs, d, m checked against each other; fills N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,

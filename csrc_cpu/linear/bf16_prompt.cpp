@@ -1,0 +1,109 @@
+// Boundary checks, the weight's tile layout and the split over threads of the
+// bfloat16 prompt rows (bf16_prompt.h); the AMX kernel does the arithmetic.
+#include "linear/bf16_prompt.h"
+#include "linear/ops.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "attention/tensor_args.h"
+#include "isa_select.h"
+#include "linear/aligned.h"
+#include "runtime/parallel.h"
+
+namespace nb = nanobind;
+
+namespace paged::cpu::linear {
+namespace {
+
+using attn::fail;
+
+constexpr int64_t kSerialMacs = int64_t(1) << 16;  // below this, stay on the calling thread
+const nb::dlpack::dtype kBf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+
+attn::TensorArg typed(const char* name, const Array& a, nb::dlpack::dtype want, const char* want_name,
+                      size_t rank) {
+  attn::TensorArg t = attn::any_tensor(name, a);
+  if (a.dtype() != want) fail(name, std::string("dtype ") + want_name, "dtype " + dtype_name(a.dtype()));
+  if (t.shape.size() != rank) fail(name, "a " + std::to_string(rank) + "-D tensor", "shape " + t.shape_str());
+  return t;
+}
+
+void require_supported() {
+  if (!bf16_prompt_supported())
+    throw std::runtime_error(
+        "bf16_linear: this CPU (or OS) offers no AMX-BF16 tiles; bf16_prompt_supported() says where it runs");
+}
+
+}  // namespace
+
+bool bf16_prompt_supported() {
+#if defined(PAGED_ISA_X86)
+  return isa_amx_bf16::supported();
+#else
+  return false;
+#endif
+}
+
+void build_bf16_weight(const Array& w16, const Array& out) {
+  const attn::TensorArg tw = typed("w16", w16, kBf16, "bfloat16", 2);
+  const int64_t N = tw.dim(0), K = tw.dim(1);
+  if (N < 1 || K < kBf16Step || K % kBf16Step)
+    fail("w16", "shape [N, K] with N >= 1 and K a positive multiple of 32", "shape " + tw.shape_str());
+  const attn::TensorArg to = typed("out", out, kBf16, "bfloat16", 1);
+  const int64_t want = bf16_weight_elems(N, K);
+  if (to.dim(0) != want)
+    fail("out", std::to_string(want) + " elements (bf16_weight_elems: N rounded up to 32, times K)",
+         std::to_string(to.dim(0)));
+  const auto* w = static_cast<const uint16_t*>(tw.data);
+  auto* dst = static_cast<uint16_t*>(to.data);
+  const int64_t steps = K / kBf16Step, tiles = want / K / 16;
+  nb::gil_scoped_release no_gil;
+  for (int64_t c16 = 0; c16 < tiles; ++c16)
+    for (int64_t s = 0; s < steps; ++s)
+      for (int64_t kk = 0; kk < 16; ++kk)
+        for (int64_t n = 0; n < 16; ++n)
+          for (int64_t j = 0; j < 2; ++j) {
+            const int64_t row = 16 * c16 + n, k = s * kBf16Step + 2 * kk + j;
+            *dst++ = row < N ? w[row * K + k] : uint16_t(0);
+          }
+}
+
+void bf16_linear(const Array& x, const Array& weight, const Array& out) {
+  const attn::TensorArg tx = typed("x", x, nb::dtype<float>(), "float32", 2);
+  const attn::TensorArg to = typed("out", out, nb::dtype<float>(), "float32", 2);
+  const attn::TensorArg tw = typed("weight", weight, kBf16, "bfloat16", 1);
+  Bf16Args a;
+  a.M = tx.dim(0);
+  a.K = tx.dim(1);
+  a.N = to.dim(1);
+  if (a.M < 1 || a.K < kBf16Step || a.K % kBf16Step)
+    fail("x", "shape [M, K] with M >= 1 and K a positive multiple of 32", "shape " + tx.shape_str());
+  if (to.dim(0) != a.M || a.N < 1)
+    fail("out", "shape [" + std::to_string(a.M) + ", N] with N >= 1 (x's rows)", "shape " + to.shape_str());
+  const int64_t want = bf16_weight_elems(a.N, a.K);
+  if (tw.dim(0) != want)
+    fail("weight", std::to_string(want) + " elements (build_bf16_weight's layout of an [N, K] = [" +
+                       std::to_string(a.N) + ", " + std::to_string(a.K) + "] weight)",
+         std::to_string(tw.dim(0)));
+  require_supported();
+#if defined(PAGED_ISA_X86)
+  a.w = static_cast<const uint16_t*>(tw.data);
+  a.out = static_cast<float*>(to.data);
+  const auto* xf = static_cast<const float*>(tx.data);
+  nb::gil_scoped_release no_gil;
+  // The packed x in the calling thread's buffer, kept between calls (its team
+  // reads it during the call).
+  static thread_local AlignedVector<uint16_t> packed;
+  const int64_t groups = a.groups();
+  if (packed.size() < size_t(groups * kBf16Rows * a.K)) packed.resize(size_t(groups * kBf16Rows * a.K));
+  uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own buffer
+  a.x = xp;
+  const bool parallel = a.M * a.N * a.K >= kSerialMacs;
+  parallel_for(groups, parallel, Schedule::Static, 1,
+               [&](int64_t g) { isa_amx_bf16::pack_group(xf, a.M, a.K, g, xp); });
+  parallel_for(groups * a.chunks(), parallel, Schedule::Static, 1, [&](int64_t i) { isa_amx_bf16::item(a, i); });
+#endif
+}
+
+}  // namespace paged::cpu::linear

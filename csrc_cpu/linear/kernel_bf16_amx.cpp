@@ -1,0 +1,156 @@
+// AMX-BF16 kernel of the bfloat16 prompt rows (bf16_prompt.h): a work item
+// is 32 rows of x by 32 output columns over the whole K, four 16 x 16
+// float32 accumulator tiles (2 x 2: each A tile of x serves two B tiles of
+// the weight and each B tile two A tiles), 4 tdpbf16ps per step of 32.
+//
+// Measured on one core of the Emerald Rapids Xeon (3072 x 576 x 256): the
+// unit alone, tiles in registers, ~1150 G MAC/s; this loop with x packed
+// per step (both A tiles in one 2 KB run) and the next step's x prefetched
+// into L1 ~340-360 G MAC/s, without the prefetch ~270, x read from its rows
+// (stride K) ~215: the tile loads from L2 are the bound (docs/kernels.md).
+#include "linear/bf16_prompt.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "isa_select.h"
+#include "linear/amx_tiles.h"
+
+#if defined(PAGED_HAVE_AMX)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 build
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace paged::cpu::linear::isa_amx_bf16 {
+namespace {
+
+constexpr int kTile = 16;                          // rows (and bf16 pairs) of a tile
+constexpr int64_t kTileElems = kTile * 2 * kTile;  // bf16 elements of one 1 KB tile
+constexpr int64_t kStepElems = kBf16Rows * kBf16Step;  // a group's x per step (2 tiles)
+
+constexpr amx::TileConfig make_config() {
+  amx::TileConfig c;
+  for (int t = 0; t < 8; ++t) c.rows[t] = kTile, c.bytes_per_row[t] = 64;  // 16 x 32 bf16 or 16 x 16 fp32
+  return c;
+}
+constexpr amx::TileConfig kConfig = make_config();
+
+// Tiles: x A0 (rows 0-15), A1 (rows 16-31); weight B0 (columns 0-15), B1
+// (16-31); sums C[row tile][column tile] = 4 + 2 * row tile + column tile.
+template <bool TwoRowTiles>
+PAGED_AMX_INLINE void sweep(const uint16_t* x, const uint16_t* w0, const uint16_t* w1, int64_t steps) {
+  using namespace amx;
+  tile_zero<4>();
+  tile_zero<5>();
+  if constexpr (TwoRowTiles) {
+    tile_zero<6>();
+    tile_zero<7>();
+  }
+  for (int64_t s = 0; s < steps; ++s) {
+    const uint16_t* xs = x + s * kStepElems;
+    // the next step's x into L1 (the weight tiles are reused by every group
+    // of the chunk and stay near)
+    const char* next = reinterpret_cast<const char*>(xs + kStepElems);
+    for (int l = 0; l < (TwoRowTiles ? 32 : 16); ++l) _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+    tile_load<0>(xs, 64);
+    if constexpr (TwoRowTiles) tile_load<1>(xs + kTileElems, 64);
+    tile_load<2>(w0 + s * kTileElems, 64);
+    tile_load<3>(w1 + s * kTileElems, 64);
+    tile_dot_bf16<4, 0, 2>();
+    tile_dot_bf16<5, 0, 3>();
+    if constexpr (TwoRowTiles) {
+      tile_dot_bf16<6, 1, 2>();
+      tile_dot_bf16<7, 1, 3>();
+    }
+  }
+}
+
+template <int C>
+PAGED_AMX_INLINE void store_tile(float* dst, int64_t stride_bytes) {
+  amx::tile_store<C>(dst, stride_bytes);
+}
+
+// RNE to bfloat16 (torch's c10::round_to_nearest_even): NaN -> 0x7FC0.
+PAGED_AMX_INLINE __m256i to_bf16(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+}  // namespace
+
+bool supported() {
+  return cpu_has_avx512() && runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
+}
+
+PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed) {
+  const int64_t steps = K / kBf16Step;
+  uint16_t* dst = packed + g * steps * kStepElems;
+  for (int64_t i = 0; i < kBf16Rows; ++i) {
+    const int64_t r = g * kBf16Rows + i;
+    for (int64_t s = 0; s < steps; ++s) {
+      auto* d = reinterpret_cast<__m256i*>(dst + s * kStepElems + i * kBf16Step);
+      if (r < M) {
+        const float* src = x + r * K + s * kBf16Step;
+        _mm256_storeu_si256(d, to_bf16(_mm512_loadu_ps(src)));
+        _mm256_storeu_si256(d + 1, to_bf16(_mm512_loadu_ps(src + 16)));
+      } else {
+        _mm256_storeu_si256(d, _mm256_setzero_si256());
+        _mm256_storeu_si256(d + 1, _mm256_setzero_si256());
+      }
+    }
+  }
+}
+
+PAGED_AMX void item(const Bf16Args& a, int64_t i) {
+  const int64_t groups = a.groups(), steps = a.K / kBf16Step;
+  const int64_t g = i % groups, c = i / groups;
+  const int64_t rows = std::min(kBf16Rows, a.M - g * kBf16Rows);
+  const int64_t cols = std::min(kBf16Cols, a.N - c * kBf16Cols);
+  const uint16_t* x = a.x + g * steps * kStepElems;
+  const uint16_t* w0 = a.w + 2 * c * steps * kTileElems;
+  const uint16_t* w1 = w0 + steps * kTileElems;
+  amx::ensure_config(kConfig);
+  const bool two = rows > kTile;
+  if (two)
+    sweep<true>(x, w0, w1, steps);
+  else
+    sweep<false>(x, w0, w1, steps);
+  float* out = a.out + g * kBf16Rows * a.N + c * kBf16Cols;
+  if (rows == (two ? kBf16Rows : kTile) && cols == kBf16Cols) {  // whole tiles straight into out
+    const int64_t stride = a.N * int64_t(sizeof(float));
+    store_tile<4>(out, stride);
+    store_tile<5>(out + kTile, stride);
+    if (two) {
+      store_tile<6>(out + kTile * a.N, stride);
+      store_tile<7>(out + kTile * a.N + kTile, stride);
+    }
+    return;
+  }
+  alignas(64) float stage[kBf16Rows][kBf16Cols];  // an edge item: through the stage, valid part copied
+  const int64_t stride = kBf16Cols * int64_t(sizeof(float));
+  store_tile<4>(&stage[0][0], stride);
+  store_tile<5>(&stage[0][kTile], stride);
+  if (two) {
+    store_tile<6>(&stage[kTile][0], stride);
+    store_tile<7>(&stage[kTile][kTile], stride);
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.N, stage[r], size_t(cols) * sizeof(float));
+}
+
+}  // namespace paged::cpu::linear::isa_amx_bf16
+
+#pragma GCC diagnostic pop
+
+#else  // !PAGED_HAVE_AMX: nothing offered
+
+namespace paged::cpu::linear::isa_amx_bf16 {
+bool supported() { return false; }
+void pack_group(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
+void item(const Bf16Args&, int64_t) {}
+}  // namespace paged::cpu::linear::isa_amx_bf16
+
+#endif

@@ -1,0 +1,228 @@
+"""bfloat16 prompt rows on AMX-BF16 tiles and the "mixed-bf16" linear
+activations (docs/kernels.md, "bfloat16 prompt rows (mixed-bf16)").
+
+Oracles, independent of the C++: the product of the bfloat16-rounded x and
+weight (torch's own rounding) in float64, which every output must match
+within float32 accumulation's bound (the tile unit's summation order inside
+a step is its own, so nothing is bitwise); a Python rearrangement of the
+weight for its tile layout; each row alone for batch invariance (bitwise);
+and for the model, the pure modes: rows that generate a token bitwise as
+int8x2 computes them, the C++ layer stack bitwise the Python layers.
+
+Only CPUs with AMX-BF16 run these (Sapphire Rapids and later Xeons); the
+rest skip with the reason, and auto is "mixed" there (tested in
+test_mixed_activations.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from paged import _C_cpu as C
+from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, packed, step, tiny_config, tiny_weights
+
+from paged.backends.cpu import CpuBackend
+from paged.backends.cpu import quant_linear as ql
+from paged.backends.cpu.quant_linear import CpuPackedLinear
+from paged.backends.cpu.worker import prepare_model
+from paged.core.models import build_model
+from paged.platforms import cpu_isa
+
+pytestmark = pytest.mark.skipif(not C.bf16_prompt_supported(),
+                                reason="this CPU (or its OS, or PAGED_CPU_HIDE) offers no AMX-BF16 tiles")
+
+
+def tiles(w16: torch.Tensor) -> torch.Tensor:
+    t = torch.empty(C.bf16_weight_elems(*w16.shape), dtype=torch.bfloat16)
+    C.build_bf16_weight(w16, t)
+    return t
+
+
+def bf16_linear(x: torch.Tensor, t: torch.Tensor, n: int) -> torch.Tensor:
+    out = torch.full((x.shape[0], n), float("nan"))
+    C.bf16_linear(x, t, out)
+    return out
+
+
+def check_bound(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
+    """|out - bf16(x) @ W16^T| <= (K/32 + 32) * 2^-24 * |bf16(x)| @ |W16|^T
+    in float64: products of two bfloat16 values are exact in float32, so
+    only the float32 sums round (at most one rounding per step into the
+    accumulator and ~log2(32) inside a step's 32 products; the bound is
+    generous at 32)."""
+    xb, wb = x.bfloat16().double(), w16.double()
+    k = x.shape[1]
+    bound = (k / 32 + 32) * 2.0**-24 * (xb.abs() @ wb.abs().T)
+    err = (out.double() - xb @ wb.T).abs()
+    assert bool((err <= bound).all()), f"max error / bound {float((err / bound.clamp_min(1e-300)).max()):.3g}"
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 40, 64), (16, 32, 96), (17, 33, 96), (32, 32, 32),
+                                   (33, 100, 576), (64, 576, 1536), (300, 960, 576)])
+def test_within_float32_sums_of_the_bf16_product(m, n, k):
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    x = torch.randn(m, k, generator=gen) * 3
+    check_bound(x, w16, bf16_linear(x, tiles(w16), n))
+
+
+def test_tile_layout_is_the_documented_rearrangement():
+    """[c16][s][kk][n][j] = W[16 c16 + n][32 s + 2 kk + j], zero rows past N."""
+    n, k = 40, 96
+    w16 = torch.randn(n, k).bfloat16()
+    padded = torch.zeros(C.bf16_weight_elems(n, k) // k, k, dtype=torch.bfloat16)
+    padded[:n] = w16
+    want = padded.view(-1, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).reshape(-1)
+    assert torch.equal(tiles(w16).view(torch.int16), want.view(torch.int16))
+
+
+def test_x_is_rounded_as_torch_rounds():
+    """Values that sit on bfloat16 rounding ties and near them: out equals
+    torch's rounding of x times a one-hot weight (exact products, one term)."""
+    k = 64
+    base = torch.tensor([1.0, -3.0, 1.5, 2.0**-10], dtype=torch.float32)
+    bits = base.view(torch.int32)
+    near = torch.cat([(bits + d).view(torch.float32) for d in (0x7FFF, 0x8000, 0x8001, 0x18000, -1)])
+    x = torch.zeros(1, k)
+    x[0, :near.numel()] = near
+    w16 = torch.eye(k, dtype=torch.bfloat16)
+    out = bf16_linear(x, tiles(w16), k)
+    assert torch.equal(out, x.bfloat16().float())
+
+
+def test_rows_are_bitwise_the_same_alone_and_in_any_call():
+    """Batch invariance: each row alone vs calls of many sizes, 1 and 2 threads."""
+    gen = torch.Generator().manual_seed(7)
+    n, k = 96, 576
+    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    t = tiles(w16)
+    x = torch.randn(70, k, generator=gen)
+    alone = torch.cat([bf16_linear(x[r:r + 1].contiguous(), t, n) for r in range(x.shape[0])])
+    threads = torch.get_num_threads()
+    try:
+        for nt in sorted({1, min(2, threads)}):
+            torch.set_num_threads(nt)
+            for m in (2, 15, 16, 17, 31, 32, 33, 70):
+                assert torch.equal(bf16_linear(x[:m].contiguous(), t, n), alone[:m]), (nt, m)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_non_finite_rows_stay_in_their_row():
+    gen = torch.Generator().manual_seed(2)
+    n, k = 32, 64
+    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    t = tiles(w16)
+    x = torch.randn(4, k, generator=gen)
+    clean = bf16_linear(x, t, n)
+    x[1, 5], x[2, 40] = float("nan"), float("inf")
+    out = bf16_linear(x, t, n)
+    assert out[1].isnan().all() and not out[2].isfinite().any()
+    assert torch.equal(out[[0, 3]], clean[[0, 3]])
+
+
+def test_bad_arguments_are_value_errors():
+    w16 = torch.randn(32, 64).bfloat16()
+    t = tiles(w16)
+    with pytest.raises(ValueError, match=r"weight: expected 2048 elements"):
+        C.bf16_linear(torch.randn(2, 64), t[:-1].contiguous(), torch.empty(2, 32))
+    with pytest.raises(ValueError, match=r"x: expected dtype float32, got dtype bfloat16"):
+        C.bf16_linear(torch.randn(2, 64).bfloat16(), t, torch.empty(2, 32))
+    with pytest.raises(ValueError, match=r"out: expected shape \[2, N\]"):
+        C.bf16_linear(torch.randn(2, 64), t, torch.empty(3, 32))
+    with pytest.raises(ValueError, match=r"x: expected shape \[M, K\] with M >= 1 and K a positive multiple of 32"):
+        C.bf16_linear(torch.randn(2, 48), t, torch.empty(2, 32))
+    with pytest.raises(ValueError, match=r"w16: expected dtype bfloat16, got dtype float32"):
+        C.build_bf16_weight(torch.randn(32, 64), t)
+    with pytest.raises(ValueError, match=r"out: expected 2048 elements"):
+        C.build_bf16_weight(w16, torch.empty(100, dtype=torch.bfloat16))
+
+
+# -- the "mixed-bf16" activations -------------------------------------------
+
+
+def test_split_linear_is_int8x2_rows_then_bf16_rows():
+    """CpuPackedLinear("mixed-bf16"): rows before first_prompt_row bitwise
+    int8x2's, the rest bitwise bf16_linear on the dequantized weight rounded
+    by torch; QKV (kv_projection) the same; unmarked rows all int8x2."""
+    from gguf import GGMLQuantizationType
+
+    w = CpuPackedLinear(packed(np.random.default_rng(4), 64, 128, GGMLQuantizationType.Q4_1), activations="mixed-bf16")
+    qs, d, m = w.qs, w.d, w.m
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(9, 128, generator=gen)
+    int8x2 = torch.empty(9, 64)
+    C.quant_linear(x, "q4_1", qs, d, m, int8x2, "int8x2")
+    dense = torch.empty(64, 128)
+    C.quant_dequantize("q4_1", qs, d, m, dense)
+    bf = bf16_linear(x, tiles(dense.bfloat16()), 64)
+    for kv in (False, True):
+        got = w.linear(x, first_prompt_row=3, kv_projection=kv)
+        assert torch.equal(got[:3], int8x2[:3]) and torch.equal(got[3:], bf[3:])
+    assert torch.equal(w.linear(x), int8x2)
+    assert torch.equal(w.linear(x, first_prompt_row=0), bf)
+
+
+def model_with(activations, config, weights):
+    backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
+    model = build_model(config, weights, torch.float32, "cpu", backend,
+                        lambda t: CpuPackedLinear(t, activations=activations))
+    prepare_model(model)
+    return model, backend
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = tiny_config()
+    return config, tiny_weights(config)
+
+
+def test_stack_equals_python_layers_and_unmarked_rows_are_int8x2(tiny, monkeypatch):
+    config, weights = tiny
+    model, backend = model_with("mixed-bf16", config, weights)
+    assert model.layer_stack is not None and model.layer_stack.activations == "mixed-bf16"
+    rng = np.random.default_rng(5)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    caches = {flag: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS) for flag in "10"}
+    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
+             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4),
+             ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5)]
+    for work, nd in steps:
+        ids, pos, meta = step(tokens, work, nd)
+        meta.first_prompt_row = int(meta.query_start_loc[nd])
+        out = {}
+        for flag in "10":
+            monkeypatch.setenv("PAGED_LAYER_STACK", flag)
+            out[flag] = model(ids, pos, caches[flag], meta)
+        assert torch.equal(out["1"], out["0"]), (work, nd)
+        for (k1, v1), (k0, v0) in zip(caches["1"], caches["0"]):
+            assert torch.equal(k1, k0) and torch.equal(v1, v0)
+    # no rows marked: the int8x2 model's bits; every row a prompt row: not them
+    int8x2, xb = model_with("int8x2", config, weights)
+    ids, pos, meta = step(tokens, steps[0][0], 0)
+    fresh = lambda b: b.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
+    want = int8x2(ids, pos, fresh(xb), meta)
+    assert torch.equal(model(ids, pos, fresh(backend), meta), want)
+    meta.first_prompt_row = 0
+    assert not torch.equal(model(ids, pos, fresh(backend), meta), want)
+
+
+def test_auto_follows_the_cpu_level():
+    assert ql.resolve_activations("auto") == "mixed-bf16"
+    with cpu_isa.use_level("avx2"):
+        assert ql.resolve_activations("auto") == "mixed"
+        with pytest.raises(ValueError, match="'mixed-bf16' needs AMX-BF16 tiles"):
+            ql.resolve_activations("mixed-bf16")
+
+
+def test_copies_beyond_the_limit_fall_back_to_mixed(tiny, monkeypatch, caplog):
+    config, weights = tiny
+    monkeypatch.setattr(ql, "BF16_PROMPT_MAX_BYTES", 1024)
+    with caplog.at_level(logging.WARNING, logger=ql.log.name):
+        model, _ = model_with("mixed-bf16", config, weights)
+    assert "linear activations 'mixed' instead of 'mixed-bf16'" in caplog.text
+    assert model.layer_stack is not None and model.layer_stack.activations == "mixed"
