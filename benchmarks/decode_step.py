@@ -3,6 +3,7 @@ attention and everything else, with the fused C++ layer ops and with the
 torch ops side by side (same run, same weights, same cache).
 
     python benchmarks/decode_step.py [--batch 1 16] [--context 128] [--dtype float32] [--weights packed|dense]
+                                     [--kv-cache-dtype auto|float32|float16|bfloat16]
                                      [--threads N] [--min-time 2] [--json PATH]
 
 Columns (milliseconds per step, best of many runs: the figure least distorted
@@ -146,6 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: as is)")
     ap.add_argument("--weights", choices=("packed", "dense"), default="packed",
                     help="GGUF Q4/Q8 matrices kept packed, as the engine runs them (default), or dequantized")
+    ap.add_argument("--kv-cache-dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
+                    help="what the cache stores (default: auto, the CPU platform's choice, as the engine runs)")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of repeats per figure")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -153,11 +156,14 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
-    packed_linear = CpuPlatform().packed_linear_cls() if args.weights == "packed" else None
+    platform_ = CpuPlatform()
+    packed_linear = platform_.packed_linear_cls() if args.weights == "packed" else None
     loaded = load_model_files(str(default_model_path()), dtype, keep_packed=packed_linear is not None)
     c = loaded.config
+    kv_dtype = (platform_.auto_kv_cache_dtype(dtype, platform_.linear_activations() if packed_linear else None)
+                if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype))
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype, "cpu",
-                         sliding_window=c.sliding_window)
+                         sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)
     model = build_model(c, loaded.weights, dtype, "cpu", backend, packed_linear)
     prepare_model(model)  # the CPU worker's choice: fused layer ops, the stack where eligible
     # (layer ops, layer stack on): "stack" is the engine's default path (all
@@ -180,7 +186,7 @@ def main(argv=None) -> int:
 
     cols = ["step_ms", "matmul_ms", "attention_ms", "rest_ms", "elementwise_ms"]
     print(f"decode step, default model ({c.num_layers} layers, hidden {c.hidden_size}), {args.dtype}, "
-          f"{args.weights} weights, "
+          f"{args.weights} weights, {str(kv_dtype).removeprefix('torch.')} cache, "
           f"context {args.context}, {torch.get_num_threads()} threads; ms per step, best of runs")
     print(f"{'batch':>5} {'ops':>6} " + " ".join(f"{k[:-3]:>11}" for k in cols))
     for r in results:
@@ -200,6 +206,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(dict(machine=platform.processor() or platform.machine(), dtype=args.dtype,
+                           kv_cache_dtype=str(kv_dtype).removeprefix("torch."),
                            context=args.context, threads=torch.get_num_threads(), results=results), fh, indent=1)
     return 0
 

@@ -10,6 +10,9 @@ o_proj 576x576, gate_up 3072x576, down 576x1536, plus the q8_0 lm_head
            torch's fp32 GEMM from there (the engine's path today)
   int8     CpuPackedLinear(activations="int8").linear: int8 activations, any M
   int8x2   CpuPackedLinear(activations="int8x2").linear: int8 plus the residual's int8
+  amxbf16  CpuPackedLinear(activations="mixed-bf16").linear on prompt rows: bf16_linear on the
+           matrix's bfloat16 copy, AMX-BF16 tiles (what mixed-bf16 runs for prompts; CPUs with
+           AMX-BF16 only, else the column is left out)
   bf16     torch.matmul(x.bfloat16(), W_bf16.T) (oneDNN)
   fp32     torch.matmul(x, W.T)
 
@@ -48,7 +51,7 @@ SHAPES = [  # name, GGUF type, N, K, matrices per step
     ("down", Q.Q4_1, 576, 1536, LAYERS),
     ("lm_head", Q.Q8_0, 49152, 576, 1),
 ]
-PATHS = ["float32", "int8", "int8x2", "bf16", "fp32"]
+PATHS = ["float32", "int8", "int8x2"] + (["amxbf16"] if C.bf16_prompt_supported() else []) + ["bf16", "fp32"]
 # int8 multiply-adds per cycle and core of one build's inner instruction, as assumed for the peak
 MACS_PER_CYCLE = {
     "avx512": (64, "1 zmm vpdpbusd (64 MACs) per cycle per core (Zen 4: two 256-bit pipes; Intel: port 0 (+5))"),
@@ -88,6 +91,9 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
     f32 = [CpuPackedLinear(b) for b in blocks]
     i8 = [CpuPackedLinear(b, activations="int8") for b in blocks]
     i8x2 = [CpuPackedLinear(b, activations="int8x2") for b in blocks]
+    amx = [CpuPackedLinear(b, activations="mixed-bf16") for b in blocks] if "amxbf16" in PATHS else []
+    for w in amx:
+        w.prompt_weight()  # built once, as the worker does at load
     dense = []
     for w in f32:
         out = torch.empty(n, k)
@@ -100,9 +106,11 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
         "float32": lambda: [w.linear(x) for w in f32],
         "int8": lambda: [w.linear(x) for w in i8],
         "int8x2": lambda: [w.linear(x) for w in i8x2],
+        "amxbf16": lambda: [w.linear(x, first_prompt_row=0) for w in amx],
         "bf16": lambda: [torch.matmul(x_bf16, w.T) for w in dense_bf16],
         "fp32": lambda: [torch.matmul(x, w.T) for w in dense],
     }
+    calls = {path: calls[path] for path in PATHS}
     return {path: t / copies for path, t in interleaved_best(calls, min_time).items()}
 
 
