@@ -16,20 +16,17 @@ test_mixed_activations.py).
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import pytest
 import torch
 
 from paged import _C_cpu as C
-from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, packed, step, tiny_config, tiny_weights
+from test_layer_stack import LENGTHS, MAX_BLOCKS, packed, step
+from test_quant_linear import random_weight
+from test_mixed_activations import assert_stack_equals_python_on_mixed_steps, model_with, tiny  # noqa: F401 (tiny: fixture)
 
-from paged.backends.cpu import CpuBackend
 from paged.backends.cpu import quant_linear as ql
 from paged.backends.cpu.quant_linear import CpuPackedLinear
-from paged.backends.cpu.worker import prepare_model
-from paged.core.models import build_model
 from paged.platforms import cpu_isa
 
 pytestmark = pytest.mark.skipif(not C.bf16_prompt_supported(),
@@ -145,65 +142,57 @@ def test_bad_arguments_are_value_errors():
 # -- the "mixed-bf16" activations -------------------------------------------
 
 
-def test_split_linear_is_int8x2_rows_then_bf16_rows():
-    """CpuPackedLinear("mixed-bf16"): rows before first_prompt_row bitwise
-    int8x2's, the rest bitwise bf16_linear on the dequantized weight rounded
-    by torch; QKV (kv_projection) the same; unmarked rows all int8x2."""
+@pytest.mark.parametrize("qtype,n,k", [("q4_1", 64, 128), ("q4_0", 40, 96), ("q8_0", 72, 64), ("q4_1", 576, 1536)])
+@pytest.mark.parametrize("source", ["copy", "panels", "per-call"])
+def test_split_linear_is_int8x2_rows_then_bf16_rows(qtype, n, k, source):
+    """CpuPackedLinear("mixed-bf16"), one quant_linear call with prompt_rows
+    "bf16": rows before first_prompt_row bitwise int8x2's, the rest bitwise
+    bf16_linear on torch's bfloat16 rounding of quant_dequantize's weight,
+    whether the tiles come from the matrix's bfloat16 copy or are made by the
+    kernel from its int8 panels (persistent or per call); QKV
+    (kv_projection) the same; unmarked rows all int8x2."""
     from gguf import GGMLQuantizationType
 
-    w = CpuPackedLinear(packed(np.random.default_rng(4), 64, 128, GGMLQuantizationType.Q4_1), activations="mixed-bf16")
+    gtype = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
+             "q8_0": GGMLQuantizationType.Q8_0}[qtype]
+    w = CpuPackedLinear(packed(np.random.default_rng(n + k), n, k, gtype), activations="mixed-bf16")
+    w.use_panels = source == "panels"
+    w.use_bf16_copy = source == "copy"
     qs, d, m = w.qs, w.d, w.m
     gen = torch.Generator().manual_seed(4)
-    x = torch.randn(9, 128, generator=gen)
-    int8x2 = torch.empty(9, 64)
-    C.quant_linear(x, "q4_1", qs, d, m, int8x2, "int8x2")
-    dense = torch.empty(64, 128)
-    C.quant_dequantize("q4_1", qs, d, m, dense)
-    bf = bf16_linear(x, tiles(dense.bfloat16()), 64)
-    for kv in (False, True):
-        got = w.linear(x, first_prompt_row=3, kv_projection=kv)
-        assert torch.equal(got[:3], int8x2[:3]) and torch.equal(got[3:], bf[3:])
+    x = torch.randn(41, k, generator=gen)
+    int8x2 = torch.empty(41, n)
+    C.quant_linear(x, qtype, qs, d, m, int8x2, "int8x2")
+    dense = torch.empty(n, k)
+    C.quant_dequantize(qtype, qs, d, m, dense)
+    bf = bf16_linear(x, tiles(dense.bfloat16()), n)
+    for split in (0, 3, 17, 40):
+        for kv in (False, True):
+            got = w.linear(x, first_prompt_row=split, kv_projection=kv)
+            assert torch.equal(got[:split], int8x2[:split]) and torch.equal(got[split:], bf[split:]), (split, kv)
     assert torch.equal(w.linear(x), int8x2)
-    assert torch.equal(w.linear(x, first_prompt_row=0), bf)
 
 
-def model_with(activations, config, weights):
-    backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
-    model = build_model(config, weights, torch.float32, "cpu", backend,
-                        lambda t: CpuPackedLinear(t, activations=activations))
-    prepare_model(model)
-    return model, backend
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    config = tiny_config()
-    return config, tiny_weights(config)
+def test_prompt_rows_argument_errors():
+    gen = torch.Generator().manual_seed(1)
+    qs, d, m = random_weight("q8_0", 8, 64, gen)
+    x, out = torch.randn(3, 64), torch.empty(3, 8)
+    with pytest.raises(ValueError, match=r"prompt_rows: expected 'int8' or 'bf16', got 'fp8'"):
+        C.quant_linear(x, "q8_0", qs, d, m, out, "int8x2", 1, None, "fp8")
+    with pytest.raises(ValueError, match=r"prompt_rows: expected 'int8' with activations 'int8'"):
+        C.quant_linear(x, "q8_0", qs, d, m, out, "int8", -1, None, "bf16")
 
 
 def test_stack_equals_python_layers_and_unmarked_rows_are_int8x2(tiny, monkeypatch):
     config, weights = tiny
     model, backend = model_with("mixed-bf16", config, weights)
     assert model.layer_stack is not None and model.layer_stack.activations == "mixed-bf16"
+    assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
     rng = np.random.default_rng(5)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    caches = {flag: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS) for flag in "10"}
-    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
-             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4),
-             ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5)]
-    for work, nd in steps:
-        ids, pos, meta = step(tokens, work, nd)
-        meta.first_prompt_row = int(meta.query_start_loc[nd])
-        out = {}
-        for flag in "10":
-            monkeypatch.setenv("PAGED_LAYER_STACK", flag)
-            out[flag] = model(ids, pos, caches[flag], meta)
-        assert torch.equal(out["1"], out["0"]), (work, nd)
-        for (k1, v1), (k0, v0) in zip(caches["1"], caches["0"]):
-            assert torch.equal(k1, k0) and torch.equal(v1, v0)
     # no rows marked: the int8x2 model's bits; every row a prompt row: not them
     int8x2, xb = model_with("int8x2", config, weights)
-    ids, pos, meta = step(tokens, steps[0][0], 0)
+    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0)
     fresh = lambda b: b.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
     want = int8x2(ids, pos, fresh(xb), meta)
     assert torch.equal(model(ids, pos, fresh(backend), meta), want)
@@ -212,6 +201,8 @@ def test_stack_equals_python_layers_and_unmarked_rows_are_int8x2(tiny, monkeypat
 
 
 def test_auto_follows_the_cpu_level():
+    """auto is mixed-bf16 here; capped at the avx2 level (an older CPU), mixed,
+    and mixed-bf16 itself is refused with a reason."""
     assert ql.resolve_activations("auto") == "mixed-bf16"
     with cpu_isa.use_level("avx2"):
         assert ql.resolve_activations("auto") == "mixed"
@@ -219,10 +210,25 @@ def test_auto_follows_the_cpu_level():
             ql.resolve_activations("mixed-bf16")
 
 
-def test_copies_beyond_the_limit_fall_back_to_mixed(tiny, monkeypatch, caplog):
+def test_copies_beyond_the_limit_are_not_kept_and_change_no_bit(tiny, monkeypatch, caplog):
+    """Past BF16_PROMPT_MAX_BYTES the model keeps no bfloat16 copies (logged)
+    and its prompt rows come from the panels: bitwise the same outputs."""
+    import logging
+
     config, weights = tiny
+    with_copies, backend = model_with("mixed-bf16", config, weights)
+    assert all(layer.gate_up.prompt_weight() is not None for layer in with_copies.layers)
     monkeypatch.setattr(ql, "BF16_PROMPT_MAX_BYTES", 1024)
-    with caplog.at_level(logging.WARNING, logger=ql.log.name):
-        model, _ = model_with("mixed-bf16", config, weights)
-    assert "linear activations 'mixed' instead of 'mixed-bf16'" in caplog.text
-    assert model.layer_stack is not None and model.layer_stack.activations == "mixed"
+    with caplog.at_level(logging.INFO, logger=ql.log.name):
+        without, wb = model_with("mixed-bf16", config, weights)
+    assert "cpu bf16 prompt weights: none" in caplog.text
+    assert all(layer.gate_up.prompt_weight() is None for layer in without.layers)
+    rng = np.random.default_rng(6)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0)
+    meta.first_prompt_row = 2
+    fresh = lambda b: b.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
+    for stack in "10":
+        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+        assert torch.equal(with_copies(ids, pos, fresh(backend), meta), without(ids, pos, fresh(wb), meta))
+

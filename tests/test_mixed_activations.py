@@ -130,9 +130,10 @@ def test_unmarked_rows_are_int8x2(tiny, monkeypatch):
         assert torch.equal(forward(mixed, backend, ids, pos, meta, stack, monkeypatch)[0], want)
 
 
-def test_stack_equals_python_layers_on_a_mixed_step(tiny, monkeypatch):
-    config, weights = tiny
-    model, backend = model_with("mixed", config, weights)
+def assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch) -> None:
+    """Three steps (prompts alone, decodes beside a prompt chunk, decodes
+    alone) with the first prompt row marked: the C++ stack's hidden states
+    and KV caches bitwise the Python layers'."""
     rng = np.random.default_rng(5)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
     caches = {flag: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS) for flag in "10"}
@@ -149,6 +150,12 @@ def test_stack_equals_python_layers_on_a_mixed_step(tiny, monkeypatch):
         assert torch.equal(out["1"], out["0"]), (work, nd)
         for (k1, v1), (k0, v0) in zip(caches["1"], caches["0"]):
             assert torch.equal(k1, k0) and torch.equal(v1, v0)
+
+
+def test_stack_equals_python_layers_on_a_mixed_step(tiny, monkeypatch):
+    config, weights = tiny
+    model, backend = model_with("mixed", config, weights)
+    assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
 
 
 def test_runner_marks_prompt_rows_after_decodes_and_verifies(default_model_path):

@@ -69,12 +69,14 @@ log = logging.getLogger(__name__)
 #: ``activations``), "mixed": int8x2 for rows that generate a token, int8
 #: for prompt rows where the caller marks them (``first_prompt_row``) except
 #: in the K/V projection, and "mixed-bf16": int8x2 for rows that generate a
-#: token, bfloat16 on AMX tiles for every prompt row (``_C_cpu.bf16_linear``
-#: on a bfloat16 copy of the weight; CPUs with AMX-BF16 only).
+#: token, bfloat16 on AMX tiles for every prompt row (``quant_linear``'s
+#: ``prompt_rows="bf16"``; CPUs with AMX-BF16 only).
 ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
 
-#: "mixed-bf16"'s copies, bytes at most (2 per weight): beyond it the model's
-#: matrices fall back to "mixed" (logged).
+#: "mixed-bf16" keeps a bfloat16 copy of each decoder matrix (2 bytes per
+#: weight) for its prompt rows while the model's copies total at most this;
+#: beyond, the kernel makes each chunk's bfloat16 tiles from the int8 panels
+#: per call instead (the same bits, ~7% slower prefill, no copy).
 BF16_PROMPT_MAX_BYTES = 2 << 30
 
 
@@ -143,7 +145,8 @@ class CpuPackedLinear:
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
-        self._prompt_weight: torch.Tensor | None = None  # "mixed-bf16"'s bfloat16 copy
+        self.use_bf16_copy = False  # "mixed-bf16": keep prompt_weight() (plan_prompt_weights)
+        self._bf16: torch.Tensor | None = None
 
     def weight_panels(self) -> torch.Tensor | None:
         """The matrix's persistent int8 panels for the active linear build
@@ -164,18 +167,21 @@ class CpuPackedLinear:
             self._panels, self._panels_layout = panels, layout
         return self._panels
 
-    def prompt_weight(self) -> torch.Tensor:
-        """"mixed-bf16"'s copy of the matrix: the dequantized weight rounded to
-        bfloat16 (torch's round-to-nearest-even) in ``_C_cpu.bf16_linear``'s
-        tile layout, built on first use."""
+    def prompt_weight(self) -> torch.Tensor | None:
+        """"mixed-bf16"'s copy for prompt rows when ``use_bf16_copy``: the
+        dequantized weight rounded to bfloat16 by torch, in
+        ``_C_cpu.bf16_linear``'s tile layout (built on first use); else None
+        (the kernel makes the same tiles from the panels per call)."""
         from paged import _C_cpu
 
-        if self._prompt_weight is None:
+        if not self.use_bf16_copy or self.activations != "mixed-bf16":
+            return None
+        if self._bf16 is None:
             w16 = self._dequantized().to(torch.bfloat16)
             tiles = torch.empty(_C_cpu.bf16_weight_elems(*self.shape), dtype=torch.bfloat16)
             _C_cpu.build_bf16_weight(dl(w16), dl(tiles))
-            self._prompt_weight = tiles
-        return self._prompt_weight
+            self._bf16 = tiles
+        return self._bf16
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -200,25 +206,25 @@ class CpuPackedLinear:
         else:
             out = torch.empty((rows, self.out_features), dtype=torch.float32)
             split = -1 if first_prompt_row is None else min(first_prompt_row, rows)
-            if self.activations == "mixed-bf16" and 0 <= split < rows:
-                if split:
-                    self._packed(x2[:split], out[:split], "int8x2", -1)
-                _C_cpu.bf16_linear(dl(x2[split:]), dl(self.prompt_weight()), dl(out[split:]))
-            elif self.activations in ("mixed", "mixed-bf16"):  # the kernel's int8x2, prompt rows on one term
-                self._packed(x2, out, "int8x2", -1 if kv_projection or self.activations != "mixed" else split)
+            if self.activations == "mixed-bf16":  # prompt rows in bfloat16, QKV's too
+                self._packed(x2, out, "int8x2", split, "bf16", self.prompt_weight() if split >= 0 else None)
+            elif self.activations == "mixed":  # prompt rows on one int8 term, but not the cached K/V
+                self._packed(x2, out, "int8x2", -1 if kv_projection else split)
             else:
                 self._packed(x2, out, self.activations, -1)
             if bias is not None:
                 out += bias
         return out.view(*lead, self.out_features).to(x.dtype)
 
-    def _packed(self, x2: torch.Tensor, out: torch.Tensor, activations: str, two_term_rows: int) -> None:
+    def _packed(self, x2: torch.Tensor, out: torch.Tensor, activations: str, two_term_rows: int,
+                prompt_rows: str = "int8", bf16_weight: torch.Tensor | None = None) -> None:
         """quant_linear on the packed weight, with the persistent panels where on."""
         from paged import _C_cpu
 
         panels = self.weight_panels()  # the kernel decides per call whether to read them
         _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
-                            two_term_rows, None if panels is None else dl(panels))
+                            two_term_rows, None if panels is None else dl(panels), prompt_rows,
+                            None if bf16_weight is None else dl(bf16_weight))
 
     def _dequantized(self) -> torch.Tensor:
         """The dense fp32 matrix, in a scratch buffer shared by every packed
@@ -273,22 +279,22 @@ def plan_weight_panels(linears) -> int:
 
 
 def plan_prompt_weights(linears) -> int:
-    """Builds the bfloat16 copies of one model's "mixed-bf16" matrices
-    (``linears``: its CpuPackedLinear objects, others are skipped) before the
-    KV budget is sized, and logs once what they take; beyond
-    BF16_PROMPT_MAX_BYTES they are not built and the matrices run "mixed"
-    instead (logged). Returns the copies' bytes."""
+    """Sets ``use_bf16_copy`` on one model's "mixed-bf16" matrices
+    (``linears``: its decoder matrices; others are skipped) when their copies
+    total at most BF16_PROMPT_MAX_BYTES, builds them before the KV budget is
+    sized, and logs once what they take. Returns the copies' bytes."""
     mats = [w for w in linears if isinstance(w, CpuPackedLinear) and w.activations == "mixed-bf16"]
     if not mats:
         return 0
     need = sum(2 * w.out_features * w.in_features for w in mats)
-    if need > BF16_PROMPT_MAX_BYTES:
-        for w in mats:
-            w.activations = "mixed"
-        log.warning("cpu bf16 prompt weights: %.0f MiB > %.0f MiB: linear activations 'mixed' instead of "
-                    "'mixed-bf16' (int8 prompt rows)", need / 2**20, BF16_PROMPT_MAX_BYTES / 2**20)
+    on = need <= BF16_PROMPT_MAX_BYTES
+    for w in mats:
+        w.use_bf16_copy = on
+    if not on:
+        log.info("cpu bf16 prompt weights: none (%.0f MiB > %.0f MiB): mixed-bf16's prompt rows make their "
+                 "bfloat16 tiles from the int8 panels per call", need / 2**20, BF16_PROMPT_MAX_BYTES / 2**20)
         return 0
     total = sum(w.prompt_weight().numel() * 2 for w in mats)
-    log.info("cpu bf16 prompt weights: %.0f MiB for %d matrices (mixed-bf16: prompt rows on AMX-BF16; "
+    log.info("cpu bf16 prompt weights: %.0f MiB for %d matrices (mixed-bf16's prompt rows on AMX-BF16; "
              "--linear-activations mixed keeps them on int8)", total / 2**20, len(mats))
     return total

@@ -6,9 +6,9 @@ paths chosen here, not in the model.
 - stack runner: ``LayerStack``, every decoder layer of a step in one C++ call,
   where the model is eligible (backends/cpu/layer_stack.py);
 - weight panels: the int8 kernel's panels kept per matrix where the model is
-  small enough (backends/cpu/quant_linear.py plan_weight_panels), and
-  "mixed-bf16"'s bfloat16 copies (plan_prompt_weights), built before the
-  stack, which takes them;
+  small enough (backends/cpu/quant_linear.py plan_weight_panels), built
+  before the stack, which takes them, with "mixed-bf16"'s bfloat16 copies
+  (plan_prompt_weights);
 - profiling: none. The KV budget is a share of the host memory available
   after the weights are loaded; a step's activations are small beside it.
 """
@@ -54,11 +54,10 @@ def packed_matrices(model) -> list:
 
 
 def plan_model_weights(model) -> None:
-    """The per-matrix copies the kernels keep: "mixed-bf16"'s bfloat16 copies
-    of the decoder matrices (the LM head never sees prompt rows), then the
-    int8 panels (a fallback to "mixed" above changes nothing for them)."""
-    plan_prompt_weights(decoder_matrices(model))
+    """What the kernels keep per matrix: the int8 panels, and "mixed-bf16"'s
+    bfloat16 copies of the decoder matrices (the LM head sees no prompt rows)."""
     plan_weight_panels(packed_matrices(model))
+    plan_prompt_weights(decoder_matrices(model))
 
 
 def prepare_model(model) -> None:

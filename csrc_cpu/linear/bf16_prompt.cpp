@@ -69,10 +69,19 @@ void build_bf16_weight(const Array& w16, const Array& out) {
           }
 }
 
+const uint16_t* check_bf16_weight(const char* name, const Array& weight, int64_t N, int64_t K) {
+  const attn::TensorArg tw = typed(name, weight, kBf16, "bfloat16", 1);
+  const int64_t want = bf16_weight_elems(N, K);
+  if (tw.dim(0) != want)
+    fail(name, std::to_string(want) + " elements (build_bf16_weight's layout of an [N, K] = [" +
+                       std::to_string(N) + ", " + std::to_string(K) + "] weight)",
+         std::to_string(tw.dim(0)));
+  return static_cast<const uint16_t*>(tw.data);
+}
+
 void bf16_linear(const Array& x, const Array& weight, const Array& out) {
   const attn::TensorArg tx = typed("x", x, nb::dtype<float>(), "float32", 2);
   const attn::TensorArg to = typed("out", out, nb::dtype<float>(), "float32", 2);
-  const attn::TensorArg tw = typed("weight", weight, kBf16, "bfloat16", 1);
   Bf16Args a;
   a.M = tx.dim(0);
   a.K = tx.dim(1);
@@ -81,14 +90,10 @@ void bf16_linear(const Array& x, const Array& weight, const Array& out) {
     fail("x", "shape [M, K] with M >= 1 and K a positive multiple of 32", "shape " + tx.shape_str());
   if (to.dim(0) != a.M || a.N < 1)
     fail("out", "shape [" + std::to_string(a.M) + ", N] with N >= 1 (x's rows)", "shape " + to.shape_str());
-  const int64_t want = bf16_weight_elems(a.N, a.K);
-  if (tw.dim(0) != want)
-    fail("weight", std::to_string(want) + " elements (build_bf16_weight's layout of an [N, K] = [" +
-                       std::to_string(a.N) + ", " + std::to_string(a.K) + "] weight)",
-         std::to_string(tw.dim(0)));
+  const uint16_t* w = check_bf16_weight("weight", weight, a.N, a.K);
   require_supported();
 #if defined(PAGED_ISA_X86)
-  a.w = static_cast<const uint16_t*>(tw.data);
+  a.w = w;
   a.out = static_cast<float*>(to.data);
   const auto* xf = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;

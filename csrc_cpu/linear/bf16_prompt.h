@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "linear/quant_linear.h"
+
 namespace paged::cpu::linear {
 
 constexpr int64_t kBf16Cols = 32;  // output columns per work item (two B tiles of 16)
@@ -49,8 +51,19 @@ bool supported();
 // Group g (rows 32 g .. 32 g + 31, zeros past M) of x [M, K] into the packed layout above.
 void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed);
 // Work item i: group i % groups, chunk i / groups (chunk-major: a thread's
-// consecutive items share the chunk's weight tiles).
+// consecutive items share the chunk's weight tiles); a.w is the tile layout.
 void item(const Bf16Args& a, int64_t i);
+}  // namespace isa_amx_bf16
+namespace isa_avx512 {
+struct PanelView;
+}
+namespace isa_amx_bf16 {
+// out[:, n0:n1] for all of a's rows: the chunk's B tiles from a.w (the tile
+// layout) when set, else made from chunk [n0, n1)'s int8 weight panel p
+// (int8_avx512.h: its codes and scales, dequantized as quant_dequantize and
+// rounded as torch does), then swept by every group. Either source gives the
+// same tiles, so the same bits (tests/test_bf16_prompt.py).
+void chunk_rows(const Bf16Args& a, const isa_avx512::PanelView* p, QType t, int64_t n0, int64_t n1);
 }  // namespace isa_amx_bf16
 
 // The Python entry points are in ops.h.

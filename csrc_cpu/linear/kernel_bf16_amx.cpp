@@ -14,7 +14,9 @@
 #include <cstring>
 
 #include "isa_select.h"
+#include "linear/aligned.h"
 #include "linear/amx_tiles.h"
+#include "linear/int8_avx512.h"
 
 #if defined(PAGED_HAVE_AMX)
 
@@ -71,19 +73,88 @@ PAGED_AMX_INLINE void store_tile(float* dst, int64_t stride_bytes) {
   amx::tile_store<C>(dst, stride_bytes);
 }
 
-// RNE to bfloat16 (torch's c10::round_to_nearest_even): NaN -> 0x7FC0.
-PAGED_AMX_INLINE __m256i to_bf16(__m512 v) {
+// RNE to bfloat16 (torch's c10::round_to_nearest_even), NaN -> 0x7FC0: the
+// 16 results in the low halves of 32-bit lanes.
+PAGED_AMX_INLINE __m512i bf16_lanes(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-  return _mm512_cvtepi32_epi16(r);
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+}
+
+PAGED_AMX_INLINE __m256i to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+
+// One group of x rows (<= 32) times one chunk's two B tile columns over all
+// K, into out[rows, cols] (row stride a.N).
+PAGED_AMX_INLINE void group(const Bf16Args& a, const uint16_t* x, const uint16_t* w0, const uint16_t* w1,
+                            int64_t rows, int64_t cols, float* out) {
+  const int64_t steps = a.K / kBf16Step;
+  amx::ensure_config(kConfig);
+  const bool two = rows > kTile;
+  if (two)
+    sweep<true>(x, w0, w1, steps);
+  else
+    sweep<false>(x, w0, w1, steps);
+  if (rows == (two ? kBf16Rows : kTile) && cols == kBf16Cols) {  // whole tiles straight into out
+    const int64_t stride = a.N * int64_t(sizeof(float));
+    store_tile<4>(out, stride);
+    store_tile<5>(out + kTile, stride);
+    if (two) {
+      store_tile<6>(out + kTile * a.N, stride);
+      store_tile<7>(out + kTile * a.N + kTile, stride);
+    }
+    return;
+  }
+  alignas(64) float stage[kBf16Rows][kBf16Cols];  // an edge item: through the stage, valid part copied
+  const int64_t stride = kBf16Cols * int64_t(sizeof(float));
+  store_tile<4>(&stage[0][0], stride);
+  store_tile<5>(&stage[0][kTile], stride);
+  if (two) {
+    store_tile<6>(&stage[kTile][0], stride);
+    store_tile<7>(&stage[kTile][kTile], stride);
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.N, stage[r], size_t(cols) * sizeof(float));
+}
+
+// The chunk's B tiles from its int8 panel (int8_avx512.h): per column c and
+// block b, tiles[c][b][kk][n][j] = bf16(W[n0 + 16 c + n][32 b + 2 kk + j]),
+// W dequantized as quant_dequantize does (d * q, then + m for q4_1, each
+// rounded on its own: explicit rounding-mode operations, never fused).
+template <QType T>
+PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t* tiles) {
+  using isa_avx512::kCols;
+  using isa_avx512::kLanes;
+  using isa_avx512::kPanel;
+  using isa_avx512::kSteps;
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  // panel codes are unsigned: the nibble, or the q8 code + 128
+  const __m512i offset = _mm512_set1_epi32(T == QType::Q4_0 ? 8 : (T == QType::Q8_0 ? 128 : 0));
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int c = 0; c < kCols; ++c)
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m512 d = _mm512_load_ps(p.d + b * kPanel + c * kLanes);
+      const __m512 m = T == QType::Q4_1 ? _mm512_load_ps(p.m + b * kPanel + c * kLanes) : _mm512_setzero_ps();
+      uint16_t* dst = tiles + (c * nb + b) * kTileElems;
+      for (int s = 0; s < kSteps; ++s) {  // codes 4s .. 4s+3 of 16 rows: tile rows 2s and 2s + 1
+        const __m512i v = _mm512_load_si512(p.codes + ((b * kSteps + s) * kCols + c) * 64);
+        __m512i w[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m512i q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte), offset);
+          __m512 x = _mm512_mul_round_ps(_mm512_cvtepi32_ps(q), d, kRound);
+          if constexpr (T == QType::Q4_1) x = _mm512_add_round_ps(x, m, kRound);
+          w[j] = bf16_lanes(x);
+        }
+        _mm512_store_si512(dst + 2 * s * 32, _mm512_or_si512(w[0], _mm512_slli_epi32(w[1], 16)));
+        _mm512_store_si512(dst + (2 * s + 1) * 32, _mm512_or_si512(w[2], _mm512_slli_epi32(w[3], 16)));
+      }
+    }
 }
 
 }  // namespace
 
 bool supported() {
-  return cpu_has_avx512() && runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
+  // AVX512-VNNI too: the rows read the int8 kernels' panels (isa_avx512)
+  return cpu_has_avx512vnni() && runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
 }
 
 PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed) {
@@ -108,37 +179,27 @@ PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint1
 PAGED_AMX void item(const Bf16Args& a, int64_t i) {
   const int64_t groups = a.groups(), steps = a.K / kBf16Step;
   const int64_t g = i % groups, c = i / groups;
-  const int64_t rows = std::min(kBf16Rows, a.M - g * kBf16Rows);
-  const int64_t cols = std::min(kBf16Cols, a.N - c * kBf16Cols);
-  const uint16_t* x = a.x + g * steps * kStepElems;
   const uint16_t* w0 = a.w + 2 * c * steps * kTileElems;
-  const uint16_t* w1 = w0 + steps * kTileElems;
-  amx::ensure_config(kConfig);
-  const bool two = rows > kTile;
-  if (two)
-    sweep<true>(x, w0, w1, steps);
-  else
-    sweep<false>(x, w0, w1, steps);
-  float* out = a.out + g * kBf16Rows * a.N + c * kBf16Cols;
-  if (rows == (two ? kBf16Rows : kTile) && cols == kBf16Cols) {  // whole tiles straight into out
-    const int64_t stride = a.N * int64_t(sizeof(float));
-    store_tile<4>(out, stride);
-    store_tile<5>(out + kTile, stride);
-    if (two) {
-      store_tile<6>(out + kTile * a.N, stride);
-      store_tile<7>(out + kTile * a.N + kTile, stride);
+  group(a, a.x + g * steps * kStepElems, w0, w0 + steps * kTileElems, std::min(kBf16Rows, a.M - g * kBf16Rows),
+        std::min(kBf16Cols, a.N - c * kBf16Cols), a.out + g * kBf16Rows * a.N + c * kBf16Cols);
+}
+
+PAGED_AMX void chunk_rows(const Bf16Args& a, const isa_avx512::PanelView* p, QType t, int64_t n0, int64_t n1) {
+  const int64_t steps = a.K / kBf16Step;
+  const uint16_t* w0 = a.w ? a.w + 2 * (n0 / kBf16Cols) * steps * kTileElems : nullptr;
+  if (!w0) {  // the chunk's B tiles made from its panel, reused by every group
+    static thread_local AlignedVector<uint16_t> tiles;
+    if (tiles.size() < size_t(2 * steps * kTileElems)) tiles.resize(size_t(2 * steps * kTileElems));
+    switch (t) {
+      case QType::Q4_0: panel_tiles<QType::Q4_0>(*p, steps, tiles.data()); break;
+      case QType::Q4_1: panel_tiles<QType::Q4_1>(*p, steps, tiles.data()); break;
+      case QType::Q8_0: panel_tiles<QType::Q8_0>(*p, steps, tiles.data()); break;
     }
-    return;
+    w0 = tiles.data();
   }
-  alignas(64) float stage[kBf16Rows][kBf16Cols];  // an edge item: through the stage, valid part copied
-  const int64_t stride = kBf16Cols * int64_t(sizeof(float));
-  store_tile<4>(&stage[0][0], stride);
-  store_tile<5>(&stage[0][kTile], stride);
-  if (two) {
-    store_tile<6>(&stage[kTile][0], stride);
-    store_tile<7>(&stage[kTile][kTile], stride);
-  }
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.N, stage[r], size_t(cols) * sizeof(float));
+  for (int64_t g = 0; g < a.groups(); ++g)
+    group(a, a.x + g * steps * kStepElems, w0, w0 + steps * kTileElems, std::min(kBf16Rows, a.M - g * kBf16Rows),
+          n1 - n0, a.out + g * kBf16Rows * a.N + n0);
 }
 
 }  // namespace paged::cpu::linear::isa_amx_bf16
@@ -151,6 +212,7 @@ namespace paged::cpu::linear::isa_amx_bf16 {
 bool supported() { return false; }
 void pack_group(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
 void item(const Bf16Args&, int64_t) {}
+void chunk_rows(const Bf16Args&, const isa_avx512::PanelView*, QType, int64_t, int64_t) {}
 }  // namespace paged::cpu::linear::isa_amx_bf16
 
 #endif

@@ -56,6 +56,7 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
       activations_(std::move(activations)) {
   if (activations_ == "mixed" || activations_ == "mixed-bf16") {  // int8x2 for rows that generate a token (header)
     linear_activations_ = "int8x2";
+    if (activations_ == "mixed-bf16") prompt_rows_ = "bf16";
   } else if (activations_ == "float32" || activations_ == "int8" || activations_ == "int8x2") {
     linear_activations_ = activations_;
   } else {
@@ -70,28 +71,22 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
                            std::vector<std::optional<Array>> panels,
-                           std::vector<std::optional<Array>> prompt_weights) {
+                           std::vector<std::optional<Array>> bf16_weights) {
   f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
   f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
   if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
   if (!panels.empty() && panels.size() != 4)
     fail("panels", "none or 4 (qkv, o_proj, gate_up, down)", int64_t(panels.size()));
   panels.resize(4);
-  const bool bf16 = activations_ == "mixed-bf16";
-  const bool all_given = prompt_weights.size() == 4 &&
-                         std::all_of(prompt_weights.begin(), prompt_weights.end(), [](const auto& w) { return w.has_value(); });
-  if (bf16 ? !all_given : !prompt_weights.empty())
-    fail("prompt_weights",
-         bf16 ? "4 bfloat16 copies (qkv, o_proj, gate_up, down) for activations 'mixed-bf16'"
-              : "none for activations '" + activations_ + "' (only 'mixed-bf16' takes them)",
-         int64_t(prompt_weights.size()));
-  prompt_weights.resize(4);
+  if (!bf16_weights.empty() && (bf16_weights.size() != 4 || prompt_rows_ != "bf16"))
+    fail("bf16_weights", "none, or 4 (qkv, o_proj, gate_up, down) with activations 'mixed-bf16'",
+         std::to_string(bf16_weights.size()) + " with activations '" + activations_ + "'");
+  bf16_weights.resize(4);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm),
-                          {std::move(qkv), std::move(panels[0]), std::move(prompt_weights[0])},
-                          {std::move(o_proj), std::move(panels[1]), std::move(prompt_weights[1])},
-                          {std::move(gate_up), std::move(panels[2]), std::move(prompt_weights[2])},
-                          {std::move(down), std::move(panels[3]), std::move(prompt_weights[3])},
-                          std::move(qkv_bias)});
+                          {std::move(qkv), std::move(panels[0]), std::move(bf16_weights[0])},
+                          {std::move(o_proj), std::move(panels[1]), std::move(bf16_weights[1])},
+                          {std::move(gate_up), std::move(panels[2]), std::move(bf16_weights[2])},
+                          {std::move(down), std::move(panels[3]), std::move(bf16_weights[3])}, std::move(qkv_bias)});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -116,23 +111,16 @@ void LayerStack::reserve(int64_t tokens) {
 }
 
 // out[rows, n] = x[rows, in] @ W^T through the packed kernel (which checks W against in and n).
-// split: quant_linear's two_term_rows (-1 = every row as `activations` says);
-// with a bfloat16 copy, the rows from split on go to bf16_linear instead, as
-// CpuPackedLinear.linear calls them.
+// two_term_rows: quant_linear's (-1 = every row as `activations` says); the
+// rows from there on are prompt_rows_.
 void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
-                        int64_t split) const {
+                        int64_t two_term_rows) const {
   static const std::optional<Array> none;
   const auto& [qtype, qs, d, m] = w.w;
   const bool cached = w.panels && linear::weight_panels_match_build(*w.panels);  // else an old build's: unused
-  const bool bf16 = w.prompt && split >= 0 && split < rows;
-  const int64_t packed_rows = bf16 ? split : rows;
-  if (packed_rows)
-    linear::quant_linear(f32(x, {size_t(packed_rows), size_t(in)}), qtype, qs, d, m,
-                         f32(out, {size_t(packed_rows), size_t(n)}), linear_activations_, bf16 ? -1 : split,
-                         cached ? w.panels : none);
-  if (bf16)
-    linear::bf16_linear(f32(x + split * in, {size_t(rows - split), size_t(in)}), *w.prompt,
-                        f32(out + split * n, {size_t(rows - split), size_t(n)}));
+  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
+                       linear_activations_, two_term_rows, cached ? w.panels : none, prompt_rows_,
+                       two_term_rows >= 0 ? w.bf16 : none);
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then

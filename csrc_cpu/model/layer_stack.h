@@ -14,8 +14,8 @@
 // rows that generate a token) and in every QKV projection, int8 for prompt
 // rows in the other matrices (docs/kernels.md, "Mixed activations"); or
 // "mixed-bf16": int8x2 for the rows that generate a token, bfloat16 on AMX
-// tiles (linear/bf16_prompt.h) for every prompt row, QKV's included, from
-// each matrix's bfloat16 copy.
+// tiles (linear/bf16_prompt.h) for every prompt row, QKV's included
+// (quant_linear's prompt_rows "bf16").
 //
 // Not thread-safe: one engine thread owns a stack (the scratch and the bound
 // KV caches are shared state). Call run() with the GIL held: the kernels it
@@ -47,7 +47,7 @@ using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>
 struct StackMatrix {
   PackedMatrix w;
   std::optional<Array> panels;
-  std::optional<Array> prompt;  // "mixed-bf16": build_bf16_weight's copy (checked by bf16_linear)
+  std::optional<Array> bf16;  // "mixed-bf16": build_bf16_weight's copy, or none (tiles from the panels)
 };
 
 struct StackConfig {
@@ -69,12 +69,12 @@ class LayerStack {
   // the bias, which this class adds itself, is checked here). panels: none,
   // or one per matrix (qkv, o_proj, gate_up, down; each None or
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
-  // prompt_weights: "mixed-bf16" only, and then required: the four
-  // matrices' bfloat16 copies (build_bf16_weight), in the same order.
+  // bf16_weights: "mixed-bf16" only: none, or one per matrix in the same
+  // order, each None or build_bf16_weight's copy (quant_linear's bf16_weight).
   void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
                  std::vector<std::optional<Array>> panels = {},
-                 std::vector<std::optional<Array>> prompt_weights = {});
+                 std::vector<std::optional<Array>> bf16_weights = {});
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -107,6 +107,7 @@ class LayerStack {
   Array final_norm_;
   std::string activations_;  // the packed linear's activations (or "mixed"), checked at construction
   std::string linear_activations_;  // what quant_linear is called with ("mixed", "mixed-bf16" -> "int8x2")
+  std::string prompt_rows_ = "int8";  // quant_linear's prompt_rows ("mixed-bf16" -> "bf16")
   std::vector<Layer> layers_;
   std::vector<std::tuple<Array, Array>> kv_caches_;
   int64_t capacity_ = 0;               // token rows the scratch holds
