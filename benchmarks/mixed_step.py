@@ -1,0 +1,111 @@
+"""A serving-shaped CPU step, side by side per linear-activations mode: D
+decoding sequences at a given context plus k prompt rows of a new sequence
+(a prefill chunk beside decodes, what the ITL-bounded scheduler builds),
+through the default model's forward (the layer stack where eligible) with
+the engine's cache dtype. The modes' models share the weights and run in
+alternating rounds (best round each), so their ratio holds on a loaded
+machine.
+
+    python benchmarks/mixed_step.py [--modes mixed,mixed-bf16] [--decodes 16] [--context 320]
+        [--prompt-rows 0 8 16 32 64 128 256] [--rounds 8] [--json PATH]
+
+What it shows: how a mode's cost grows with the prompt rows a step carries
+(mixed's one-term int8 prompt rows ride along the decode rows' sweep of the
+weight panels; mixed-bf16's read the bfloat16 copy whatever their number,
+docs/kernels.md, "bfloat16 prompt rows").
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+
+import torch
+from timing import emit_json
+
+from paged.backends.base import AttentionMetadata
+from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.quant_linear import CpuPackedLinear, resolve_activations
+from paged.backends.cpu.worker import prepare_model
+from paged.core.loaders import load_model_files
+from paged.core.model_files import default_model_path
+from paged.core.models import build_model
+from paged.platforms.cpu import CpuPlatform
+
+BLOCK = 16
+
+
+def build(mode: str, loaded):
+    c = loaded.config
+    kv_dtype = CpuPlatform().auto_kv_cache_dtype(torch.float32, mode)
+    backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, torch.float32, "cpu",
+                         sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)
+    model = build_model(c, loaded.weights, torch.float32, "cpu", backend,
+                        functools.partial(CpuPackedLinear, activations=mode))
+    prepare_model(model)
+    return model, backend
+
+
+def step_inputs(c, backend, decodes: int, context: int, k: int):
+    """Inputs of one step: `decodes` one-row sequences at `context`, then a
+    new sequence's first k prompt rows (random cache contents)."""
+    blocks = (max(context, k) + BLOCK - 1) // BLOCK
+    seqs = decodes + (1 if k else 0)
+    caches = backend.allocate_kv_cache(c.num_layers, blocks * seqs)
+    for key, value in caches:
+        key.normal_(), value.normal_()
+    slots = [i * blocks * BLOCK + context - 1 for i in range(decodes)] + [decodes * blocks * BLOCK + j for j in range(k)]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        query_start_loc=torch.tensor(list(range(decodes + 1)) + ([decodes + k] if k else []), dtype=torch.int32),
+        seq_lens=torch.tensor([context] * decodes + ([k] if k else []), dtype=torch.int32),
+        block_tables=torch.arange(blocks * seqs, dtype=torch.int32).view(seqs, -1),
+        num_decodes=decodes, max_query_len=max(1, k), max_seq_len=max(context, k))
+    meta.first_prompt_row = decodes
+    ids = torch.randint(0, c.vocab_size, (decodes + k,), generator=torch.Generator().manual_seed(k))
+    positions = torch.tensor([context - 1] * decodes + list(range(k)))
+    return ids, positions, caches, meta
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", default="mixed,mixed-bf16",
+                    help="--linear-activations values, comma separated (those this CPU cannot run are left out)")
+    ap.add_argument("--decodes", type=int, default=16)
+    ap.add_argument("--context", type=int, default=320)
+    ap.add_argument("--prompt-rows", type=int, nargs="+", default=[0, 8, 16, 32, 64, 128, 256])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    modes = []
+    for mode in args.modes.split(","):
+        try:
+            modes.append(resolve_activations(mode))
+        except ValueError as exc:
+            print(f"left out: {exc}")
+    loaded = load_model_files(str(default_model_path()), torch.float32, keep_packed=True)
+    c = loaded.config
+    models = {mode: build(mode, loaded) for mode in modes}
+    print(f"default model, {args.decodes} decodes at context {args.context} + k prompt rows; "
+          f"ms per step (best of {args.rounds} alternating rounds), {torch.get_num_threads()} threads")
+    print(f"{'k':>5} " + " ".join(f"{m:>12}" for m in modes))
+    rows = []
+    for k in args.prompt_rows:
+        inputs = {m: step_inputs(c, models[m][1], args.decodes, args.context, k) for m in modes}
+        best = {m: float("inf") for m in modes}
+        with torch.inference_mode():
+            for _ in range(args.rounds + 1):  # the first round warms up
+                for m in modes:
+                    ids, positions, caches, meta = inputs[m]
+                    t0 = time.perf_counter()
+                    models[m][0](ids, positions, caches, meta)
+                    best[m] = min(best[m], time.perf_counter() - t0)
+        rows.append({"prompt_rows": k, "ms": {m: best[m] * 1e3 for m in modes}})
+        print(f"{k:5d} " + " ".join(f"{best[m] * 1e3:12.1f}" for m in modes))
+    emit_json({"decodes": args.decodes, "context": args.context, "threads": torch.get_num_threads(), "rows": rows},
+              args.json)
+
+
+if __name__ == "__main__":
+    main()
