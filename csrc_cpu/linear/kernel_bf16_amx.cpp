@@ -1,7 +1,9 @@
-// AMX-BF16 kernel of the bfloat16 prompt rows (bf16_prompt.h): a work item
-// is 32 rows of x by 32 output columns over the whole K, four 16 x 16
+// AMX-BF16 kernel of the bfloat16 prompt rows (bf16_prompt.h): per group
+// of 32 rows of x and chunk of 32 outputs, over the whole K, four 16 x 16
 // float32 accumulator tiles (2 x 2: each A tile of x serves two B tiles of
-// the weight and each B tile two A tiles), 4 tdpbf16ps per step of 32.
+// the weight and each B tile two A tiles), 4 tdpbf16ps per step of 32. The
+// B tiles are a bfloat16 copy's (the tile layout) or made per chunk from
+// the int8 kernels' panel (panel_tiles), the same values either way.
 //
 // Measured on one core of the Emerald Rapids Xeon (3072 x 576 x 256): the
 // unit alone, tiles in registers, ~1150 G MAC/s; this loop with x packed
