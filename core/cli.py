@@ -268,6 +268,8 @@ def format_env(report: dict) -> str:
             lines.append(f"  hidden        {' '.join(report['cpu_features_hidden'])} (PAGED_CPU_HIDE)")
     if report.get("kernel_builds"):
         lines.append("kernel builds   " + ", ".join(f"{k} {v}" for k, v in report["kernel_builds"].items()))
+    if report.get("linear_activations"):
+        lines.append(f"linear          --linear-activations auto = {report['linear_activations']}")
     if report.get("dtypes"):
         lines.append(f"dtypes          {', '.join(report['dtypes'])} (default {report['dtypes'][0]})")
     if report.get("memory"):
@@ -284,7 +286,8 @@ def format_env(report: dict) -> str:
             lines.append(f"  rank {r['rank']:<9}{where}")
     known = {"platform", "available", "reason", "paged", "python", "torch", "compiled_modules", "topology", "binding", "threads",
              "parallel",
-             "memory_policy", "libnuma", "cpu_features", "cpu_features_hidden", "kernel_builds", "dtypes", "memory",
+             "memory_policy", "libnuma", "cpu_features", "cpu_features_hidden", "kernel_builds", "linear_activations",
+             "dtypes", "memory",
              "kv_cache_budget_bytes"}
     lines += [f"{k:<16}{v}" for k, v in report.items() if k not in known]  # other platforms' extras
     return "\n".join(lines)

@@ -320,6 +320,7 @@ class CpuPlatform(Platform):
         report["cpu_features"] = self.cpu_features()
         report["cpu_features_hidden"] = ops.hidden_cpu_features()
         report["kernel_builds"] = self.kernel_builds()
+        report["linear_activations"] = self.linear_activations("auto")  # what --linear-activations auto runs
         report["dtypes"] = [str(d).removeprefix("torch.") for d in self.supported_dtypes()]
         mem = self.memory_info()
         report["memory"] = {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}

@@ -40,6 +40,7 @@ def test_env_text():
     assert "binding         --cpu-threads-bind auto" in out
     assert "  thread 0      on cpu" in out
     assert "cpu features    " in out and "kv cache budget " in out
+    assert "linear          --linear-activations auto = mixed" in out
 
 
 def test_env_json_from_console_script():
@@ -55,6 +56,10 @@ def test_env_json_from_console_script():
     assert report["threads"] == [{"thread": 0, "cpu": allowed[-1], "affinity": [allowed[-1]]}]
     assert report["topology"]["usable_cpus"]
     assert set(report["cpu_features"]) >= {"avx2", "avx512f", "avx512bf16", "avx512vnni", "amx"}
+    # auto's linear mode follows the CPU (mixed-bf16 needs AMX-BF16), as the engine resolves it
+    from paged.backends.cpu.quant_linear import bf16_prompt_supported
+
+    assert report["linear_activations"] == ("mixed-bf16" if bf16_prompt_supported() else "mixed")
 
 
 def _device_unavailable(name):
