@@ -4,10 +4,13 @@ activations (docs/kernels.md, "bfloat16 prompt rows (mixed-bf16)").
 Oracles, independent of the C++: the product of the bfloat16-rounded x and
 weight (torch's own rounding) in float64, which every output must match
 within float32 accumulation's bound (the tile unit's summation order inside
-a step is its own, so nothing is bitwise); a Python rearrangement of the
-weight for its tile layout; each row alone for batch invariance (bitwise);
-and for the model, the pure modes: rows that generate a token bitwise as
-int8x2 computes them, the C++ layer stack bitwise the Python layers.
+a step is its own, so nothing is bitwise against it); a Python
+rearrangement of the weight for bf16_linear's tile layout; bf16_linear on
+torch's rounding of the dequantized weight, which quant_linear's prompt
+rows (tiles made in the kernel from the int8 panels) must equal bitwise;
+each row alone for batch invariance (bitwise); and for the model, the pure
+modes: rows that generate a token bitwise as int8x2 computes them, the C++
+layer stack bitwise the Python layers.
 
 Only CPUs with AMX-BF16 run these (Sapphire Rapids and later Xeons); the
 rest skip with the reason, and auto is "mixed" there (tested in
@@ -143,21 +146,20 @@ def test_bad_arguments_are_value_errors():
 
 
 @pytest.mark.parametrize("qtype,n,k", [("q4_1", 64, 128), ("q4_0", 40, 96), ("q8_0", 72, 64), ("q4_1", 576, 1536)])
-@pytest.mark.parametrize("source", ["copy", "panels", "per-call"])
+@pytest.mark.parametrize("source", ["panels", "per-call"])
 def test_split_linear_is_int8x2_rows_then_bf16_rows(qtype, n, k, source):
     """CpuPackedLinear("mixed-bf16"), one quant_linear call with prompt_rows
     "bf16": rows before first_prompt_row bitwise int8x2's, the rest bitwise
     bf16_linear on torch's bfloat16 rounding of quant_dequantize's weight,
-    whether the tiles come from the matrix's bfloat16 copy or are made by the
-    kernel from its int8 panels (persistent or per call); QKV
-    (kv_projection) the same; unmarked rows all int8x2."""
+    whose tiles the kernel makes itself from the int8 panels (persistent or
+    built per call); QKV (kv_projection) the same; unmarked rows all
+    int8x2."""
     from gguf import GGMLQuantizationType
 
     gtype = {"q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
              "q8_0": GGMLQuantizationType.Q8_0}[qtype]
     w = CpuPackedLinear(packed(np.random.default_rng(n + k), n, k, gtype), activations="mixed-bf16")
     w.use_panels = source == "panels"
-    w.use_bf16_copy = source == "copy"
     qs, d, m = w.qs, w.d, w.m
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(41, k, generator=gen)
@@ -208,27 +210,3 @@ def test_auto_follows_the_cpu_level():
         assert ql.resolve_activations("auto") == "mixed"
         with pytest.raises(ValueError, match="'mixed-bf16' needs AMX-BF16 tiles"):
             ql.resolve_activations("mixed-bf16")
-
-
-def test_copies_beyond_the_limit_are_not_kept_and_change_no_bit(tiny, monkeypatch, caplog):
-    """Past BF16_PROMPT_MAX_BYTES the model keeps no bfloat16 copies (logged)
-    and its prompt rows come from the panels: bitwise the same outputs."""
-    import logging
-
-    config, weights = tiny
-    with_copies, backend = model_with("mixed-bf16", config, weights)
-    assert all(layer.gate_up.prompt_weight() is not None for layer in with_copies.layers)
-    monkeypatch.setattr(ql, "BF16_PROMPT_MAX_BYTES", 1024)
-    with caplog.at_level(logging.INFO, logger=ql.log.name):
-        without, wb = model_with("mixed-bf16", config, weights)
-    assert "cpu bf16 prompt weights: none" in caplog.text
-    assert all(layer.gate_up.prompt_weight() is None for layer in without.layers)
-    rng = np.random.default_rng(6)
-    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0)
-    meta.first_prompt_row = 2
-    fresh = lambda b: b.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
-    for stack in "10":
-        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
-        assert torch.equal(with_copies(ids, pos, fresh(backend), meta), without(ids, pos, fresh(wb), meta))
-

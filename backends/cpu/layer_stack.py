@@ -53,14 +53,6 @@ def _panels(mats) -> list:
     return [] if all(p is None for p in panels) else [None if p is None else dl(p) for p in panels]
 
 
-def _bf16_weights(mats) -> list:
-    """"mixed-bf16"'s bfloat16 copies (None where off), the tensors each
-    CpuPackedLinear passes; [] for other modes."""
-    if mats[0].activations != "mixed-bf16":
-        return []
-    return [None if w.prompt_weight() is None else dl(w.prompt_weight()) for w in mats]
-
-
 def _dense_f32(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
 
@@ -108,7 +100,7 @@ class LayerStack:
             mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down), _panels(mats), _bf16_weights(mats))
+                             _matrix(layer.down), _panels(mats))
         return cls(native)
 
     @staticmethod

@@ -70,14 +70,9 @@ log = logging.getLogger(__name__)
 #: for prompt rows where the caller marks them (``first_prompt_row``) except
 #: in the K/V projection, and "mixed-bf16": int8x2 for rows that generate a
 #: token, bfloat16 on AMX tiles for every prompt row (``quant_linear``'s
-#: ``prompt_rows="bf16"``; CPUs with AMX-BF16 only).
+#: ``prompt_rows="bf16"``, tiles made from the int8 panels: no bfloat16 copy;
+#: CPUs with AMX-BF16 only).
 ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
-
-#: "mixed-bf16" keeps a bfloat16 copy of each decoder matrix (2 bytes per
-#: weight) for its prompt rows while the model's copies total at most this;
-#: beyond, the kernel makes each chunk's bfloat16 tiles from the int8 panels
-#: per call instead (the same bits, ~7% slower prefill, no copy).
-BF16_PROMPT_MAX_BYTES = 2 << 30
 
 
 def _one_of(names) -> str:
@@ -145,8 +140,6 @@ class CpuPackedLinear:
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
-        self.use_bf16_copy = False  # "mixed-bf16": keep prompt_weight() (plan_prompt_weights)
-        self._bf16: torch.Tensor | None = None
 
     def weight_panels(self) -> torch.Tensor | None:
         """The matrix's persistent int8 panels for the active linear build
@@ -166,22 +159,6 @@ class CpuPackedLinear:
             _C_cpu.build_weight_panels(self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(panels))
             self._panels, self._panels_layout = panels, layout
         return self._panels
-
-    def prompt_weight(self) -> torch.Tensor | None:
-        """"mixed-bf16"'s copy for prompt rows when ``use_bf16_copy``: the
-        dequantized weight rounded to bfloat16 by torch, in
-        ``_C_cpu.bf16_linear``'s tile layout (built on first use); else None
-        (the kernel makes the same tiles from the panels per call)."""
-        from paged import _C_cpu
-
-        if not self.use_bf16_copy or self.activations != "mixed-bf16":
-            return None
-        if self._bf16 is None:
-            w16 = self._dequantized().to(torch.bfloat16)
-            tiles = torch.empty(_C_cpu.bf16_weight_elems(*self.shape), dtype=torch.bfloat16)
-            _C_cpu.build_bf16_weight(dl(w16), dl(tiles))
-            self._bf16 = tiles
-        return self._bf16
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -207,7 +184,7 @@ class CpuPackedLinear:
             out = torch.empty((rows, self.out_features), dtype=torch.float32)
             split = -1 if first_prompt_row is None else min(first_prompt_row, rows)
             if self.activations == "mixed-bf16":  # prompt rows in bfloat16, QKV's too
-                self._packed(x2, out, "int8x2", split, "bf16", self.prompt_weight() if split >= 0 else None)
+                self._packed(x2, out, "int8x2", split, "bf16")
             elif self.activations == "mixed":  # prompt rows on one int8 term, but not the cached K/V
                 self._packed(x2, out, "int8x2", -1 if kv_projection else split)
             else:
@@ -217,14 +194,13 @@ class CpuPackedLinear:
         return out.view(*lead, self.out_features).to(x.dtype)
 
     def _packed(self, x2: torch.Tensor, out: torch.Tensor, activations: str, two_term_rows: int,
-                prompt_rows: str = "int8", bf16_weight: torch.Tensor | None = None) -> None:
+                prompt_rows: str = "int8") -> None:
         """quant_linear on the packed weight, with the persistent panels where on."""
         from paged import _C_cpu
 
         panels = self.weight_panels()  # the kernel decides per call whether to read them
         _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
-                            two_term_rows, None if panels is None else dl(panels), prompt_rows,
-                            None if bf16_weight is None else dl(bf16_weight))
+                            two_term_rows, None if panels is None else dl(panels), prompt_rows)
 
     def _dequantized(self) -> torch.Tensor:
         """The dense fp32 matrix, in a scratch buffer shared by every packed
@@ -277,24 +253,3 @@ def plan_weight_panels(linears) -> int:
              "them off)", total / 2**20, len(mats), layout, packed / 2**20)
     return total
 
-
-def plan_prompt_weights(linears) -> int:
-    """Sets ``use_bf16_copy`` on one model's "mixed-bf16" matrices
-    (``linears``: its decoder matrices; others are skipped) when their copies
-    total at most BF16_PROMPT_MAX_BYTES, builds them before the KV budget is
-    sized, and logs once what they take. Returns the copies' bytes."""
-    mats = [w for w in linears if isinstance(w, CpuPackedLinear) and w.activations == "mixed-bf16"]
-    if not mats:
-        return 0
-    need = sum(2 * w.out_features * w.in_features for w in mats)
-    on = need <= BF16_PROMPT_MAX_BYTES
-    for w in mats:
-        w.use_bf16_copy = on
-    if not on:
-        log.info("cpu bf16 prompt weights: none (%.0f MiB > %.0f MiB): mixed-bf16's prompt rows make their "
-                 "bfloat16 tiles from the int8 panels per call", need / 2**20, BF16_PROMPT_MAX_BYTES / 2**20)
-        return 0
-    total = sum(w.prompt_weight().numel() * 2 for w in mats)
-    log.info("cpu bf16 prompt weights: %.0f MiB for %d matrices (mixed-bf16's prompt rows on AMX-BF16; "
-             "--linear-activations mixed keeps them on int8)", total / 2**20, len(mats))
-    return total

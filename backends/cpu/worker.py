@@ -7,8 +7,8 @@ paths chosen here, not in the model.
   where the model is eligible (backends/cpu/layer_stack.py);
 - weight panels: the int8 kernel's panels kept per matrix where the model is
   small enough (backends/cpu/quant_linear.py plan_weight_panels), built
-  before the stack, which takes them, with "mixed-bf16"'s bfloat16 copies
-  (plan_prompt_weights);
+  before the stack, which takes them ("mixed-bf16" makes its prompt rows'
+  bfloat16 tiles from them);
 - profiling: none. The KV budget is a share of the host memory available
   after the weights are loaded; a step's activations are small beside it.
 """
@@ -19,7 +19,7 @@ import torch
 
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
-from paged.backends.cpu.quant_linear import plan_prompt_weights, plan_weight_panels
+from paged.backends.cpu.quant_linear import plan_weight_panels
 from paged.core.models.layers import TorchLayerOps
 from paged.core.worker import Worker
 
@@ -39,30 +39,19 @@ class CpuWorker(Worker):
         return LayerStack.for_model(model)
 
     def prepare_model(self, model) -> None:
-        plan_model_weights(model)  # memory before the KV budget; the stack takes them
+        plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
         super().prepare_model(model)
-
-
-def decoder_matrices(model) -> list:
-    """Every matrix of the model's decoder layers."""
-    return [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
 
 
 def packed_matrices(model) -> list:
     """Every matrix of the model's decoder layers and its LM head."""
-    return decoder_matrices(model) + [model.lm_head]
-
-
-def plan_model_weights(model) -> None:
-    """What the kernels keep per matrix: the int8 panels, and "mixed-bf16"'s
-    bfloat16 copies of the decoder matrices (the LM head sees no prompt rows)."""
-    plan_weight_panels(packed_matrices(model))
-    plan_prompt_weights(decoder_matrices(model))
+    mats = [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    return mats + [model.lm_head]
 
 
 def prepare_model(model) -> None:
     """Gives a model built outside an engine (tests, benchmarks) the CPU
     worker's layer ops and stack runner."""
     model.ops = cpu_layer_ops(model.dtype)
-    plan_model_weights(model)
+    plan_weight_panels(packed_matrices(model))
     model.layer_stack = LayerStack.for_model(model)

@@ -26,7 +26,7 @@
 // One target for every AMX function, so the shared helpers inline into both
 // kernels; each kernel is offered only where the CPU has its own unit.
 #define PAGED_AMX_ISA \
-  "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8,amx-bf16"
+  "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16"
 #define PAGED_AMX __attribute__((target(PAGED_AMX_ISA)))
 #define PAGED_AMX_INLINE inline __attribute__((always_inline, target(PAGED_AMX_ISA)))
 

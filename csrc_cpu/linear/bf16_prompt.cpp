@@ -69,7 +69,8 @@ void build_bf16_weight(const Array& w16, const Array& out) {
           }
 }
 
-const uint16_t* check_bf16_weight(const char* name, const Array& weight, int64_t N, int64_t K) {
+// The tile-layout copy of an [N, K] weight (build_bf16_weight's), checked: its data.
+static const uint16_t* check_bf16_weight(const char* name, const Array& weight, int64_t N, int64_t K) {
   const attn::TensorArg tw = typed(name, weight, kBf16, "bfloat16", 1);
   const int64_t want = bf16_weight_elems(N, K);
   if (tw.dim(0) != want)

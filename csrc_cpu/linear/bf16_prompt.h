@@ -58,12 +58,12 @@ namespace isa_avx512 {
 struct PanelView;
 }
 namespace isa_amx_bf16 {
-// out[:, n0:n1] for all of a's rows: the chunk's B tiles from a.w (the tile
-// layout) when set, else made from chunk [n0, n1)'s int8 weight panel p
-// (int8_avx512.h: its codes and scales, dequantized as quant_dequantize and
-// rounded as torch does), then swept by every group. Either source gives the
-// same tiles, so the same bits (tests/test_bf16_prompt.py).
-void chunk_rows(const Bf16Args& a, const isa_avx512::PanelView* p, QType t, int64_t n0, int64_t n1);
+// out[:, n0:n1] for all of a's rows (a.w unused) from chunk [n0, n1)'s int8
+// weight panel p (int8_avx512.h): its B tiles are made from the panel's
+// codes and scales (dequantized as quant_dequantize does, rounded as torch
+// does), then swept by every group; bitwise `item` on build_bf16_weight's
+// copy of the same weight (tests/test_bf16_prompt.py).
+void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QType t, int64_t n0, int64_t n1);
 }  // namespace isa_amx_bf16
 
 // The Python entry points are in ops.h.

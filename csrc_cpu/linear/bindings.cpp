@@ -16,7 +16,7 @@ void register_linear(nb::module_& m) {
   namespace l = linear;
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "activations"_a = "float32", "two_term_rows"_a = -1, "panels"_a.none() = nb::none(),
-        "prompt_rows"_a = "int8", "bf16_weight"_a.none() = nb::none(),
+        "prompt_rows"_a = "int8",
         "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks. activations='float32': "
         "calls of M <= 2 rows quantize x to two-term int16 per 32-block, more rows compute in fp32; "
         "activations='int8': x quantized to int8 per 32-block, integer dot products, bitwise the same for a "
@@ -24,8 +24,7 @@ void register_linear(nb::module_& m) {
         "when two_term_rows >= 0 (the rest as 'int8'). panels: build_weight_panels' tensor for this weight and linear "
         "ISA (int8 paths; same bits, without the per-call panel build). prompt_rows: with int8x2 and "
         "two_term_rows >= 0, what the rows from there on are: 'int8' (one term) or 'bf16' (bfloat16 on AMX-BF16 "
-        "tiles, bf16_prompt_supported() CPUs), from bf16_weight (build_bf16_weight's copy) when given, else "
-        "from the weight's panels, same bits (docs/kernels.md).");
+        "tiles made from the weight's int8 panels, bf16_prompt_supported() CPUs) (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
   m.def("weight_panel_layout", &l::weight_panel_layout,

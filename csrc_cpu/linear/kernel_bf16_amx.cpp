@@ -2,8 +2,9 @@
 // of 32 rows of x and chunk of 32 outputs, over the whole K, four 16 x 16
 // float32 accumulator tiles (2 x 2: each A tile of x serves two B tiles of
 // the weight and each B tile two A tiles), 4 tdpbf16ps per step of 32. The
-// B tiles are a bfloat16 copy's (the tile layout) or made per chunk from
-// the int8 kernels' panel (panel_tiles), the same values either way.
+// B tiles are a bfloat16 copy's (bf16_linear) or, for quant_linear's prompt
+// rows, made per chunk from the int8 kernels' panel (panel_tiles): the same
+// values either way.
 //
 // Measured on one core of the Emerald Rapids Xeon (3072 x 576 x 256): the
 // unit alone, tiles in registers, ~1150 G MAC/s; this loop with x packed
@@ -132,6 +133,9 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
   // panel codes are unsigned: the nibble, or the q8 code + 128
   const __m512i offset = _mm512_set1_epi32(T == QType::Q4_0 ? 8 : (T == QType::Q8_0 ? 128 : 0));
   const __m512i byte = _mm512_set1_epi32(0xFF);
+  // word 2n <- word n, word 2n + 1 <- word 16 + n
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int c = 0; c < kCols; ++c)
     for (int64_t b = 0; b < nb; ++b) {
       const __m512 d = _mm512_load_ps(p.d + b * kPanel + c * kLanes);
@@ -139,15 +143,20 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
       uint16_t* dst = tiles + (c * nb + b) * kTileElems;
       for (int s = 0; s < kSteps; ++s) {  // codes 4s .. 4s+3 of 16 rows: tile rows 2s and 2s + 1
         const __m512i v = _mm512_load_si512(p.codes + ((b * kSteps + s) * kCols + c) * 64);
-        __m512i w[4];
+        __m512 w[4];
         for (int j = 0; j < 4; ++j) {
-          const __m512i q = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte), offset);
-          __m512 x = _mm512_mul_round_ps(_mm512_cvtepi32_ps(q), d, kRound);
-          if constexpr (T == QType::Q4_1) x = _mm512_add_round_ps(x, m, kRound);
-          w[j] = bf16_lanes(x);
+          __m512i q = _mm512_and_si512(_mm512_srli_epi32(v, 8 * j), byte);
+          if constexpr (T != QType::Q4_1) q = _mm512_sub_epi32(q, offset);
+          w[j] = _mm512_mul_round_ps(_mm512_cvtepi32_ps(q), d, kRound);
+          if constexpr (T == QType::Q4_1) w[j] = _mm512_add_round_ps(w[j], m, kRound);
         }
-        _mm512_store_si512(dst + 2 * s * 32, _mm512_or_si512(w[0], _mm512_slli_epi32(w[1], 16)));
-        _mm512_store_si512(dst + (2 * s + 1) * 32, _mm512_or_si512(w[2], _mm512_slli_epi32(w[3], 16)));
+        // vcvtne2ps2bf16 rounds as torch does for every finite value here
+        // (gguf weights are multiples of 2^-24: never subnormal, which it
+        // would flush); its words 0-15 are the second operand's, 16-31 the
+        // first's, interleaved into (even k, odd k) pairs per output
+        _mm512_store_si512(dst + 2 * s * 32, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0])));
+        _mm512_store_si512(dst + (2 * s + 1) * 32,
+                           _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w[3], w[2])));
       }
     }
 }
@@ -156,7 +165,8 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
 
 bool supported() {
   // AVX512-VNNI too: the rows read the int8 kernels' panels (isa_avx512)
-  return cpu_has_avx512vnni() && runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
+  return cpu_has_avx512vnni() && runtime::cpu_has("avx512bf16") && runtime::cpu_has("amx_bf16") &&
+         amx::tile_state_granted();
 }
 
 PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed) {
@@ -186,19 +196,16 @@ PAGED_AMX void item(const Bf16Args& a, int64_t i) {
         std::min(kBf16Cols, a.N - c * kBf16Cols), a.out + g * kBf16Rows * a.N + c * kBf16Cols);
 }
 
-PAGED_AMX void chunk_rows(const Bf16Args& a, const isa_avx512::PanelView* p, QType t, int64_t n0, int64_t n1) {
+PAGED_AMX void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QType t, int64_t n0, int64_t n1) {
   const int64_t steps = a.K / kBf16Step;
-  const uint16_t* w0 = a.w ? a.w + 2 * (n0 / kBf16Cols) * steps * kTileElems : nullptr;
-  if (!w0) {  // the chunk's B tiles made from its panel, reused by every group
-    static thread_local AlignedVector<uint16_t> tiles;
-    if (tiles.size() < size_t(2 * steps * kTileElems)) tiles.resize(size_t(2 * steps * kTileElems));
-    switch (t) {
-      case QType::Q4_0: panel_tiles<QType::Q4_0>(*p, steps, tiles.data()); break;
-      case QType::Q4_1: panel_tiles<QType::Q4_1>(*p, steps, tiles.data()); break;
-      case QType::Q8_0: panel_tiles<QType::Q8_0>(*p, steps, tiles.data()); break;
-    }
-    w0 = tiles.data();
+  static thread_local AlignedVector<uint16_t> tiles;  // the chunk's B tiles, reused by every group
+  if (tiles.size() < size_t(2 * steps * kTileElems)) tiles.resize(size_t(2 * steps * kTileElems));
+  switch (t) {
+    case QType::Q4_0: panel_tiles<QType::Q4_0>(p, steps, tiles.data()); break;
+    case QType::Q4_1: panel_tiles<QType::Q4_1>(p, steps, tiles.data()); break;
+    case QType::Q8_0: panel_tiles<QType::Q8_0>(p, steps, tiles.data()); break;
   }
+  const uint16_t* w0 = tiles.data();
   for (int64_t g = 0; g < a.groups(); ++g)
     group(a, a.x + g * steps * kStepElems, w0, w0 + steps * kTileElems, std::min(kBf16Rows, a.M - g * kBf16Rows),
           n1 - n0, a.out + g * kBf16Rows * a.N + n0);
@@ -214,7 +221,7 @@ namespace paged::cpu::linear::isa_amx_bf16 {
 bool supported() { return false; }
 void pack_group(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
 void item(const Bf16Args&, int64_t) {}
-void chunk_rows(const Bf16Args&, const isa_avx512::PanelView*, QType, int64_t, int64_t) {}
+void panel_rows(const Bf16Args&, const isa_avx512::PanelView&, QType, int64_t, int64_t) {}
 }  // namespace paged::cpu::linear::isa_amx_bf16
 
 #endif

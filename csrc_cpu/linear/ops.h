@@ -22,15 +22,11 @@ using Array = nanobind::ndarray<>;
 // (same bits, no per-call panel build); ignored with "float32". prompt_rows
 // (int8x2 only): what the rows from two_term_rows on are, "int8" (one int8
 // term) or "bf16" (bfloat16 on AMX tiles, bf16_prompt.h; ValueError where
-// bf16_prompt_supported() is false); bf16_weight: build_bf16_weight's copy of
-// this weight for those rows (same bits; without it each chunk's tiles are
-// made from its panel per call).
+// bf16_prompt_supported() is false).
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations = "float32",
                   int64_t two_term_rows = -1, const std::optional<Array>& panels = std::nullopt,
-                  const std::string& prompt_rows = "int8", const std::optional<Array>& bf16_weight = std::nullopt);
-// The tile-layout copy of an [N, K] weight (build_bf16_weight's), checked: its data.
-const uint16_t* check_bf16_weight(const char* name, const Array& weight, int64_t N, int64_t K);
+                  const std::string& prompt_rows = "int8");
 // "float32", "uint8", "bfloat16", ... for error messages.
 std::string dtype_name(const nanobind::dlpack::dtype& t);
 // The packed weight: qs, d, m checked against each other; fills a's qtype, N, K and pointers.

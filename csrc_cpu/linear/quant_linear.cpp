@@ -193,10 +193,9 @@ auto* at_least(V& v, int64_t n) {
 }
 
 // Rows [0, two_rows) with int8x2's second term, rows [two_rows, M) as int8,
-// or with `bf16_rest` in bfloat16 on AMX tiles (bf16_prompt.h; the caller
-// checked bf16_prompt_supported()) from `bf16_weight` (the tile layout) or,
-// when null, from each chunk's panel.
-void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest, const uint16_t* bf16_weight) {
+// or with `bf16_rest` in bfloat16 on AMX tiles made from each chunk's panel
+// (bf16_prompt.h; the caller checked bf16_prompt_supported()).
+void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const int64_t K = a.K, N = a.N, nb = a.blocks();
   const int64_t M = bf16_rest ? two_rows : a.M;  // rows on the int8 kernels
   static thread_local Int8Scratch scratch;  // the caller's: its OpenMP team shares it for this call
@@ -253,7 +252,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest, const uint16_t
 #if defined(PAGED_ISA_X86)
   if (bf16_rest && a.M > two_rows) {
     static thread_local AlignedVector<uint16_t> packed;  // the caller's; its team reads it
-    bf = Bf16Args{a.M - two_rows, N, K, nullptr, bf16_weight, a.out + two_rows * N};
+    bf = Bf16Args{a.M - two_rows, N, K, nullptr, nullptr, a.out + two_rows * N};
     if (packed.size() < size_t(bf.groups() * kBf16Rows * K)) packed.resize(size_t(bf.groups() * kBf16Rows * K));
     uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own
     bf.x = xp;
@@ -262,19 +261,17 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest, const uint16_t
                  [&](int64_t g) { isa_amx_bf16::pack_group(xf, bf.M, K, g, xp); });
   }
 #endif
+  // Each thread's panel keeps its capacity between calls (no allocation and
+  // zeroing per call); the worker threads live as long as the process.
+  static thread_local Int8Panel panel;
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
-    // Each thread's panel keeps its capacity between calls (no allocation and
-    // zeroing per call); the worker threads live as long as the process.
-    static thread_local Int8Panel panel;
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     if (two.M) kernels.int8_rows(two, n0, n1, panel);
     if (one.M) kernels.int8_rows(one, n0, n1, panel);
 #if defined(PAGED_ISA_X86)
-    if (bf.M && bf.w) isa_amx_bf16::chunk_rows(bf, nullptr, a.qtype, n0, n1);
-    if (bf.M && !bf.w) {
-      const isa_avx512::PanelView p = isa_avx512::chunk_panel(a, n0, n1, false, panel);
-      isa_amx_bf16::chunk_rows(bf, &p, a.qtype, n0, n1);
-    }
+    // the chunk's panel is in cache now (the int8 rows just swept it): its
+    // bfloat16 tiles are made from it instead of read from a copy
+    if (bf.M) isa_amx_bf16::panel_rows(bf, isa_avx512::chunk_panel(a, n0, n1, false, panel), a.qtype, n0, n1);
 #endif
   });
 }
@@ -295,8 +292,7 @@ std::vector<std::string> supported_isas() { return selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations,
-                  int64_t two_term_rows, const std::optional<Array>& panels, const std::string& prompt_rows,
-                  const std::optional<Array>& bf16_weight) {
+                  int64_t two_term_rows, const std::optional<Array>& panels, const std::string& prompt_rows) {
   const Activations act = parse_activations(activations);
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
@@ -318,16 +314,11 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
     fail("prompt_rows", "'int8' with activations '" + activations + "' ('bf16' is int8x2's)", "'bf16'");
   if (bf16_rest && !bf16_prompt_supported())
     fail("prompt_rows", "'int8' on this CPU (no AMX-BF16 tiles: bf16_prompt_supported() is False)", "'bf16'");
-  const uint16_t* w16 = nullptr;
-  if (bf16_weight && bf16_weight->size()) {
-    if (!bf16_rest) fail("bf16_weight", "None unless prompt_rows is 'bf16'", "a tensor");
-    w16 = check_bf16_weight("bf16_weight", *bf16_weight, a.N, a.K);
-  }
   if (panels && act != Activations::Float32) a.panels = check_panels(a, *panels);  // float32 ignores them
   nb::gil_scoped_release no_gil;
   if (act != Activations::Float32)
     return int8_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)),
-                       bf16_rest, w16);
+                       bf16_rest);
   const bool int16_path = a.M <= kInt16MaxRows;
   const QuantizedX qx = prepare_x(a.x, a.M, a.K, int16_path, a.qtype == QType::Q4_1);
   a.xq = qx.codes.data();

@@ -25,11 +25,9 @@ void register_model(nb::module_& m) {
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
       .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
            "o_proj"_a, "gate_up"_a, "down"_a, "panels"_a = std::vector<std::optional<model::Array>>{},
-           "bf16_weights"_a = std::vector<std::optional<model::Array>>{},
            "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
            "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
-           "it matches the active linear ISA). bf16_weights: with 'mixed-bf16', [] or four, each None or the "
-           "matrix's build_bf16_weight copy (else its prompt rows' tiles come from the panels).")
+           "it matches the active linear ISA).")
       .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
            "One (key_cache, value_cache) per layer, used by the following run() calls.")
       .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,

@@ -70,23 +70,16 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                           std::vector<std::optional<Array>> panels,
-                           std::vector<std::optional<Array>> bf16_weights) {
+                           std::vector<std::optional<Array>> panels) {
   f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
   f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
   if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
   if (!panels.empty() && panels.size() != 4)
     fail("panels", "none or 4 (qkv, o_proj, gate_up, down)", int64_t(panels.size()));
   panels.resize(4);
-  if (!bf16_weights.empty() && (bf16_weights.size() != 4 || prompt_rows_ != "bf16"))
-    fail("bf16_weights", "none, or 4 (qkv, o_proj, gate_up, down) with activations 'mixed-bf16'",
-         std::to_string(bf16_weights.size()) + " with activations '" + activations_ + "'");
-  bf16_weights.resize(4);
-  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm),
-                          {std::move(qkv), std::move(panels[0]), std::move(bf16_weights[0])},
-                          {std::move(o_proj), std::move(panels[1]), std::move(bf16_weights[1])},
-                          {std::move(gate_up), std::move(panels[2]), std::move(bf16_weights[2])},
-                          {std::move(down), std::move(panels[3]), std::move(bf16_weights[3])}, std::move(qkv_bias)});
+  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
+                          {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
+                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias)});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -119,8 +112,7 @@ void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in
   const auto& [qtype, qs, d, m] = w.w;
   const bool cached = w.panels && linear::weight_panels_match_build(*w.panels);  // else an old build's: unused
   linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
-                       linear_activations_, two_term_rows, cached ? w.panels : none, prompt_rows_,
-                       two_term_rows >= 0 ? w.bf16 : none);
+                       linear_activations_, two_term_rows, cached ? w.panels : none, prompt_rows_);
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then

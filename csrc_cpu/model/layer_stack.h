@@ -47,7 +47,6 @@ using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>
 struct StackMatrix {
   PackedMatrix w;
   std::optional<Array> panels;
-  std::optional<Array> bf16;  // "mixed-bf16": build_bf16_weight's copy, or none (tiles from the panels)
 };
 
 struct StackConfig {
@@ -69,12 +68,9 @@ class LayerStack {
   // the bias, which this class adds itself, is checked here). panels: none,
   // or one per matrix (qkv, o_proj, gate_up, down; each None or
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
-  // bf16_weights: "mixed-bf16" only: none, or one per matrix in the same
-  // order, each None or build_bf16_weight's copy (quant_linear's bf16_weight).
   void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                 std::vector<std::optional<Array>> panels = {},
-                 std::vector<std::optional<Array>> bf16_weights = {});
+                 std::vector<std::optional<Array>> panels = {});
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
