@@ -48,6 +48,13 @@ def bf16_linear(x: torch.Tensor, t: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
+def random_case(seed: int, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bfloat16 weight [n, k] (~0.05 scale) and float32 rows x [m, k]."""
+    gen = torch.Generator().manual_seed(seed)
+    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    return w16, torch.randn(m, k, generator=gen)
+
+
 def check_bound(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
     """|out - bf16(x) @ W16^T| <= (K/32 + 32) * 2^-24 * |bf16(x)| @ |W16|^T
     in float64: products of two bfloat16 values are exact in float32, so
@@ -64,9 +71,8 @@ def check_bound(x: torch.Tensor, w16: torch.Tensor, out: torch.Tensor) -> None:
 @pytest.mark.parametrize("m,n,k", [(1, 16, 32), (5, 40, 64), (16, 32, 96), (17, 33, 96), (32, 32, 32),
                                    (33, 100, 576), (64, 576, 1536), (300, 960, 576)])
 def test_within_float32_sums_of_the_bf16_product(m, n, k):
-    gen = torch.Generator().manual_seed(m * 1000 + n + k)
-    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
-    x = torch.randn(m, k, generator=gen) * 3
+    w16, x = random_case(m * 1000 + n + k, m, n, k)
+    x = x * 3
     check_bound(x, w16, bf16_linear(x, tiles(w16), n))
 
 
@@ -96,11 +102,9 @@ def test_x_is_rounded_as_torch_rounds():
 
 def test_rows_are_bitwise_the_same_alone_and_in_any_call():
     """Batch invariance: each row alone vs calls of many sizes, 1 and 2 threads."""
-    gen = torch.Generator().manual_seed(7)
     n, k = 96, 576
-    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    w16, x = random_case(7, 70, n, k)
     t = tiles(w16)
-    x = torch.randn(70, k, generator=gen)
     alone = torch.cat([bf16_linear(x[r:r + 1].contiguous(), t, n) for r in range(x.shape[0])])
     threads = torch.get_num_threads()
     try:
@@ -113,11 +117,9 @@ def test_rows_are_bitwise_the_same_alone_and_in_any_call():
 
 
 def test_non_finite_rows_stay_in_their_row():
-    gen = torch.Generator().manual_seed(2)
     n, k = 32, 64
-    w16 = (torch.randn(n, k, generator=gen) * 0.05).bfloat16()
+    w16, x = random_case(2, 4, n, k)
     t = tiles(w16)
-    x = torch.randn(4, k, generator=gen)
     clean = bf16_linear(x, t, n)
     x[1, 5], x[2, 40] = float("nan"), float("inf")
     out = bf16_linear(x, t, n)

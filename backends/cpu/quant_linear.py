@@ -252,4 +252,3 @@ def plan_weight_panels(linears) -> int:
     log.info("cpu weight panels: %.0f MiB for %d matrices (%s; packed %.0f MiB; PAGED_CPU_WEIGHT_PANELS=0 turns "
              "them off)", total / 2**20, len(mats), layout, packed / 2**20)
     return total
-

@@ -18,16 +18,7 @@ namespace {
 
 using attn::fail;
 
-constexpr int64_t kSerialMacs = int64_t(1) << 16;  // below this, stay on the calling thread
 const nb::dlpack::dtype kBf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
-
-attn::TensorArg typed(const char* name, const Array& a, nb::dlpack::dtype want, const char* want_name,
-                      size_t rank) {
-  attn::TensorArg t = attn::any_tensor(name, a);
-  if (a.dtype() != want) fail(name, std::string("dtype ") + want_name, "dtype " + dtype_name(a.dtype()));
-  if (t.shape.size() != rank) fail(name, "a " + std::to_string(rank) + "-D tensor", "shape " + t.shape_str());
-  return t;
-}
 
 void require_supported() {
   if (!bf16_prompt_supported())
@@ -46,11 +37,11 @@ bool bf16_prompt_supported() {
 }
 
 void build_bf16_weight(const Array& w16, const Array& out) {
-  const attn::TensorArg tw = typed("w16", w16, kBf16, "bfloat16", 2);
+  const attn::TensorArg tw = tensor_of("w16", w16, kBf16, 2);
   const int64_t N = tw.dim(0), K = tw.dim(1);
   if (N < 1 || K < kBf16Step || K % kBf16Step)
     fail("w16", "shape [N, K] with N >= 1 and K a positive multiple of 32", "shape " + tw.shape_str());
-  const attn::TensorArg to = typed("out", out, kBf16, "bfloat16", 1);
+  const attn::TensorArg to = tensor_of("out", out, kBf16, 1);
   const int64_t want = bf16_weight_elems(N, K);
   if (to.dim(0) != want)
     fail("out", std::to_string(want) + " elements (bf16_weight_elems: N rounded up to 32, times K)",
@@ -71,7 +62,7 @@ void build_bf16_weight(const Array& w16, const Array& out) {
 
 // The tile-layout copy of an [N, K] weight (build_bf16_weight's), checked: its data.
 static const uint16_t* check_bf16_weight(const char* name, const Array& weight, int64_t N, int64_t K) {
-  const attn::TensorArg tw = typed(name, weight, kBf16, "bfloat16", 1);
+  const attn::TensorArg tw = tensor_of(name, weight, kBf16, 1);
   const int64_t want = bf16_weight_elems(N, K);
   if (tw.dim(0) != want)
     fail(name, std::to_string(want) + " elements (build_bf16_weight's layout of an [N, K] = [" +
@@ -81,8 +72,8 @@ static const uint16_t* check_bf16_weight(const char* name, const Array& weight, 
 }
 
 void bf16_linear(const Array& x, const Array& weight, const Array& out) {
-  const attn::TensorArg tx = typed("x", x, nb::dtype<float>(), "float32", 2);
-  const attn::TensorArg to = typed("out", out, nb::dtype<float>(), "float32", 2);
+  const attn::TensorArg tx = tensor_of("x", x, nb::dtype<float>(), 2);
+  const attn::TensorArg to = tensor_of("out", out, nb::dtype<float>(), 2);
   Bf16Args a;
   a.M = tx.dim(0);
   a.K = tx.dim(1);
@@ -98,18 +89,22 @@ void bf16_linear(const Array& x, const Array& weight, const Array& out) {
   a.out = static_cast<float*>(to.data);
   const auto* xf = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
-  // The packed x in the calling thread's buffer, kept between calls (its team
-  // reads it during the call).
-  static thread_local AlignedVector<uint16_t> packed;
-  const int64_t groups = a.groups();
-  if (packed.size() < size_t(groups * kBf16Rows * a.K)) packed.resize(size_t(groups * kBf16Rows * a.K));
-  uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own buffer
-  a.x = xp;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs;
-  parallel_for(groups, parallel, Schedule::Static, 1,
-               [&](int64_t g) { isa_amx_bf16::pack_group(xf, a.M, a.K, g, xp); });
-  parallel_for(groups * a.chunks(), parallel, Schedule::Static, 1, [&](int64_t i) { isa_amx_bf16::item(a, i); });
+  a.x = pack_bf16_rows(xf, a.M, a.K, parallel);
+  parallel_for(a.groups() * a.chunks(), parallel, Schedule::Static, 1,
+               [&](int64_t i) { isa_amx_bf16::item(a, i); });
 #endif
+}
+
+const uint16_t* pack_bf16_rows(const float* x, int64_t M, int64_t K, bool parallel) {
+  static thread_local AlignedVector<uint16_t> packed;  // the caller's; its team writes and reads it
+  const int64_t groups = (M + kBf16Rows - 1) / kBf16Rows;
+  if (packed.size() < size_t(groups * kBf16Rows * K)) packed.resize(size_t(groups * kBf16Rows * K));
+  uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own
+#if defined(PAGED_ISA_X86)
+  parallel_for(groups, parallel, Schedule::Static, 1, [&](int64_t g) { isa_amx_bf16::pack_group(x, M, K, g, xp); });
+#endif
+  return xp;
 }
 
 }  // namespace paged::cpu::linear

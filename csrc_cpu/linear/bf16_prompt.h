@@ -29,6 +29,11 @@ constexpr int64_t kBf16Cols = 32;  // output columns per work item (two B tiles 
 constexpr int64_t kBf16Rows = 32;  // x rows per work item (two A tiles of 16)
 constexpr int64_t kBf16Step = 32;  // K per tdpbf16ps
 
+// Rows x [M, K] (float32) packed as Bf16Args::x wants, into the calling
+// thread's buffer (kept between calls; valid until its next call), groups
+// split over the threads when `parallel`. x86-64 builds only.
+const uint16_t* pack_bf16_rows(const float* x, int64_t M, int64_t K, bool parallel);
+
 // Elements of the tile-layout copy of an [N, K] weight.
 inline int64_t bf16_weight_elems(int64_t N, int64_t K) {
   return (N + kBf16Cols - 1) / kBf16Cols * kBf16Cols * K;

@@ -71,11 +71,6 @@ PAGED_AMX_INLINE void sweep(const uint16_t* x, const uint16_t* w0, const uint16_
   }
 }
 
-template <int C>
-PAGED_AMX_INLINE void store_tile(float* dst, int64_t stride_bytes) {
-  amx::tile_store<C>(dst, stride_bytes);
-}
-
 // RNE to bfloat16 (torch's c10::round_to_nearest_even), NaN -> 0x7FC0: the
 // 16 results in the low halves of 32-bit lanes.
 PAGED_AMX_INLINE __m512i bf16_lanes(__m512 v) {
@@ -100,21 +95,21 @@ PAGED_AMX_INLINE void group(const Bf16Args& a, const uint16_t* x, const uint16_t
     sweep<false>(x, w0, w1, steps);
   if (rows == (two ? kBf16Rows : kTile) && cols == kBf16Cols) {  // whole tiles straight into out
     const int64_t stride = a.N * int64_t(sizeof(float));
-    store_tile<4>(out, stride);
-    store_tile<5>(out + kTile, stride);
+    amx::tile_store<4>(out, stride);
+    amx::tile_store<5>(out + kTile, stride);
     if (two) {
-      store_tile<6>(out + kTile * a.N, stride);
-      store_tile<7>(out + kTile * a.N + kTile, stride);
+      amx::tile_store<6>(out + kTile * a.N, stride);
+      amx::tile_store<7>(out + kTile * a.N + kTile, stride);
     }
     return;
   }
   alignas(64) float stage[kBf16Rows][kBf16Cols];  // an edge item: through the stage, valid part copied
   const int64_t stride = kBf16Cols * int64_t(sizeof(float));
-  store_tile<4>(&stage[0][0], stride);
-  store_tile<5>(&stage[0][kTile], stride);
+  amx::tile_store<4>(&stage[0][0], stride);
+  amx::tile_store<5>(&stage[0][kTile], stride);
   if (two) {
-    store_tile<6>(&stage[kTile][0], stride);
-    store_tile<7>(&stage[kTile][kTile], stride);
+    amx::tile_store<6>(&stage[kTile][0], stride);
+    amx::tile_store<7>(&stage[kTile][kTile], stride);
   }
   for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * a.N, stage[r], size_t(cols) * sizeof(float));
 }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "attention/tensor_args.h"
 #include "linear/quant_linear.h"
 
 namespace paged::cpu::linear {
@@ -29,6 +30,9 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
                   const std::string& prompt_rows = "int8");
 // "float32", "uint8", "bfloat16", ... for error messages.
 std::string dtype_name(const nanobind::dlpack::dtype& t);
+// A contiguous CPU tensor of dtype `want` and the given rank, else ValueError
+// "<name>: expected dtype <want>, got ..." / "expected a <rank>-D tensor".
+attn::TensorArg tensor_of(const char* name, const Array& a, nanobind::dlpack::dtype want, size_t rank);
 // The packed weight: qs, d, m checked against each other; fills a's qtype, N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m);

@@ -29,7 +29,6 @@ namespace {
 using attn::fail;
 
 constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whole AVX2 register tiles)
-constexpr int64_t kSerialMacs = int64_t(1) << 16;  // below this, stay on the calling thread
 
 QType parse_qtype(const std::string& s) {
   if (s == "q4_0") return QType::Q4_0;
@@ -38,14 +37,7 @@ QType parse_qtype(const std::string& s) {
   fail("qtype", "'q4_0', 'q4_1' or 'q8_0'", "'" + s + "'");
 }
 
-// A contiguous CPU tensor of the given dtype and rank 2.
-attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) {
-  attn::TensorArg t = attn::any_tensor(name, a);
-  if (a.dtype() != want)
-    fail(name, "dtype " + dtype_name(want), "dtype " + dtype_name(a.dtype()));
-  if (t.shape.size() != 2) fail(name, "a 2-D tensor", "shape " + t.shape_str());
-  return t;
-}
+attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) { return tensor_of(name, a, want, 2); }
 
 void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const std::string& why) {
   if (t.dim(0) != rows || t.dim(1) != cols)
@@ -65,6 +57,13 @@ std::string dtype_name(const nb::dlpack::dtype& t) {
     case nb::dlpack::dtype_code::Bfloat: return "bfloat" + std::to_string(t.bits);
     default: return "dtype code " + std::to_string(int(t.code)) + "/" + std::to_string(t.bits);
   }
+}
+
+attn::TensorArg tensor_of(const char* name, const Array& a, nb::dlpack::dtype want, size_t rank) {
+  attn::TensorArg t = attn::any_tensor(name, a);
+  if (a.dtype() != want) fail(name, "dtype " + dtype_name(want), "dtype " + dtype_name(a.dtype()));
+  if (t.shape.size() != rank) fail(name, "a " + std::to_string(rank) + "-D tensor", "shape " + t.shape_str());
+  return t;
 }
 
 // The packed weight: qs, d, m checked against each other; fills N, K and pointers.
@@ -249,22 +248,13 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   // bfloat16 rows: packed once (bf16_prompt.h), then per chunk from the
   // panel the int8 rows just swept (in cache), so they add no weight stream.
   Bf16Args bf;
-#if defined(PAGED_ISA_X86)
-  if (bf16_rest && a.M > two_rows) {
-    static thread_local AlignedVector<uint16_t> packed;  // the caller's; its team reads it
-    bf = Bf16Args{a.M - two_rows, N, K, nullptr, nullptr, a.out + two_rows * N};
-    if (packed.size() < size_t(bf.groups() * kBf16Rows * K)) packed.resize(size_t(bf.groups() * kBf16Rows * K));
-    uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own
-    bf.x = xp;
-    const float* const xf = a.x + two_rows * K;
-    parallel_for(bf.groups(), parallel, Schedule::Static, 1,
-                 [&](int64_t g) { isa_amx_bf16::pack_group(xf, bf.M, K, g, xp); });
-  }
-#endif
-  // Each thread's panel keeps its capacity between calls (no allocation and
-  // zeroing per call); the worker threads live as long as the process.
-  static thread_local Int8Panel panel;
+  if (bf16_rest && a.M > two_rows)
+    bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(a.x + two_rows * K, a.M - two_rows, K, parallel), nullptr,
+                  a.out + two_rows * N};
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
+    // Each thread's panel keeps its capacity between calls (no allocation and
+    // zeroing per call); the worker threads live as long as the process.
+    static thread_local Int8Panel panel;
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     if (two.M) kernels.int8_rows(two, n0, n1, panel);
     if (one.M) kernels.int8_rows(one, n0, n1, panel);

@@ -47,6 +47,7 @@
 namespace paged::cpu::linear {
 
 constexpr int64_t kBlock = 32;  // weights per quant block along K
+constexpr int64_t kSerialMacs = int64_t(1) << 16;  // calls below this many multiply-adds stay on the calling thread
 constexpr int kLanes = 8;       // fp32 accumulator lanes per output
 constexpr int32_t kActMax = 32767;  // int16 activations lie in [-kActMax, kActMax]
 constexpr float kLoScale = 1.f / 65536.f;  // s_lo = s * kLoScale (a power of two: exact)
