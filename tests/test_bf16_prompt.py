@@ -36,6 +36,14 @@ pytestmark = pytest.mark.skipif(not C.bf16_prompt_supported(),
                                 reason="this CPU (or its OS, or PAGED_CPU_HIDE) offers no AMX-BF16 tiles")
 
 
+# The mixed-bf16 mode also needs the linear kernels at the avx512 level; a
+# run with PAGED_CPU_ISA / PAGED_CPU_HIDE below it keeps only the kernel's
+# own tests (bf16_linear) and the refusal checked in test_auto_follows_the_cpu_level.
+at_avx512_level = pytest.mark.skipif(not ql.bf16_prompt_supported(),
+                                     reason="linear kernels below the avx512 level here: auto is mixed, "
+                                            "mixed-bf16 refused")
+
+
 def tiles(w16: torch.Tensor) -> torch.Tensor:
     t = torch.empty(C.bf16_weight_elems(*w16.shape), dtype=torch.bfloat16)
     C.build_bf16_weight(w16, t)
@@ -149,6 +157,7 @@ def test_bad_arguments_are_value_errors():
 
 @pytest.mark.parametrize("qtype,n,k", [("q4_1", 64, 128), ("q4_0", 40, 96), ("q8_0", 72, 64), ("q4_1", 576, 1536)])
 @pytest.mark.parametrize("source", ["panels", "per-call"])
+@at_avx512_level
 def test_split_linear_is_int8x2_rows_then_bf16_rows(qtype, n, k, source):
     """CpuPackedLinear("mixed-bf16"), one quant_linear call with prompt_rows
     "bf16": rows before first_prompt_row bitwise int8x2's, the rest bitwise
@@ -187,6 +196,7 @@ def test_prompt_rows_argument_errors():
         C.quant_linear(x, "q8_0", qs, d, m, out, "int8", -1, None, "bf16")
 
 
+@at_avx512_level
 def test_stack_equals_python_layers_and_unmarked_rows_are_int8x2(tiny, monkeypatch):
     config, weights = tiny
     model, backend = model_with("mixed-bf16", config, weights)
@@ -205,9 +215,11 @@ def test_stack_equals_python_layers_and_unmarked_rows_are_int8x2(tiny, monkeypat
 
 
 def test_auto_follows_the_cpu_level():
-    """auto is mixed-bf16 here; capped at the avx2 level (an older CPU), mixed,
+    """auto is mixed-bf16 here (mixed when PAGED_CPU_ISA runs the linear
+    kernels below avx512); capped at the avx2 level (an older CPU), mixed,
     and mixed-bf16 itself is refused with a reason."""
-    assert ql.resolve_activations("auto") == "mixed-bf16"
+    level_ok = C.linear_isa() in ("avx512", "amx")
+    assert ql.resolve_activations("auto") == ("mixed-bf16" if level_ok else "mixed")
     with cpu_isa.use_level("avx2"):
         assert ql.resolve_activations("auto") == "mixed"
         with pytest.raises(ValueError, match="'mixed-bf16' needs AMX-BF16 tiles"):
