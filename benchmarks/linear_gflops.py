@@ -10,9 +10,9 @@ o_proj 576x576, gate_up 3072x576, down 576x1536, plus the q8_0 lm_head
            torch's fp32 GEMM from there (the engine's path today)
   int8     CpuPackedLinear(activations="int8").linear: int8 activations, any M
   int8x2   CpuPackedLinear(activations="int8x2").linear: int8 plus the residual's int8
-  amxbf16  CpuPackedLinear(activations="mixed-bf16").linear on prompt rows: bf16_linear on the
-           matrix's bfloat16 copy, AMX-BF16 tiles (what mixed-bf16 runs for prompts; CPUs with
-           AMX-BF16 only, else the column is left out)
+  amxbf16  CpuPackedLinear(activations="mixed-bf16").linear on prompt rows: AMX-BF16 tiles made
+           per call from the int8 panels (what mixed-bf16 runs for prompts; CPUs with AMX-BF16
+           only, else the column is left out)
   bf16     torch.matmul(x.bfloat16(), W_bf16.T) (oneDNN)
   fp32     torch.matmul(x, W.T)
 
@@ -92,8 +92,9 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
     i8 = [CpuPackedLinear(b, activations="int8") for b in blocks]
     i8x2 = [CpuPackedLinear(b, activations="int8x2") for b in blocks]
     amx = [CpuPackedLinear(b, activations="mixed-bf16") for b in blocks] if "amxbf16" in PATHS else []
-    for w in amx:
-        w.prompt_weight()  # built once, as the worker does at load
+    for w in i8 + i8x2 + amx:  # persistent int8 panels, built once as the worker does at load
+        w.use_panels = True
+        w.weight_panels()
     dense = []
     for w in f32:
         out = torch.empty(n, k)
