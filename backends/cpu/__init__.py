@@ -42,8 +42,18 @@ def _zeros(shape, dtype):
     return numa_zeros(shape, dtype)
 
 
+#: cache dtypes prefill_attention_bf16 reads
+_BF16_ATTENTION_CACHES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class CpuBackend(AttentionBackend):
     name = "cpu"
+    #: "float32": every prefill row through prefill_attention; "bf16" (set by
+    #: the CPU worker for "mixed-bf16" models, backends/cpu/worker.py): the
+    #: prompt rows (from meta.first_prompt_row) through prefill_attention_bf16,
+    #: where the CPU has AMX-BF16 and the cache is a float one, as the layer
+    #: stack does (docs/kernels.md, "bfloat16 prompt attention").
+    prompt_attention = "float32"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -75,6 +85,32 @@ class CpuBackend(AttentionBackend):
                           block_tables, scale: float, sliding_window: int = 0) -> None:
         self._ops.prefill_attention(dl(out), dl(query), dl(key_cache), dl(value_cache), dl(query_start_loc),
                                     dl(seq_lens), dl(block_tables), float(scale), int(sliding_window or 0))
+
+    def prefill_attention_bf16(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                               block_tables, scale: float, sliding_window: int = 0) -> None:
+        self._ops.prefill_attention_bf16(dl(out), dl(query), dl(key_cache), dl(value_cache), dl(query_start_loc),
+                                         dl(seq_lens), dl(block_tables), float(scale), int(sliding_window or 0))
+
+    def bf16_prompt_attention(self) -> bool:
+        """Whether prompt rows take prefill_attention_bf16 (prompt_attention)."""
+        return (self.prompt_attention == "bf16" and self.kv_cache_dtype in _BF16_ATTENTION_CACHES
+                and self.head_size % 32 == 0 and bool(self._ops.bf16_prompt_attention_supported()))
+
+    def _forward_prefill(self, out, query, kv_cache, meta) -> None:
+        first = meta.first_prompt_row
+        if first is None or not self.bf16_prompt_attention():
+            return super()._forward_prefill(out, query, kv_cache, meta)
+        qsl, lens, tables = meta.prefill_part
+        starts = qsl.tolist()
+        # prefill sequences before the first prompt row are verify rows: float32
+        j = next((i for i, s in enumerate(starts[:-1]) if s >= first - meta.num_decodes), len(starts) - 1)
+        split = starts[j]
+        if j:
+            self.prefill_attention(out[:split], query[:split], kv_cache[0], kv_cache[1], qsl[:j + 1], lens[:j],
+                                   tables[:j], self.scale, self.sliding_window)
+        if j < len(starts) - 1:
+            self.prefill_attention_bf16(out[split:], query[split:], kv_cache[0], kv_cache[1], qsl[j:] - split,
+                                        lens[j:], tables[j:], self.scale, self.sliding_window)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         self._ops.copy_blocks(list(key_caches), list(value_caches), block_mapping)

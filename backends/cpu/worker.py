@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from paged.backends.cpu import CpuBackend
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
 from paged.backends.cpu.quant_linear import plan_weight_panels
@@ -40,7 +41,19 @@ class CpuWorker(Worker):
 
     def prepare_model(self, model) -> None:
         plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
+        set_prompt_attention(model)
         super().prepare_model(model)
+
+
+def set_prompt_attention(model) -> None:
+    """A "mixed-bf16" model's prompt rows attend in bfloat16 too (the
+    backend's prompt_attention; the layer stack follows its activations)."""
+    layers = model.decoder_stack().layers
+    mats = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    bf16 = bool(mats) and all(getattr(w, "activations", None) == "mixed-bf16" for w in mats)
+    for layer in layers:
+        if isinstance(layer.attn_backend, CpuBackend):
+            layer.attn_backend.prompt_attention = "bf16" if bf16 else "float32"
 
 
 def packed_matrices(model) -> list:
@@ -54,4 +67,5 @@ def prepare_model(model) -> None:
     worker's layer ops and stack runner."""
     model.ops = cpu_layer_ops(model.dtype)
     plan_weight_panels(packed_matrices(model))
+    set_prompt_attention(model)
     model.layer_stack = LayerStack.for_model(model)

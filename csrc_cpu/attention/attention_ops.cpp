@@ -2,10 +2,13 @@
 // including one pass over the used block-table entries.
 #include <cmath>
 #include <string>
+#include <stdexcept>
 
 #include <nanobind/nanobind.h>
 
 #include "attention/ops.h"
+#include "attention/prompt_bf16.h"
+#include "isa_select.h"
 
 namespace nb = nanobind;
 
@@ -114,8 +117,11 @@ void paged_attention(Array out, Array query, Array key_cache, Array value_cache,
   run(c.args);
 }
 
-void prefill_attention(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
-                       Array seq_lens, Array block_tables, double scale, int64_t sliding_window) {
+namespace {
+
+// prefill_attention's checks: check_common's and query_start_loc's.
+Checked check_prefill(Array& out, Array& query, Array& key_cache, Array& value_cache, Array& query_start_loc,
+                      Array& seq_lens, Array& block_tables, double scale, int64_t sliding_window) {
   Checked c = check_common(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window);
   const int64_t num_seqs = c.args.num_seqs, num_tokens = c.query.dim(0);
   TensorArg qsl = int_tensor("query_start_loc", query_start_loc, 32, {num_seqs + 1});
@@ -130,7 +136,41 @@ void prefill_attention(Array out, Array query, Array key_cache, Array value_cach
            "in [1, seq_lens[" + std::to_string(s) + "] = " + std::to_string(c.args.seq_lens[s]) + "]", q);
   }
   c.args.query_start_loc = starts;
-  run(c.args);
+  return c;
+}
+
+}  // namespace
+
+void prefill_attention(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                       Array seq_lens, Array block_tables, double scale, int64_t sliding_window) {
+  run(check_prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,
+                    sliding_window).args);
+}
+
+bool bf16_prompt_attention_supported() {
+#if defined(PAGED_ISA_X86)
+  return isa_amx_bf16::supported();
+#else
+  return false;
+#endif
+}
+
+void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                            Array seq_lens, Array block_tables, double scale, int64_t sliding_window) {
+  Checked c = check_prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,
+                            sliding_window);
+  if (!isa_amx_bf16::reads_cache(c.args.cache_dtype))
+    fail("key_cache", "float32, bfloat16 or float16 (the bfloat16 prompt attention reads no int8 / fp8 rows)",
+         std::string("dtype ") + dtype_name(c.args.cache_dtype));
+  if (!isa_amx_bf16::takes_head_size(c.args.head_size))
+    fail("head_size (key_cache dim 3)", "a multiple of 32 for the bfloat16 prompt attention", c.args.head_size);
+  if (!bf16_prompt_attention_supported())
+    throw std::runtime_error("prefill_attention_bf16: this CPU (or OS) offers no AMX-BF16 tiles; "
+                             "bf16_prompt_attention_supported() says where it runs");
+#if defined(PAGED_ISA_X86)
+  nb::gil_scoped_release release;
+  isa_amx_bf16::prompt_attention(c.args);
+#endif
 }
 
 }  // namespace paged::cpu::attn

@@ -17,6 +17,12 @@ void register_attention(nb::module_& m) {
   m.def("prefill_attention", &a::prefill_attention, "out"_a, "query"_a, "key_cache"_a, "value_cache"_a,
         "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "scale"_a, "sliding_window"_a = 0,
         "Varlen causal attention of new tokens over cached prefix + themselves.");
+  m.def("prefill_attention_bf16", &a::prefill_attention_bf16, "out"_a, "query"_a, "key_cache"_a, "value_cache"_a,
+        "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "scale"_a, "sliding_window"_a = 0,
+        "prefill_attention on AMX-BF16 tiles: q, k, v and the probabilities rounded to bfloat16, float32 sums "
+        "(mixed-bf16's prompt rows).");
+  m.def("bf16_prompt_attention_supported", &a::bf16_prompt_attention_supported,
+        "Whether prefill_attention_bf16 runs here (AMX-BF16 tiles granted by the OS).");
   m.def("reshape_and_cache", &a::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a, "value_cache"_a,
         "slot_mapping"_a, "Write K/V [T, Hkv, D] into cache slots (negative slot = padding).");
   m.def("read_kv", &a::read_kv, "key_cache"_a, "value_cache"_a, "slot_mapping"_a, "key_out"_a, "value_out"_a,

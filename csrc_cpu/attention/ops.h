@@ -14,6 +14,14 @@ void paged_attention(Array out, Array query, Array key_cache, Array value_cache,
 void prefill_attention(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
                        Array seq_lens, Array block_tables, double scale, int64_t sliding_window);
 
+// prefill_attention on AMX-BF16 tiles, q, k, v and the probabilities in
+// bfloat16 (attention/prompt_bf16.h): what mixed-bf16 runs for prompt rows.
+// float32 / bfloat16 / float16 caches, head sizes a multiple of 32; where
+// bf16_prompt_attention_supported() is false it raises.
+void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                            Array seq_lens, Array block_tables, double scale, int64_t sliding_window);
+bool bf16_prompt_attention_supported();
+
 void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping);
 void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out);
 void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping);

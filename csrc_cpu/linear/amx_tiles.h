@@ -1,5 +1,6 @@
 // What the AMX kernels share (kernel_i8_amx.cpp: int8 block sums,
-// kernel_bf16_amx.cpp: bfloat16 prompt rows): the compiler gate, the target
+// kernel_bf16_amx.cpp: bfloat16 prompt rows, attention/prompt_bf16_amx.cpp:
+// their attention): the compiler gate, the target
 // attribute, the tile configuration check, the tile instructions with the
 // tile number a template argument, and the process's request for the tile
 // state. x86-64 only (the file names keep it out of other builds).
@@ -40,6 +41,15 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+// All eight tiles at their full 16 rows x 64 bytes (16 x 32 bfloat16, 16 x
+// 16 float32): what the bfloat16 kernels (prompt rows' linears and
+// attention) run under.
+constexpr TileConfig full_tiles_config() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.bytes_per_row[t] = 64;
+  return c;
+}
 
 // Loads `want` unless this thread's tiles already run it: one sttilecfg and
 // a compare per call (~9 ns) instead of an ldtilecfg (~90 ns, a tenth of a

@@ -34,12 +34,7 @@ constexpr int kTile = 16;                          // rows (and bf16 pairs) of a
 constexpr int64_t kTileElems = kTile * 2 * kTile;  // bf16 elements of one 1 KB tile
 constexpr int64_t kStepElems = kBf16Rows * kBf16Step;  // a group's x per step (2 tiles)
 
-constexpr amx::TileConfig make_config() {
-  amx::TileConfig c;
-  for (int t = 0; t < 8; ++t) c.rows[t] = kTile, c.bytes_per_row[t] = 64;  // 16 x 32 bf16 or 16 x 16 fp32
-  return c;
-}
-constexpr amx::TileConfig kConfig = make_config();
+constexpr amx::TileConfig kConfig = amx::full_tiles_config();  // 16 x 32 bf16 or 16 x 16 fp32
 
 // Tiles: x A0 (rows 0-15), A1 (rows 16-31); weight B0 (columns 0-15), B1
 // (16-31); sums C[row tile][column tile] = 4 + 2 * row tile + column tile.

@@ -89,6 +89,13 @@ void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_
   kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
 }
 
+bool LayerStack::bf16_prompt_attention() const {
+  if (!attn::bf16_prompt_attention_supported() || cfg_.head_dim % 32 || kv_caches_.empty()) return false;
+  const nb::dlpack::dtype t = std::get<0>(kv_caches_.front()).dtype();  // every layer's cache has one dtype
+  return t == nb::dtype<float>() || t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1} ||
+         t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+}
+
 void LayerStack::reserve(int64_t tokens) {
   if (tokens <= capacity_) return;
   const auto& c = cfg_;
@@ -116,7 +123,9 @@ void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then
-// decodes through paged_attention and the rest through prefill_attention.
+// decodes through paged_attention and the rest through prefill_attention,
+// except that sequences from bf16_seq_ on (mixed-bf16's prompts, where the
+// bfloat16 prompt attention reads the cache) go to prefill_attention_bf16.
 void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens,
                            Array& block_tables, int64_t nd) {
   const auto& c = cfg_;
@@ -133,18 +142,27 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
   }
   const auto* lens = static_cast<const int32_t*>(seq_lens.data());
   const auto* tables = static_cast<const int32_t*>(block_tables.data());
-  const size_t width = block_tables.shape(1), decodes = size_t(nd), prefills = size_t(ns - nd);
+  const size_t width = block_tables.shape(1), decodes = size_t(nd);
   const nb::dlpack::dtype i32 = nb::dtype<int32_t>();
   if (nd) {
     attn::paged_attention(f32(attn_.data(), {decodes, h, d}), f32(q_.data(), {decodes, h, d}), key_cache,
                           value_cache, view(tables, {decodes, width}, i32), view(lens, {decodes}, i32), c.scale,
                           c.sliding_window);
   }
-  const size_t rest = t - decodes, skip = decodes * h * d;
-  attn::prefill_attention(f32(attn_.data() + skip, {rest, h, d}), f32(q_.data() + skip, {rest, h, d}), key_cache,
-                          value_cache, view(prefill_starts_.data(), {prefills + 1}, i32),
-                          view(lens + decodes, {prefills}, i32), view(tables + decodes * width, {prefills, width}, i32),
-                          c.scale, c.sliding_window);
+  // sequences [s0, s1) of the prefill part (prefill_starts_ counts from sequence nd)
+  auto prefill = [&](int64_t s0, int64_t s1, bool bf16) {
+    if (s0 >= s1) return;
+    const int32_t row0 = prefill_starts_[size_t(s0 - nd)], rows = prefill_starts_[size_t(s1 - nd)] - row0;
+    part_starts_.resize(size_t(s1 - s0 + 1));
+    for (int64_t s = s0; s <= s1; ++s) part_starts_[size_t(s - s0)] = prefill_starts_[size_t(s - nd)] - row0;
+    const size_t skip = (decodes + size_t(row0)) * h * d, n = size_t(s1 - s0);
+    auto op = bf16 ? attn::prefill_attention_bf16 : attn::prefill_attention;
+    op(f32(attn_.data() + skip, {size_t(rows), h, d}), f32(q_.data() + skip, {size_t(rows), h, d}), key_cache,
+       value_cache, view(part_starts_.data(), {n + 1}, i32), view(lens + s0, {n}, i32),
+       view(tables + size_t(s0) * width, {n, width}, i32), c.scale, c.sliding_window);
+  };
+  prefill(nd, bf16_seq_, false);
+  prefill(std::max(nd, bf16_seq_), ns, true);
 }
 
 void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping,
@@ -183,6 +201,13 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   if (num_decodes < ns) {  // meta.prefill_part's query_start_loc
     prefill_starts_.assign(starts + num_decodes, starts + ns + 1);
     for (int32_t& s : prefill_starts_) s -= int32_t(num_decodes);
+  }
+  // mixed-bf16: the prompt sequences' attention in bfloat16 too (the first
+  // sequence starting at or after first_prompt_row; verify rows before it)
+  bf16_seq_ = ns;
+  if (qkv_split >= 0 && bf16_prompt_attention()) {
+    bf16_seq_ = num_decodes;
+    while (bf16_seq_ < ns && starts[bf16_seq_] < first_prompt_row) ++bf16_seq_;
   }
   reserve(tokens);
 

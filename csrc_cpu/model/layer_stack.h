@@ -98,6 +98,8 @@ class LayerStack {
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
   void reserve(int64_t tokens);
+  // mixed-bf16's prompt attention runs here: AMX-BF16, a head size it takes, a float cache
+  bool bf16_prompt_attention() const;
 
   StackConfig cfg_;
   Array final_norm_;
@@ -106,6 +108,8 @@ class LayerStack {
   std::string prompt_rows_ = "int8";  // quant_linear's prompt_rows ("mixed-bf16" -> "bf16")
   std::vector<Layer> layers_;
   std::vector<std::tuple<Array, Array>> kv_caches_;
+  std::vector<int32_t> part_starts_;  // query_start_loc of one part of the prefill sequences
+  int64_t bf16_seq_ = 0;              // this run's first sequence with bfloat16 prompt attention (ns: none)
   int64_t capacity_ = 0;               // token rows the scratch holds
   Scratch qkv_, q_, k_, v_, attn_, gate_up_, act_;
   std::vector<int32_t> prefill_starts_;  // query_start_loc[nd:] - nd

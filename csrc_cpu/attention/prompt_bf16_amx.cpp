@@ -1,0 +1,419 @@
+// AMX-BF16 attention of prompt rows (prompt_bf16.h).
+//
+// Work item: one (sequence, kv head) and up to kTilesPerItem tiles of 16
+// query vectors (the sequence's query rows x the kv head's query heads, row
+// by row), over the union of the tiles' visible keys in steps of 32 keys
+// aligned to absolute positions, so a query vector meets the same steps in
+// any tile, chunk or batch. Everything runs transposed, keys (or dims) in
+// tile rows and the 16 query vectors in the lanes, so the softmax is
+// vertical (no horizontal reductions):
+//   S^T = K Q^T      A: K rows as they are (bf16, 32 dims), B: Q^T pairs
+//                    (made once per item by a 16 x 16 dword transpose);
+//   softmax          per lane over the 32 rows: masked max, exp, sum;
+//   O^T += V^T P^T   A: V^T (two key rows interleaved into pairs, then
+//                    transposed), B: P^T pairs (two rows of P^T
+//                    interleaved); O^T lives in float32 C tiles, 16 dims
+//                    x 16 vectors, loaded and stored back per step.
+// K and V of a step are converted once for all the item's tiles. The
+// running max moves only when a step's max exceeds it by more than
+// kLazyMax (e^8 keeps every probability and sum far from float32's and
+// bfloat16's range), so most steps skip the accumulators' rescale; the rule
+// depends on the vector's own scores only.
+#include "attention/prompt_bf16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "linear/aligned.h"
+#include "linear/amx_tiles.h"
+#include "runtime/runtime.h"
+
+#if defined(PAGED_HAVE_AMX)
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 builds
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace paged::cpu::attn::isa_amx_bf16 {
+namespace {
+
+#include "attention/vec_avx512.inc"  // Vec: the float32 kernel's loads and exp
+
+namespace amx = linear::amx;
+
+constexpr int kTile = 16;         // query vectors per tile, keys per half step, rows of every tile
+constexpr int64_t kStep = 32;     // keys per online-softmax step: one bfloat16 pair row of P^T per 2 keys
+constexpr int kTilesPerItem = 4;  // tiles sharing one conversion of each step's K and V
+constexpr int64_t kTileElems = 512;  // bfloat16 elements of a 1 KB tile (or 256 floats)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kLazyMax = 8.0f;  // the running max moves when a step's exceeds it by more
+// Below this many (query vector, key) pairs a call runs on the calling thread.
+constexpr int64_t kMinParallelWork = 1 << 13;
+constexpr amx::TileConfig kConfig = amx::full_tiles_config();
+
+struct Item {
+  int64_t seq, kv_head, first, count;  // query vectors [first, first + count) of (seq, kv head)
+};
+
+// Per-thread scratch, reused across items and calls.
+struct Scratch {
+  AlignedVector<uint16_t> qt;  // [tile][32 dims][pair][vector][2]: Q^T B tiles
+  AlignedVector<uint16_t> k;   // [key half][32 dims][key][32]: a step's K A tiles
+  AlignedVector<uint16_t> vt;  // [16 dims][dim][key pair][2]: a step's V^T A tiles
+  AlignedVector<float> acc;    // [tile][16 dims][dim][vector]: O^T
+  alignas(64) float s[kStep][kTile];       // S^T of one tile and step
+  alignas(64) uint16_t pt[kTile][2 * kTile];  // P^T pairs: [key pair][vector][2]
+  alignas(64) float m[kTilesPerItem][kTile], l[kTilesPerItem][kTile];
+  alignas(64) int32_t lo[kTilesPerItem][kTile], hi[kTilesPerItem][kTile];  // visible keys [lo, hi)
+};
+
+// 32 floats as 32 bfloat16 (round to nearest even; words 0-15 from lo).
+inline __m512i bf16x32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+
+// Two vectors' 16 lanes as bfloat16 pairs: word 2n = a[n], 2n + 1 = b[n].
+inline __m512i bf16_pairs(__m512 a, __m512 b) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, bf16x32(a, b));
+}
+
+// e^x for x <= 88 (0 below -87.3, and for -inf): 2^n e^r with |r| <= ln 2 / 2 and a
+// degree-5 Taylor polynomial (relative error < 3e-6, far below the bfloat16
+// rounding of the probabilities); vscalefps puts the exponent in. e^0 is 1 exactly.
+inline __m512 exp_lanes(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 120);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(ok, _mm512_scalef_ps(p, n));
+}
+
+template <DType T>
+inline __m512 load16(const char* row, int64_t d) {
+  if constexpr (T == DType::F32) return Vec::load(reinterpret_cast<const float*>(row) + d);
+  else if constexpr (T == DType::BF16) return Vec::load_bf16(reinterpret_cast<const uint16_t*>(row) + d);
+  else return Vec::load_f16(reinterpret_cast<const uint16_t*>(row) + d);
+}
+
+// 16 x 16 dwords: r[i][j] -> r[j][i].
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // gather each column's four lanes across the row groups
+    t[k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88);
+    t[4 + k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd);
+    t[8 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
+    t[12 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
+    r[4 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
+    r[12 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xdd);
+  }
+}
+
+class ItemRunner {
+ public:
+  ItemRunner(const AttnArgs& a, const Item& it, Scratch& sc) : a_(a), it_(it), sc_(sc) {
+    D_ = a.head_size;
+    G_ = a.num_heads / a.num_kv_heads;
+    qlen_ = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
+    len_ = a.seq_lens[it.seq];
+    tiles_ = (it.count + kTile - 1) / kTile;
+    table_ = a.block_tables + it.seq * a.table_stride;
+    row_bytes_ = cache_row_bytes(a.cache_dtype, D_);
+  }
+
+  template <DType T>
+  void run() {
+    amx::ensure_config(kConfig);
+    prepare();
+    for (int64_t s0 = lo_ / kStep * kStep; s0 < hi_; s0 += kStep) {
+      convert_step<T>(s0);
+      for (int64_t t = 0; t < tiles_; ++t)
+        if (tile_lo_[t] < s0 + kStep && tile_hi_[t] > s0) attend(t, s0);
+    }
+    finish();
+  }
+
+ private:
+  int64_t rows(int64_t t) const { return std::min<int64_t>(kTile, it_.count - t * kTile); }
+  const char* row(const void* cache, int64_t pos) const {
+    const int64_t b = pos / a_.block_size;
+    return static_cast<const char*>(cache) +
+           ((int64_t(table_[b]) * a_.num_kv_heads + it_.kv_head) * a_.block_size + pos % a_.block_size) * row_bytes_;
+  }
+  // (row of the sequence's queries, query head) of the item's vector v
+  int64_t query_row(int64_t v) const { return a_.query_start_loc[it_.seq] + v / G_; }
+  int64_t head(int64_t v) const { return it_.kv_head * G_ + v % G_; }
+
+  // Q^T tiles (scaled, rounded), visible ranges, running state.
+  void prepare() {
+    const int64_t chunks = D_ / 32;
+    sc_.qt.resize(size_t(tiles_ * chunks * kTileElems));
+    sc_.acc.assign(size_t(tiles_ * kTile * D_), 0.0f);
+    lo_ = std::numeric_limits<int64_t>::max();
+    hi_ = 0;
+    alignas(64) float buf[32];
+    const __m512 scale = _mm512_set1_ps(a_.scale);
+    for (int64_t t = 0; t < tiles_; ++t) {
+      tile_lo_[t] = std::numeric_limits<int64_t>::max();
+      tile_hi_[t] = 0;
+      max_lo_[t] = 0;
+      min_hi_[t] = std::numeric_limits<int64_t>::max();
+      for (int64_t i = 0; i < kTile; ++i) {
+        sc_.m[t][i] = kNegInf, sc_.l[t][i] = 0.0f;
+        sc_.lo[t][i] = std::numeric_limits<int32_t>::max(), sc_.hi[t][i] = 0;  // padding: sees nothing
+      }
+      for (int64_t i = 0; i < rows(t); ++i) {
+        const int64_t v = it_.first + t * kTile + i, pos = len_ - qlen_ + v / G_;
+        const int64_t lo = a_.sliding_window ? std::max<int64_t>(0, pos - a_.sliding_window + 1) : 0;
+        sc_.lo[t][i] = int32_t(lo), sc_.hi[t][i] = int32_t(pos + 1);
+        tile_lo_[t] = std::min(tile_lo_[t], lo), tile_hi_[t] = std::max(tile_hi_[t], pos + 1);
+        max_lo_[t] = std::max(max_lo_[t], lo), min_hi_[t] = std::min(min_hi_[t], pos + 1);
+      }
+      if (rows(t) < kTile) max_lo_[t] = std::numeric_limits<int64_t>::max();  // padding lanes: always masked
+      lo_ = std::min(lo_, tile_lo_[t]), hi_ = std::max(hi_, tile_hi_[t]);
+      for (int64_t c = 0; c < chunks; ++c) {
+        __m512i r[16];
+        for (int64_t i = 0; i < kTile; ++i) {
+          if (i >= rows(t)) {
+            r[i] = _mm512_setzero_si512();
+            continue;
+          }
+          const int64_t v = it_.first + t * kTile + i;
+          const int64_t src = (query_row(v) * a_.num_heads + head(v)) * D_ + 32 * c;
+          if (a_.dtype == DType::F32) {  // the layer stack's queries
+            const float* q = static_cast<const float*>(a_.query) + src;
+            r[i] = bf16x32(_mm512_mul_ps(Vec::load(q), scale), _mm512_mul_ps(Vec::load(q + 16), scale));
+            continue;
+          }
+          for (int e = 0; e < 32; ++e) buf[e] = load_scalar(a_.query, src + e, a_.dtype) * a_.scale;
+          r[i] = bf16x32(_mm512_load_ps(buf), _mm512_load_ps(buf + 16));
+        }
+        transpose16(r);  // row p: dims 2p, 2p + 1 of the 16 vectors
+        uint16_t* dst = sc_.qt.data() + (t * chunks + c) * kTileElems;
+        for (int p = 0; p < kTile; ++p) _mm512_store_si512(dst + 32 * p, r[p]);
+      }
+    }
+  }
+
+  // Keys [s0, s0 + 32) as A tiles; keys outside the item's [lo_, hi_) are zeros (never read).
+  template <DType T>
+  void convert_step(int64_t s0) {
+    const int64_t chunks = D_ / 32, vchunks = D_ / 16;
+    sc_.k.resize(size_t(2 * chunks * kTileElems));
+    sc_.vt.resize(size_t(vchunks * kTileElems));
+    auto cached = [&](int64_t pos) { return pos >= lo_ && pos < hi_; };
+    for (int64_t n = 0; n < kStep; ++n) {  // K: tile row n % 16 of half n / 16, 32 dims per chunk
+      const int64_t pos = s0 + n;
+      const char* k = cached(pos) ? row(a_.key_cache, pos) : nullptr;
+      for (int64_t c = 0; c < chunks; ++c)
+        _mm512_store_si512(sc_.k.data() + ((n / kTile) * chunks + c) * kTileElems + (n % kTile) * 32,
+                           k ? bf16x32(load16<T>(k, 32 * c), load16<T>(k, 32 * c + 16)) : _mm512_setzero_si512());
+    }
+    for (int64_t j = 0; j < vchunks; ++j) {  // V^T: key pairs of 16 dims, transposed to dims x pairs
+      __m512i r[16];
+      for (int kp = 0; kp < kTile; ++kp) {
+        const int64_t p0 = s0 + 2 * kp, p1 = p0 + 1;
+        const __m512 x0 = cached(p0) ? load16<T>(row(a_.value_cache, p0), 16 * j) : _mm512_setzero_ps();
+        const __m512 x1 = cached(p1) ? load16<T>(row(a_.value_cache, p1), 16 * j) : _mm512_setzero_ps();
+        r[kp] = bf16_pairs(x0, x1);
+      }
+      transpose16(r);
+      uint16_t* dst = sc_.vt.data() + j * kTileElems;
+      for (int d = 0; d < kTile; ++d) _mm512_store_si512(dst + 32 * d, r[d]);
+    }
+  }
+
+  void attend(int64_t t, int64_t s0) {
+    const int64_t chunks = D_ / 32;
+    const uint16_t* qt = sc_.qt.data() + t * chunks * kTileElems;
+    amx::tile_zero<4>();
+    amx::tile_zero<5>();
+    for (int64_t c = 0; c < chunks; ++c) {
+      amx::tile_load<0>(sc_.k.data() + c * kTileElems, 64);
+      amx::tile_load<1>(sc_.k.data() + (chunks + c) * kTileElems, 64);
+      amx::tile_load<2>(qt + c * kTileElems, 64);
+      amx::tile_dot_bf16<4, 0, 2>();
+      amx::tile_dot_bf16<5, 1, 2>();
+    }
+    amx::tile_store<4>(&sc_.s[0][0], kTile * sizeof(float));
+    amx::tile_store<5>(&sc_.s[kTile][0], kTile * sizeof(float));
+    const __m512 alpha = softmax(t, s0);
+    accumulate(t, alpha);
+  }
+
+  // The step's probabilities (P^T pairs), m and l of the tile's vectors; returns alpha.
+  __m512 softmax(int64_t t, int64_t s0) {
+    const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+    if (s0 < max_lo_[t] || s0 + kStep > min_hi_[t]) {  // some vector's window or causal edge crosses the step
+      const __m512i lo = _mm512_load_si512(sc_.lo[t]), hi = _mm512_load_si512(sc_.hi[t]);
+      for (int64_t n = 0; n < kStep; ++n) {
+        const __m512i pos = _mm512_set1_epi32(int32_t(s0 + n));
+        const __mmask16 seen = _mm512_cmple_epi32_mask(lo, pos) & _mm512_cmpgt_epi32_mask(hi, pos);
+        _mm512_store_ps(sc_.s[n], _mm512_mask_mov_ps(neg_inf, seen, _mm512_load_ps(sc_.s[n])));
+      }
+    }
+    __m512 mx = _mm512_load_ps(sc_.s[0]);
+    for (int64_t n = 1; n < kStep; ++n) mx = _mm512_max_ps(mx, _mm512_load_ps(sc_.s[n]));
+    const __m512 m_old = _mm512_load_ps(sc_.m[t]);
+    const __m512 m = _mm512_mask_mov_ps(m_old, _mm512_cmp_ps_mask(mx, _mm512_add_ps(m_old, _mm512_set1_ps(kLazyMax)),
+                                                                  _CMP_GT_OQ), mx);
+    const __mmask16 none = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);  // nothing visible so far
+    const __m512 alpha = _mm512_mask_mov_ps(exp_lanes(_mm512_sub_ps(m_old, m)), none, _mm512_set1_ps(1.0f));
+    const __m512 neg_m = _mm512_maskz_sub_ps(static_cast<__mmask16>(~none), _mm512_setzero_ps(), m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t n = 0; n < kStep; n += 2) {
+      const __m512i pair = bf16_pairs(exp_lanes(_mm512_add_ps(_mm512_load_ps(sc_.s[n]), neg_m)),
+                                      exp_lanes(_mm512_add_ps(_mm512_load_ps(sc_.s[n + 1]), neg_m)));
+      _mm512_store_si512(sc_.pt[n / 2], pair);
+      // l sums the rounded probabilities, the weights V gets: a vector's
+      // output is a convex combination of its values
+      sum = _mm512_add_ps(_mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16))),
+                          _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(int32_t(0xFFFF0000u)))));
+    }
+    _mm512_store_ps(sc_.l[t], _mm512_fmadd_ps(_mm512_load_ps(sc_.l[t]), alpha, sum));
+    _mm512_store_ps(sc_.m[t], m);
+    return alpha;
+  }
+
+  // O^T = alpha O^T + V^T P^T for the tile's 16 vectors.
+  void accumulate(int64_t t, __m512 alpha) {
+    float* acc = sc_.acc.data() + t * kTile * D_;
+    if (_mm512_cmp_ps_mask(alpha, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ))  // some vector's max moved
+      for (int64_t d = 0; d < D_; ++d) _mm512_store_ps(acc + 16 * d, _mm512_mul_ps(_mm512_load_ps(acc + 16 * d), alpha));
+    const int64_t vchunks = D_ / 16;
+    const uint16_t* vt = sc_.vt.data();
+    amx::tile_load<0>(&sc_.pt[0][0], 64);
+    for (int64_t j = 0; j < vchunks; j += 4) {  // 64 dims (or the last 32) per pass: 4 C tiles
+      float* a0 = acc + j * kTileElems / 2;
+      const bool four = j + 4 <= vchunks;
+      amx::tile_load<4>(a0, 64);
+      amx::tile_load<5>(a0 + 256, 64);
+      amx::tile_load<1>(vt + j * kTileElems, 64);
+      amx::tile_load<2>(vt + (j + 1) * kTileElems, 64);
+      amx::tile_dot_bf16<4, 1, 0>();
+      amx::tile_dot_bf16<5, 2, 0>();
+      amx::tile_store<4>(a0, 64);
+      amx::tile_store<5>(a0 + 256, 64);
+      if (!four) break;
+      amx::tile_load<6>(a0 + 512, 64);
+      amx::tile_load<7>(a0 + 768, 64);
+      amx::tile_load<1>(vt + (j + 2) * kTileElems, 64);
+      amx::tile_load<2>(vt + (j + 3) * kTileElems, 64);
+      amx::tile_dot_bf16<6, 1, 0>();
+      amx::tile_dot_bf16<7, 2, 0>();
+      amx::tile_store<6>(a0 + 512, 64);
+      amx::tile_store<7>(a0 + 768, 64);
+    }
+  }
+
+  // out = O / l: per 16 dims, the tile's O^T rows divided by l (lanes), transposed back to rows.
+  void finish() {
+    alignas(64) float buf[kTile];
+    for (int64_t t = 0; t < tiles_; ++t) {
+      const __m512 l = _mm512_load_ps(sc_.l[t]);
+      const __mmask16 seen = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
+      const float* acc = sc_.acc.data() + t * kTile * D_;
+      for (int64_t j = 0; j < D_ / 16; ++j) {
+        __m512i r[16];
+        for (int d = 0; d < kTile; ++d)
+          r[d] = _mm512_castps_si512(_mm512_maskz_div_ps(seen, _mm512_load_ps(acc + 16 * (16 * j + d)), l));
+        transpose16(r);  // r[i]: dims 16j .. 16j + 15 of vector i
+        for (int64_t i = 0; i < rows(t); ++i) {
+          const int64_t v = it_.first + t * kTile + i;
+          const int64_t dst = (query_row(v) * a_.num_heads + head(v)) * D_ + 16 * j;
+          if (a_.dtype == DType::F32) {
+            _mm512_storeu_ps(static_cast<float*>(a_.out) + dst, _mm512_castsi512_ps(r[i]));
+            continue;
+          }
+          _mm512_store_ps(buf, _mm512_castsi512_ps(r[i]));
+          for (int e = 0; e < kTile; ++e) store_scalar(a_.out, dst + e, a_.dtype, buf[e]);
+        }
+      }
+    }
+  }
+
+  const AttnArgs& a_;
+  const Item& it_;
+  Scratch& sc_;
+  int64_t D_, G_, qlen_, len_, tiles_, row_bytes_;
+  const int32_t* table_;
+  int64_t lo_ = 0, hi_ = 0;  // the item's keys
+  // per tile: the union of its vectors' visible keys, and the intersection's bounds
+  int64_t tile_lo_[kTilesPerItem], tile_hi_[kTilesPerItem], max_lo_[kTilesPerItem], min_hi_[kTilesPerItem];
+};
+
+void run_item(const AttnArgs& a, const Item& it) {
+  static thread_local Scratch scratch;
+  ItemRunner r(a, it, scratch);
+  switch (a.cache_dtype) {
+    case DType::F32: r.run<DType::F32>(); break;
+    case DType::BF16: r.run<DType::BF16>(); break;
+    default: r.run<DType::F16>(); break;
+  }
+}
+
+}  // namespace
+
+bool supported() {
+  return runtime::cpu_has("avx512f") && runtime::cpu_has("avx512bw") && runtime::cpu_has("avx512vl") &&
+         runtime::cpu_has("avx512dq") && runtime::cpu_has("f16c") && runtime::cpu_has("avx512bf16") &&
+         runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
+}
+
+void prompt_attention(const AttnArgs& a) {
+  const int64_t G = a.num_heads / a.num_kv_heads;
+  std::vector<Item> items;
+  int64_t work = 0;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    const int64_t qlen = a.query_start_loc[s + 1] - a.query_start_loc[s], vectors = qlen * G;
+    for (int64_t h = 0; h < a.num_kv_heads; ++h)
+      for (int64_t v0 = 0; v0 < vectors; v0 += kTilesPerItem * kTile)
+        items.push_back({s, h, v0, std::min<int64_t>(kTilesPerItem * kTile, vectors - v0)});
+    work += vectors * a.seq_lens[s];
+  }
+  // The last items of a sequence see the most keys: dynamic, one at a time.
+  parallel_for(int64_t(items.size()), work >= kMinParallelWork, Schedule::Dynamic, 1,
+               [&](int64_t i) { run_item(a, items[size_t(i)]); });
+}
+
+}  // namespace paged::cpu::attn::isa_amx_bf16
+
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#else  // !PAGED_HAVE_AMX: nothing offered
+
+namespace paged::cpu::attn::isa_amx_bf16 {
+bool supported() { return false; }
+void prompt_attention(const AttnArgs&) {}
+}  // namespace paged::cpu::attn::isa_amx_bf16
+
+#endif
