@@ -9,7 +9,9 @@ are rotated over several layers whose total is far larger than the L3, so the
 figures are DRAM-bound like a real model's. As a yardstick for the scattered
 access, "gather GB/s" is torch.index_select copying the same K/V blocks in
 block-table order (the same bytes read, plus writing them). Prefill: tokens/s
-at 512 tokens.
+of one prompt attending to itself (512 tokens; 256 / 512 / 2048 over the
+default engine's float16 cache), with the bfloat16 prompt kernel of
+mixed-bf16 beside the float32 one where the CPU has AMX-BF16.
 
 --kv-cache: decode attention (float32 queries, batch 32 x context 4096) over
 a float32, bfloat16 and int8 KV cache (--kv-cache-dtype): time, GB/s of cache
@@ -140,7 +142,11 @@ def gather_time(caches, tables, min_time) -> float:
     return best_time(call, min_time, max_reps=50)
 
 
-def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
+def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time, cache_dtype=None):
+    """One prompt of `tokens` attending to itself: the float32 kernel, the
+    bfloat16 prompt kernel (mixed-bf16's, where AMX-BF16 runs; None
+    elsewhere) and the reference, `cache_dtype` (default: dtype) in the cache."""
+    cache_dtype = cache_dtype or dtype
     cfg = (heads, kv_heads, head, block_size, dtype)
     nb = (tokens + block_size - 1) // block_size
     table = torch.arange(nb, dtype=torch.int32)[None].contiguous()
@@ -148,17 +154,24 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time):
     qsl = torch.tensor([0, tokens], dtype=torch.int32)
     query = torch.randn(tokens, heads, head).to(dtype)
     out = torch.empty_like(query)
-    kc = torch.randn(nb, kv_heads, block_size, head).to(dtype)
+    kc = torch.randn(nb, kv_heads, block_size, head).to(cache_dtype)
     vc = torch.randn_like(kc)
-    res = {}
-    for be in (CpuBackend(*cfg), ReferenceBackend(*cfg)):
-        res[be.name] = best_time(lambda: be.prefill_attention(out, query, kc, vc, qsl, lens, table, be.scale, 0),
-                             min_time, max_reps=20)
-    return {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
+    cpu, ref = CpuBackend(*cfg, kv_cache_dtype=cache_dtype), ReferenceBackend(*cfg, kv_cache_dtype=cache_dtype)
+    calls = {"cpu": lambda: cpu.prefill_attention(out, query, kc, vc, qsl, lens, table, cpu.scale, 0),
+             "reference": lambda: ref.prefill_attention(out, query, kc, vc, qsl, lens, table, ref.scale, 0)}
+    if ops().bf16_prompt_attention_supported() and head % 32 == 0:
+        calls["bf16"] = lambda: cpu.prefill_attention_bf16(out, query, kc, vc, qsl, lens, table, cpu.scale, 0)
+    res = {name: best_time(fn, min_time, max_reps=20) for name, fn in calls.items()}
+    bf16 = res.get("bf16")
+    return {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""),
+            "cache_dtype": str(cache_dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
             "head_size": head, "tokens": tokens, "block_size": block_size,
             "cpu_ms": res["cpu"] * 1e3, "ref_ms": res["reference"] * 1e3,
             "cpu_tok_s": tokens / res["cpu"], "ref_tok_s": tokens / res["reference"],
-            "speedup": res["reference"] / res["cpu"]}
+            "speedup": res["reference"] / res["cpu"],
+            "bf16_ms": None if bf16 is None else bf16 * 1e3,
+            "bf16_tok_s": None if bf16 is None else tokens / bf16,
+            "bf16_vs_cpu": None if bf16 is None else res["cpu"] / bf16}
 
 
 def kv_cache_main(args, min_time) -> dict:
@@ -258,11 +271,17 @@ def main(argv=None):
             results.append(r)
             print(f"{r['dtype']:9} {f'{h}/{hkv}/{d}':10} {b:>5} {c:>5} {r['cpu_ms']:8.3f} {r['ref_ms']:8.2f} "
                   f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f} {r['gather_gbps']:11.1f} {r['copy_gbps']:9.1f}")
-    print(f"\n{'prefill':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6}")
-    for dtype in (torch.bfloat16, torch.float32):
-        r = prefill_case(9, 3, 64, 512, dtype, args.block_size, min_time)
+    print(f"\n{'prefill':9} {'cache':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6} "
+          f"{'bf16 tok/s':>10} {'bf16 x cpu':>10}")
+    # bf16 column: mixed-bf16's prompt attention (AMX-BF16 CPUs); float32 / float16: the default engine's
+    for dtype, cache, tokens in ((torch.bfloat16, None, 512), (torch.float32, None, 512),
+                                 (torch.float32, torch.float16, 256), (torch.float32, torch.float16, 512),
+                                 (torch.float32, torch.float16, 2048)):
+        r = prefill_case(9, 3, 64, tokens, dtype, args.block_size, min_time, cache)
         results.append(r)
-        print(f"{r['dtype']:9} {'9/3/64':10} {512:>6} {r['cpu_tok_s']:10.0f} {r['ref_tok_s']:10.0f} {r['speedup']:6.1f}")
+        bf16 = ("-", "-") if r["bf16_tok_s"] is None else (f"{r['bf16_tok_s']:.0f}", f"{r['bf16_vs_cpu']:.2f}")
+        print(f"{r['dtype']:9} {r['cache_dtype']:9} {'9/3/64':10} {tokens:>6} {r['cpu_tok_s']:10.0f} "
+              f"{r['ref_tok_s']:10.0f} {r['speedup']:6.1f} {bf16[0]:>10} {bf16[1]:>10}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"memory_bandwidth_gbps": bw, "threads": torch.get_num_threads(),

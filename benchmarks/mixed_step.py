@@ -11,8 +11,9 @@ machine.
 
 What it shows: how a mode's cost grows with the prompt rows a step carries
 (mixed's one-term int8 prompt rows ride along the decode rows' sweep of the
-weight panels; mixed-bf16's read the bfloat16 copy whatever their number,
-docs/kernels.md, "bfloat16 prompt rows").
+weight panels; mixed-bf16 makes every matrix's bfloat16 tiles from the
+panels whatever their number, and its prompt rows attend on the tile unit:
+docs/kernels.md, "bfloat16 prompt rows" and "bfloat16 prompt attention").
 """
 
 from __future__ import annotations
