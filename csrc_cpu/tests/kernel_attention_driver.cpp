@@ -15,6 +15,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "attention/prompt_bf16.h"
+#include "isa_select.h"
 #include "kernel_builds.h"
 #include "tests/driver_util.h"
 
@@ -163,5 +165,33 @@ int main(int argc, char** argv) {
     std::printf("attention %s: max |diff| vs scalar f32 %g, bf16 %g, f16 %g\n", b.name, double(worst_of[0]),
                 double(worst_of[1]), double(worst_of[2]));
   });
+  // mixed-bf16's prompt attention (AMX-BF16 CPUs): every case it takes
+  // (float caches, head sizes a multiple of 32) against the scalar build,
+  // within what rounding q, k, v and the probabilities to bfloat16 moves an
+  // output of values in [-1, 1] (tests/test_bf16_attention.py checks it
+  // against its own definition); here mostly a run under the sanitizers.
+#if defined(PAGED_ISA_X86)
+  if (attn::isa_amx_bf16::supported()) {
+    const AttentionKernel scalar = attention_builds().back().kernel;
+    float worst = 0.f;
+    int ran = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Case& c = all[i];
+      if (!attn::isa_amx_bf16::reads_cache(c.cache) || !attn::isa_amx_bf16::takes_head_size(c.head_size)) continue;
+      const std::vector<float> got = run(attn::isa_amx_bf16::prompt_attention, c, inputs[i]),
+                               want = run(scalar, c, inputs[i]);
+      for (size_t j = 0; j < got.size(); ++j) {
+        DRIVER_CHECK(std::isfinite(got[j]), "bf16 prompt attention case %zu: output %zu not finite", i, j);
+        worst = std::max(worst, std::fabs(got[j] - want[j]));
+      }
+      ++ran;
+    }
+    DRIVER_CHECK(ran > 0 && worst <= 1.f / 32, "bf16 prompt attention: max |diff| vs scalar %g > 1/32 (%d cases)",
+                 double(worst), ran);
+    std::printf("attention bf16 prompt (amx): %d cases, max |diff| vs scalar %g\n", ran, double(worst));
+  } else {
+    std::printf("attention bf16 prompt (amx): not run (no AMX-BF16 tiles here)\n");
+  }
+#endif
   return finish("kernel_attention_driver");
 }
