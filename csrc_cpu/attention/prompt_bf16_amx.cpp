@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -42,7 +41,7 @@
 namespace paged::cpu::attn::isa_amx_bf16 {
 namespace {
 
-#include "attention/vec_avx512.inc"  // Vec: the float32 kernel's loads and exp
+#include "attention/vec_avx512.inc"  // Vec: the float32 kernel's cache loads
 
 namespace amx = linear::amx;
 
