@@ -159,7 +159,7 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time, cac
     cpu, ref = CpuBackend(*cfg, kv_cache_dtype=cache_dtype), ReferenceBackend(*cfg, kv_cache_dtype=cache_dtype)
     calls = {"cpu": lambda: cpu.prefill_attention(out, query, kc, vc, qsl, lens, table, cpu.scale, 0),
              "reference": lambda: ref.prefill_attention(out, query, kc, vc, qsl, lens, table, ref.scale, 0)}
-    if ops().bf16_prompt_attention_supported() and head % 32 == 0:
+    if ops().bf16_prompt_attention_reads(kc):
         calls["bf16"] = lambda: cpu.prefill_attention_bf16(out, query, kc, vc, qsl, lens, table, cpu.scale, 0)
     res = {name: best_time(fn, min_time, max_reps=20) for name, fn in calls.items()}
     bf16 = res.get("bf16")

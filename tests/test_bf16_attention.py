@@ -122,13 +122,13 @@ def test_stack_equals_python_layers_with_bf16_prompt_attention(monkeypatch):
     config = tiny_config(head_dim=32)
     weights = tiny_weights(config)
     model, backend = model_with("mixed-bf16", config, weights)
-    assert model.layer_stack is not None and backend.bf16_prompt_attention()
+    fresh = lambda: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
+    assert model.layer_stack is not None and backend.bf16_prompt_attention(fresh()[0][0])
     assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
     rng = np.random.default_rng(5)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
     ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (3, 0, 20)], 0)
     meta.first_prompt_row = 0
-    fresh = lambda: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
     monkeypatch.setenv("PAGED_LAYER_STACK", "0")
     bf16 = model(ids, pos, fresh(), meta)
     backend.prompt_attention = "float32"

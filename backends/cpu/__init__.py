@@ -42,10 +42,6 @@ def _zeros(shape, dtype):
     return numa_zeros(shape, dtype)
 
 
-#: cache dtypes prefill_attention_bf16 reads
-_BF16_ATTENTION_CACHES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 class CpuBackend(AttentionBackend):
     name = "cpu"
     #: "float32": every prefill row through prefill_attention; "bf16" (set by
@@ -91,14 +87,14 @@ class CpuBackend(AttentionBackend):
         self._ops.prefill_attention_bf16(dl(out), dl(query), dl(key_cache), dl(value_cache), dl(query_start_loc),
                                          dl(seq_lens), dl(block_tables), float(scale), int(sliding_window or 0))
 
-    def bf16_prompt_attention(self) -> bool:
-        """Whether prompt rows take prefill_attention_bf16 (prompt_attention)."""
-        return (self.prompt_attention == "bf16" and self.kv_cache_dtype in _BF16_ATTENTION_CACHES
-                and self.head_size % 32 == 0 and bool(self._ops.bf16_prompt_attention_supported()))
+    def bf16_prompt_attention(self, key_cache) -> bool:
+        """Whether prompt rows over ``key_cache`` take prefill_attention_bf16
+        (prompt_attention; the kernel's own test, as the layer stack asks)."""
+        return self.prompt_attention == "bf16" and bool(self._ops.bf16_prompt_attention_reads(dl(key_cache)))
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         first = meta.first_prompt_row
-        if first is None or not self.bf16_prompt_attention():
+        if first is None or not self.bf16_prompt_attention(kv_cache[0]):
             return super()._forward_prefill(out, query, kv_cache, meta)
         qsl, lens, tables = meta.prefill_part
         starts = qsl.tolist()

@@ -48,18 +48,21 @@ class CpuWorker(Worker):
 def set_prompt_attention(model) -> None:
     """A "mixed-bf16" model's prompt rows attend in bfloat16 too (the
     backend's prompt_attention; the layer stack follows its activations)."""
-    layers = model.decoder_stack().layers
-    mats = [w for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    mats = decoder_matrices(model)
     bf16 = bool(mats) and all(getattr(w, "activations", None) == "mixed-bf16" for w in mats)
-    for layer in layers:
+    for layer in model.decoder_stack().layers:
         if isinstance(layer.attn_backend, CpuBackend):
             layer.attn_backend.prompt_attention = "bf16" if bf16 else "float32"
 
 
+def decoder_matrices(model) -> list:
+    """Every matrix of the model's decoder layers."""
+    return [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+
+
 def packed_matrices(model) -> list:
     """Every matrix of the model's decoder layers and its LM head."""
-    mats = [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-    return mats + [model.lm_head]
+    return decoder_matrices(model) + [model.lm_head]
 
 
 def prepare_model(model) -> None:

@@ -155,6 +155,13 @@ bool bf16_prompt_attention_supported() {
 #endif
 }
 
+bool bf16_prompt_attention_reads(Array key_cache) {
+  if (!bf16_prompt_attention_supported()) return false;
+  DType t;
+  const TensorArg k = cache_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &t);
+  return isa_amx_bf16::reads_cache(t) && isa_amx_bf16::takes_head_size(k.dim(3));
+}
+
 void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
                             Array seq_lens, Array block_tables, double scale, int64_t sliding_window) {
   Checked c = check_prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,

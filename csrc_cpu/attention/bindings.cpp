@@ -23,6 +23,9 @@ void register_attention(nb::module_& m) {
         "(mixed-bf16's prompt rows).");
   m.def("bf16_prompt_attention_supported", &a::bf16_prompt_attention_supported,
         "Whether prefill_attention_bf16 runs here (AMX-BF16 tiles granted by the OS).");
+  m.def("bf16_prompt_attention_reads", &a::bf16_prompt_attention_reads, "key_cache"_a,
+        "Whether prefill_attention_bf16 runs here over this cache (float32 / bfloat16 / float16, head size a "
+        "multiple of 32).");
   m.def("reshape_and_cache", &a::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a, "value_cache"_a,
         "slot_mapping"_a, "Write K/V [T, Hkv, D] into cache slots (negative slot = padding).");
   m.def("read_kv", &a::read_kv, "key_cache"_a, "value_cache"_a, "slot_mapping"_a, "key_out"_a, "value_out"_a,

@@ -21,6 +21,9 @@ void prefill_attention(Array out, Array query, Array key_cache, Array value_cach
 void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
                             Array seq_lens, Array block_tables, double scale, int64_t sliding_window);
 bool bf16_prompt_attention_supported();
+// Whether prefill_attention_bf16 runs here over this cache (a float dtype, a
+// head size it takes): the one test of where prompt rows take it.
+bool bf16_prompt_attention_reads(Array key_cache);
 
 void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping);
 void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out);

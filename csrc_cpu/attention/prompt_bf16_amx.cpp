@@ -26,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "isa_select.h"
 #include "linear/aligned.h"
 #include "linear/amx_tiles.h"
 #include "runtime/runtime.h"
@@ -74,12 +75,7 @@ struct Scratch {
 // 32 floats as 32 bfloat16 (round to nearest even; words 0-15 from lo).
 inline __m512i bf16x32(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
 
-// Two vectors' 16 lanes as bfloat16 pairs: word 2n = a[n], 2n + 1 = b[n].
-inline __m512i bf16_pairs(__m512 a, __m512 b) {
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(order, bf16x32(a, b));
-}
+using amx::bf16_pairs;
 
 // e^x for x <= 88 (0 below -87.3, and for -inf): 2^n e^r with |r| <= ln 2 / 2 and a
 // degree-5 Taylor polynomial (relative error < 3e-6, far below the bfloat16
@@ -382,9 +378,8 @@ void run_item(const AttnArgs& a, const Item& it) {
 }  // namespace
 
 bool supported() {
-  return runtime::cpu_has("avx512f") && runtime::cpu_has("avx512bw") && runtime::cpu_has("avx512vl") &&
-         runtime::cpu_has("avx512dq") && runtime::cpu_has("f16c") && runtime::cpu_has("avx512bf16") &&
-         runtime::cpu_has("amx_bf16") && amx::tile_state_granted();
+  return cpu_has_avx512() && runtime::cpu_has("avx512bf16") && runtime::cpu_has("amx_bf16") &&
+         amx::tile_state_granted();
 }
 
 void prompt_attention(const AttnArgs& a) {

@@ -61,6 +61,15 @@ PAGED_AMX_INLINE void ensure_config(const TileConfig& want) {
   if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
 }
 
+// Two vectors' 16 float lanes as 16 bfloat16 pairs (a B tile row, or an A
+// tile row of pairs): word 2n = bf16(a[n]), 2n + 1 = bf16(b[n]), rounded to
+// nearest even by vcvtne2ps2bf16 (which treats subnormals as zero).
+PAGED_AMX_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                         6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
 // As GCC's own intrinsics: a store clobbers memory (results are read back
 // right after), a load and a dot product do not (what they read was written
 // before the call).

@@ -131,9 +131,6 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
                                          : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i offset = _mm512_set1_epi32(128);
   const __m512i byte = _mm512_set1_epi32(0xFF);
-  // word 2n <- word n, word 2n + 1 <- word 16 + n
-  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int c = 0; c < kCols; ++c)
     for (int64_t b = 0; b < nb; ++b) {
       const __m512 d = _mm512_load_ps(p.d + b * kPanel + c * kLanes);
@@ -152,13 +149,11 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
             w[j] = T == QType::Q4_1 ? _mm512_fmadd_round_ps(q, d, m, kRound) : _mm512_mul_round_ps(q, d, kRound);
           }
         }
-        // vcvtne2ps2bf16 rounds as torch does for every finite value here
-        // (gguf weights are multiples of 2^-24: never subnormal, which it
-        // would flush); its words 0-15 are the second operand's, 16-31 the
-        // first's, interleaved into (even k, odd k) pairs per output
-        _mm512_store_si512(dst + 2 * s * 32, _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0])));
-        _mm512_store_si512(dst + (2 * s + 1) * 32,
-                           _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(w[3], w[2])));
+        // (even k, odd k) pairs per output; vcvtne2ps2bf16 rounds as torch
+        // does for every finite value here (gguf weights are multiples of
+        // 2^-24: never subnormal, which it would flush)
+        _mm512_store_si512(dst + 2 * s * 32, amx::bf16_pairs(w[0], w[1]));
+        _mm512_store_si512(dst + (2 * s + 1) * 32, amx::bf16_pairs(w[2], w[3]));
       }
     }
 }

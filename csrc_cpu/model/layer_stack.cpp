@@ -89,11 +89,8 @@ void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_
   kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
 }
 
-bool LayerStack::bf16_prompt_attention() const {
-  if (!attn::bf16_prompt_attention_supported() || cfg_.head_dim % 32 || kv_caches_.empty()) return false;
-  const nb::dlpack::dtype t = std::get<0>(kv_caches_.front()).dtype();  // every layer's cache has one dtype
-  return t == nb::dtype<float>() || t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1} ||
-         t == nb::dlpack::dtype{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+bool LayerStack::bf16_prompt_attention() const {  // every layer's cache has one dtype and shape
+  return !kv_caches_.empty() && attn::bf16_prompt_attention_reads(std::get<0>(kv_caches_.front()));
 }
 
 void LayerStack::reserve(int64_t tokens) {

@@ -98,7 +98,7 @@ class LayerStack {
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
   void reserve(int64_t tokens);
-  // mixed-bf16's prompt attention runs here: AMX-BF16, a head size it takes, a float cache
+  // mixed-bf16's prompt attention runs over the bound caches (attn::bf16_prompt_attention_reads)
   bool bf16_prompt_attention() const;
 
   StackConfig cfg_;
