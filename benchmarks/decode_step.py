@@ -4,7 +4,10 @@ torch ops side by side (same run, same weights, same cache).
 
     python benchmarks/decode_step.py [--batch 1 16] [--context 128] [--dtype float32] [--weights packed|dense]
                                      [--kv-cache-dtype auto|float32|float16|bfloat16]
-                                     [--threads N] [--min-time 2] [--json PATH]
+                                     [--block-size N] [--threads N] [--min-time 2] [--json PATH]
+
+The cache has the CPU platform's block size (128) unless --block-size says
+otherwise, so attention reads K/V in the runs the engine's cache has.
 
 Columns (milliseconds per step, best of many runs: the figure least distorted
 by other processes on a shared machine):
@@ -41,9 +44,6 @@ from paged.core.models import llama
 from paged.core.models.layers import TorchLayerOps, linear
 from paged.platforms.cpu import CpuPlatform
 
-BLOCK = 16
-
-
 def _best_time(fn, min_time: float, max_reps: int = 500) -> float:
     return best_time(fn, min_time, max_reps, warmup=2, min_reps=5)
 
@@ -54,8 +54,9 @@ class DecodeCase:
 
     def __init__(self, model, backend, batch: int, context: int):
         c = model.config
+        block = backend.block_size
         self.model, self.backend, self.batch = model, backend, batch
-        blocks_per_seq = (context + BLOCK - 1) // BLOCK
+        blocks_per_seq = (context + block - 1) // block
         self.caches = backend.allocate_kv_cache(c.num_layers, blocks_per_seq * batch)
         for k, v in self.caches:  # a plausible cache: random, not zeros
             k.normal_(), v.normal_()
@@ -63,7 +64,7 @@ class DecodeCase:
         self.ids = torch.randint(0, c.vocab_size, (batch,), generator=torch.Generator().manual_seed(0))
         self.positions = torch.full((batch,), pos, dtype=torch.int64)
         self.meta = AttentionMetadata(
-            slot_mapping=torch.tensor([i * blocks_per_seq * BLOCK + pos for i in range(batch)]),
+            slot_mapping=torch.tensor([i * blocks_per_seq * block + pos for i in range(batch)]),
             query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
             seq_lens=torch.full((batch,), context, dtype=torch.int32),
             block_tables=torch.arange(blocks_per_seq * batch, dtype=torch.int32).view(batch, -1),
@@ -149,6 +150,8 @@ def main(argv=None) -> int:
                     help="GGUF Q4/Q8 matrices kept packed, as the engine runs them (default), or dequantized")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
                     help="what the cache stores (default: auto, the CPU platform's choice, as the engine runs)")
+    ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
+                    help="KV cache block size (default: the CPU platform's, %(default)s)")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of repeats per figure")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -162,7 +165,7 @@ def main(argv=None) -> int:
     c = loaded.config
     kv_dtype = (platform_.auto_kv_cache_dtype(dtype, platform_.linear_activations() if packed_linear else None)
                 if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype))
-    backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, dtype, "cpu",
+    backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, args.block_size, dtype, "cpu",
                          sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)
     model = build_model(c, loaded.weights, dtype, "cpu", backend, packed_linear)
     prepare_model(model)  # the CPU worker's choice: fused layer ops, the stack where eligible
@@ -186,7 +189,7 @@ def main(argv=None) -> int:
 
     cols = ["step_ms", "matmul_ms", "attention_ms", "rest_ms", "elementwise_ms"]
     print(f"decode step, default model ({c.num_layers} layers, hidden {c.hidden_size}), {args.dtype}, "
-          f"{args.weights} weights, {str(kv_dtype).removeprefix('torch.')} cache, "
+          f"{args.weights} weights, {str(kv_dtype).removeprefix('torch.')} cache (block {args.block_size}), "
           f"context {args.context}, {torch.get_num_threads()} threads; ms per step, best of runs")
     print(f"{'batch':>5} {'ops':>6} " + " ".join(f"{k[:-3]:>11}" for k in cols))
     for r in results:
@@ -207,7 +210,8 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             json.dump(dict(machine=platform.processor() or platform.machine(), dtype=args.dtype,
                            kv_cache_dtype=str(kv_dtype).removeprefix("torch."),
-                           context=args.context, threads=torch.get_num_threads(), results=results), fh, indent=1)
+                           context=args.context, block_size=args.block_size, threads=torch.get_num_threads(),
+                           results=results), fh, indent=1)
     return 0
 
 

@@ -7,7 +7,10 @@ alternating rounds (best round each), so their ratio holds on a loaded
 machine.
 
     python benchmarks/mixed_step.py [--modes mixed,mixed-bf16] [--decodes 16] [--context 320]
-        [--prompt-rows 0 8 16 32 64 128 256] [--rounds 8] [--json PATH]
+        [--prompt-rows 0 8 16 32 64 128 256] [--block-size N] [--rounds 8] [--json PATH]
+
+The cache has the CPU platform's block size (128) unless --block-size says
+otherwise, so the decodes read K/V in the runs the engine's cache has.
 
 What it shows: how a mode's cost grows with the prompt rows a step carries
 (mixed's one-term int8 prompt rows ride along the decode rows' sweep of the
@@ -34,13 +37,10 @@ from paged.core.model_files import default_model_path
 from paged.core.models import build_model
 from paged.platforms.cpu import CpuPlatform
 
-BLOCK = 16
-
-
-def build(mode: str, loaded):
+def build(mode: str, loaded, block: int):
     c = loaded.config
     kv_dtype = CpuPlatform().auto_kv_cache_dtype(torch.float32, mode)
-    backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, BLOCK, torch.float32, "cpu",
+    backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, block, torch.float32, "cpu",
                          sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)
     model = build_model(c, loaded.weights, torch.float32, "cpu", backend,
                         functools.partial(CpuPackedLinear, activations=mode))
@@ -49,14 +49,15 @@ def build(mode: str, loaded):
 
 
 def step_inputs(c, backend, decodes: int, context: int, k: int):
+    block = backend.block_size
     """Inputs of one step: `decodes` one-row sequences at `context`, then a
     new sequence's first k prompt rows (random cache contents)."""
-    blocks = (max(context, k) + BLOCK - 1) // BLOCK
+    blocks = (max(context, k) + block - 1) // block
     seqs = decodes + (1 if k else 0)
     caches = backend.allocate_kv_cache(c.num_layers, blocks * seqs)
     for key, value in caches:
         key.normal_(), value.normal_()
-    slots = [i * blocks * BLOCK + context - 1 for i in range(decodes)] + [decodes * blocks * BLOCK + j for j in range(k)]
+    slots = [i * blocks * block + context - 1 for i in range(decodes)] + [decodes * blocks * block + j for j in range(k)]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots),
         query_start_loc=torch.tensor(list(range(decodes + 1)) + ([decodes + k] if k else []), dtype=torch.int32),
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--decodes", type=int, default=16)
     ap.add_argument("--context", type=int, default=320)
     ap.add_argument("--prompt-rows", type=int, nargs="+", default=[0, 8, 16, 32, 64, 128, 256])
+    ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
+                    help="KV cache block size (default: the CPU platform's, %(default)s)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -87,8 +90,8 @@ def main() -> None:
             print(f"left out: {exc}")
     loaded = load_model_files(str(default_model_path()), torch.float32, keep_packed=True)
     c = loaded.config
-    models = {mode: build(mode, loaded) for mode in modes}
-    print(f"default model, {args.decodes} decodes at context {args.context} + k prompt rows; "
+    models = {mode: build(mode, loaded, args.block_size) for mode in modes}
+    print(f"default model, {args.decodes} decodes at context {args.context} (block {args.block_size}) + k prompt rows; "
           f"ms per step (best of {args.rounds} alternating rounds), {torch.get_num_threads()} threads")
     print(f"{'k':>5} " + " ".join(f"{m:>12}" for m in modes))
     rows = []
@@ -104,8 +107,8 @@ def main() -> None:
                     best[m] = min(best[m], time.perf_counter() - t0)
         rows.append({"prompt_rows": k, "ms": {m: best[m] * 1e3 for m in modes}})
         print(f"{k:5d} " + " ".join(f"{best[m] * 1e3:12.1f}" for m in modes))
-    emit_json({"decodes": args.decodes, "context": args.context, "threads": torch.get_num_threads(), "rows": rows},
-              args.json)
+    emit_json({"decodes": args.decodes, "context": args.context, "block_size": args.block_size,
+               "threads": torch.get_num_threads(), "rows": rows}, args.json)
 
 
 if __name__ == "__main__":
