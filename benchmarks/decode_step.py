@@ -32,7 +32,7 @@ import platform
 import time
 
 import torch
-from timing import best_time
+from timing import best_time, positive_int
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu import CpuBackend
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
                     help="GGUF Q4/Q8 matrices kept packed, as the engine runs them (default), or dequantized")
     ap.add_argument("--kv-cache-dtype", choices=("auto", "float32", "float16", "bfloat16"), default="auto",
                     help="what the cache stores (default: auto, the CPU platform's choice, as the engine runs)")
-    ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
+    ap.add_argument("--block-size", type=positive_int, default=CpuPlatform.default_block_size,
                     help="KV cache block size (default: the CPU platform's, %(default)s)")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of repeats per figure")
     ap.add_argument("--json", default=None, help="also write the figures here")

@@ -26,7 +26,7 @@ import functools
 import time
 
 import torch
-from timing import emit_json
+from timing import emit_json, positive_int
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu import CpuBackend
@@ -49,9 +49,9 @@ def build(mode: str, loaded, block: int):
 
 
 def step_inputs(c, backend, decodes: int, context: int, k: int):
-    block = backend.block_size
     """Inputs of one step: `decodes` one-row sequences at `context`, then a
     new sequence's first k prompt rows (random cache contents)."""
+    block = backend.block_size
     blocks = (max(context, k) + block - 1) // block
     seqs = decodes + (1 if k else 0)
     caches = backend.allocate_kv_cache(c.num_layers, blocks * seqs)
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--decodes", type=int, default=16)
     ap.add_argument("--context", type=int, default=320)
     ap.add_argument("--prompt-rows", type=int, nargs="+", default=[0, 8, 16, 32, 64, 128, 256])
-    ap.add_argument("--block-size", type=int, default=CpuPlatform.default_block_size,
+    ap.add_argument("--block-size", type=positive_int, default=CpuPlatform.default_block_size,
                     help="KV cache block size (default: the CPU platform's, %(default)s)")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--json", default=None)

@@ -1,7 +1,19 @@
-"""Timing shared by the benchmarks (run as `python benchmarks/X.py`, which
-puts this folder on sys.path)."""
+"""Timing (and argument parsing) shared by the benchmarks (run as `python
+benchmarks/X.py`, which puts this folder on sys.path)."""
 
+import argparse
 import time
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1, else a usage error naming the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def best_time(fn, min_time: float, max_reps: int = 500, warmup: int = 1, min_reps: int = 3) -> float:
