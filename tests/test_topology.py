@@ -107,6 +107,22 @@ def test_platform_memory_from_bound_node(tmp_path):
         platform.kv_cache_budget_bytes(4 * 2**20)
 
 
+def test_platform_memory_on_one_node_is_the_machines(tmp_path):
+    # one node: its sysfs meminfo (here far below the machine's, as in a VM
+    # whose node0 leaves out hot-plugged memory) gives way to /proc/meminfo
+    make_sysfs(tmp_path, {0: "0-3"}, [[0], [1], [2], [3]], "0-3", mem_kb={0: (1000, 100)})
+    platform = CpuPlatform(sysfs_root=tmp_path, allowed={0, 1, 2, 3})
+    from paged.platforms.cpu import BindingPlan
+    from paged.platforms.topology import system_memory
+
+    platform.plan = BindingPlan("0-3", [0, 1, 2, 3], 0)
+    before = system_memory()
+    mem = platform.memory_info()
+    after = system_memory()
+    assert mem.total_bytes == before[0] == after[0] and mem.total_bytes > 1000 * 1024
+    assert min(before[1], after[1]) - (64 << 20) <= mem.available_bytes <= max(before[1], after[1]) + (64 << 20)
+
+
 def test_real_machine_matches_lscpu_and_affinity():
     topo = read_topology()
     usable = set(topo.usable)
