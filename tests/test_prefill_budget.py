@@ -19,7 +19,7 @@ import random
 import pytest
 
 from paged.core.kv_cache_manager import KVCacheManager
-from paged.core.prefill_budget import MIN_OBSERVATIONS, MIN_TOKENS, UNTRAINED_TOKENS, PrefillBudget
+from paged.core.prefill_budget import FLOOR_SHARE, MIN_OBSERVATIONS, MIN_TOKENS, UNTRAINED_TOKENS, PrefillBudget
 from paged.core.request import Request
 from paged.core.sampling_params import SamplingParams
 from paged.core.scheduler import Scheduler
@@ -37,7 +37,7 @@ def oracle_tokens(costs, target, n_d, cap=CAP):
     a, c_d, c_p = costs
     decodes = a + c_d * n_d
     fits = math.floor((target - decodes) / c_p) if decodes < target else 0
-    n = max(fits, MIN_TOKENS, math.floor(decodes / c_p))
+    n = max(fits, MIN_TOKENS, math.floor(FLOOR_SHARE * decodes / c_p))
     return n if cap is None else min(n, cap)
 
 
@@ -77,13 +77,13 @@ def test_adapts_when_the_costs_change(seed):
 
 
 def test_floor_when_decodes_alone_exceed_the_target():
-    """Prompts still get the decodes' own predicted time (a step at most ~2x
-    the decode-only step), and never fewer than MIN_TOKENS."""
+    """Prompts still get FLOOR_SHARE of the decodes' predicted time (a step at
+    most ~1.5x the decode-only step), and never fewer than MIN_TOKENS."""
     rng = random.Random(7)
     budget = PrefillBudget(0.02, CAP)  # under the 37 ms a 16-decode step takes
     feed(budget, rng, COSTS, 300)
     want = oracle_tokens(COSTS, 0.02, 16)
-    assert want == math.floor((COSTS[0] + 16 * COSTS[1]) / COSTS[2])  # the floor is what binds
+    assert want == math.floor(FLOOR_SHARE * (COSTS[0] + 16 * COSTS[1]) / COSTS[2])  # the floor binds
     assert budget.tokens(16) == pytest.approx(want, rel=0.1)
     cheap_decodes = (0.001, 0.0001, 0.01)  # 16 decodes cost a quarter of one prompt token
     budget = PrefillBudget(0.05, CAP)
