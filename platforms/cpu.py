@@ -206,9 +206,8 @@ class CpuPlatform(Platform):
         machine, MemAvailable counts the reclaimable page cache, and some VMs'
         node meminfo leaves out hot-plugged memory (a 24 GiB guest whose
         node0 lists 5.3 GiB)."""
-        topology = self.topology() if self.plan is not None and self.plan.node is not None else None
-        if topology is not None and len(topology.nodes) > 1:
-            node = topology.node(self.plan.node)
+        if self.plan is not None and self.plan.node is not None and len(self.topology().nodes) > 1:
+            node = self.topology().node(self.plan.node)
             if node.mem_total_bytes is not None and node.mem_free_bytes is not None:
                 return MemoryInfo(node.mem_total_bytes, node.mem_free_bytes)
         total, available = system_memory()

@@ -345,19 +345,11 @@ PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, in
   for (; r0 < r1; r0 += kTileRows) table[size_t(std::min<int64_t>(kTileRows, r1 - r0) - 1)](a, p, r0, n0, mask);
 }
 
-// The direct path beside persistent panels: the chunk's scales read where
-// the panel holds them, already transposed (the same values, so the same
-// bits), instead of transposed from the packed rows on every call (a fifth
-// of a one-row decode step); the scales of the chunk kAhead rows on are
-// prefetched, as the codes are.
-template <QType T>
-PAGED_VNNI512 PanelView panel_scales(const LinearArgs& a, int64_t n0) {
-  const int64_t nb = a.blocks(), chunk = panel_chunk_bytes(a.qtype, a.K);
-  const PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb);
+// Prefetch of a panel's scales (d, then q4_1's m right after them) p.ahead bytes on.
+PAGED_VNNI512 void prefetch_scales(const PanelView& p, int64_t nb, bool with_m) {
   const auto* scales = reinterpret_cast<const uint8_t*>(p.d);
-  const int64_t bytes = nb * kPanel * int64_t(sizeof(float)) * (T == QType::Q4_1 ? 2 : 1);
-  for (int64_t at = 0; at < bytes; at += 64) prefetch_ahead(scales + at, (kAhead / kPanel) * chunk);
-  return p;
+  const int64_t bytes = nb * kPanel * int64_t(sizeof(float)) * (with_m ? 2 : 1);
+  for (int64_t at = 0; at < bytes; at += 64) prefetch_ahead(scales + at, p.ahead);
 }
 
 template <QType T>
@@ -367,7 +359,7 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
   // holds 1.67x the packed bytes (a byte per code), and M = 1 streams the
   // weight, so the direct path keeps reading the packed codes there.
   const bool few = a.M <= kDirectRows && !(a.panels && (a.M > 1 || T == QType::Q8_0));
-  const PanelView p = few && a.panels ? panel_scales<T>(a, n0) : chunk_panel(a, n0, n1, few, scratch);
+  const PanelView p = chunk_panel(a, n0, n1, few, scratch);
   if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
@@ -460,11 +452,16 @@ PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1
 
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
-  // the direct path (scales only) streams the packed codes and transposes
-  // the scales beside them, as without persistent panels
-  if (a.panels && !scales_only) {
-    PanelView p = chunk_view(a.panels + (n0 / kPanel) * panel_chunk_bytes(a.qtype, a.K), a.qtype, nb);
-    p.ahead = (kAhead / kPanel) * panel_chunk_bytes(a.qtype, a.K);
+  if (a.panels) {
+    const int64_t chunk = panel_chunk_bytes(a.qtype, a.K);
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb);
+    p.ahead = (kAhead / kPanel) * chunk;
+    // The direct path (scales only) streams the packed codes but takes the
+    // scales where the panel holds them, already transposed (the same values,
+    // so the same bits; transposing them from the packed rows was a fifth of
+    // a one-row decode step), prefetching those of the chunk kAhead rows on
+    // as it does the codes.
+    if (scales_only) prefetch_scales(p, nb, a.qtype == QType::Q4_1);
     return p;
   }
   scratch.d.resize(size_t(nb * kPanel));
