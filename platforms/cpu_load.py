@@ -10,7 +10,10 @@ second) reads how long each pinned thread waited on its CPU's run queue
 (/proc/self/task/*/schedstat: the harm itself, not a guess from others'
 CPU time, which a process of lower priority also runs up) and:
 
-- drops a core whose thread waited SHED of the time or more;
+- drops a core whose thread waited SHED of the time or more, not counting
+  what our own unpinned threads ran meanwhile (a server's event loop and
+  tokenizer share the cores with the team: at 16 streams they alone made
+  the team wait ~30% and shed a core it needed, 152 against 243 tok/s);
 - takes a dropped core back once it is nearly idle (/proc/stat busy below
   READMIT), or on trial after PROBE_S, doubling the trial's wait each time
   it fails (a busy machine may still leave room: the queue wait tells).
@@ -43,12 +46,14 @@ PROBE_S, MAX_PROBE_S = 10.0, 320.0
 class Reading:
     """At ``time`` (seconds): per CPU, busy and total clock ticks over all
     processes (/proc/stat); per thread of ours pinned to one CPU, (that CPU,
-    nanoseconds it waited on the run queue)."""
+    nanoseconds it waited on the run queue); per thread of ours that may run
+    on several CPUs, nanoseconds it ran."""
 
     time: float
     busy: dict[int, int]
     total: dict[int, int]
     waits: dict[int, tuple[int, int]] = field(default_factory=dict)
+    own_runs: dict[int, int] = field(default_factory=dict)
 
 
 def parse_proc_stat(text: str) -> tuple[dict[int, int], dict[int, int]]:
@@ -79,27 +84,33 @@ def pinned_cpu(status: str) -> int | None:
 def read_proc(proc_root: str | os.PathLike = "/proc", clock: Callable[[], float] = time.monotonic) -> Reading:
     root = Path(proc_root)
     busy, total = parse_proc_stat((root / "stat").read_text())
-    waits = {}
+    waits, own_runs = {}, {}
     for task in (root / "self" / "task").iterdir():
         try:
             cpu = pinned_cpu((task / "status").read_text())
+            ran, waited = (int(v) for v in (task / "schedstat").read_text().split()[:2])
             if cpu is not None:
-                waits[int(task.name)] = (cpu, int((task / "schedstat").read_text().split()[1]))
+                waits[int(task.name)] = (cpu, waited)
+            else:
+                own_runs[int(task.name)] = ran
         except (OSError, ValueError, IndexError):  # the thread ended meanwhile
             continue
-    return Reading(clock(), busy, total, waits)
+    return Reading(clock(), busy, total, waits, own_runs)
 
 
 def wait_shares(before: Reading, after: Reading) -> dict[int, float]:
     """Per CPU, the share of the time between two readings that our thread(s)
-    pinned to it spent waiting to run."""
+    pinned to it spent waiting to run, less what our own unpinned threads ran
+    meanwhile: they may have been what it waited for (on whichever CPU, so
+    each CPU is credited all of it), and dropping a core does not stop them."""
     waited: dict[int, int] = {}
     for tid, (cpu, ns) in after.waits.items():
         prev_cpu, prev_ns = before.waits.get(tid, (cpu, 0))
         if prev_cpu == cpu:  # a thread pinned elsewhere before: its wait was not here
             waited[cpu] = waited.get(cpu, 0) + ns - prev_ns
+    own = sum(ns - before.own_runs[tid] for tid, ns in after.own_runs.items() if tid in before.own_runs)
     elapsed_ns = (after.time - before.time) * 1e9
-    return {cpu: min(1.0, ns / elapsed_ns) for cpu, ns in waited.items()}
+    return {cpu: min(1.0, max(0, ns - own) / elapsed_ns) for cpu, ns in waited.items()}
 
 
 def busy_shares(before: Reading, after: Reading) -> dict[int, float]:

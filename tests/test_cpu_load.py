@@ -42,6 +42,7 @@ def test_read_proc_from_a_tree(tmp_path):
         (task / "schedstat").write_text(f"123456 {wait} 42\n")
     reading = read_proc(tmp_path, clock=lambda: 7.0)
     assert reading.waits == {11: (0, 500), 12: (1, 70)}  # 13 is not pinned
+    assert reading.own_runs == {13: 123456}  # ... so what it ran is counted instead
     assert (reading.time, reading.busy, reading.total) == (7.0, {0: 150, 1: 290}, {0: 400, 1: 300})
 
 
@@ -50,6 +51,16 @@ def test_wait_shares_per_pinned_cpu():
     # 2 waited 0.5 s of 2 s; 3 is new, pinned to 1; 4 was re-pinned from 0 to 1
     after = Reading(2.0, {}, {}, {1: (0, 0), 2: (1, 100 + 5 * 10**8), 3: (1, 10**8), 4: (1, 2 * 10**9)})
     assert wait_shares(before, after) == {0: 0.0, 1: 0.3}
+
+
+def test_wait_shares_discount_our_own_unpinned_threads():
+    """What our own unpinned threads (a server's event loop, the tokenizer)
+    ran may be what the team waited for: it is taken off every CPU's wait,
+    never below zero; a thread that ended or started meanwhile counts only
+    over what both readings saw."""
+    before = Reading(0.0, {}, {}, {1: (0, 0), 2: (1, 0)}, {7: 10**8, 8: 5 * 10**8})
+    after = Reading(1.0, {}, {}, {1: (0, 3 * 10**8), 2: (1, 5 * 10**7)}, {7: 3 * 10**8, 9: 10**9})
+    assert wait_shares(before, after) == pytest.approx({0: 0.1, 1: 0.0})
 
 
 def test_busy_shares():
