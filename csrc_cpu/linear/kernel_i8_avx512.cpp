@@ -13,11 +13,14 @@
 //    and reloading a panel cost 1.7x: 103 vs 59 us for 3072 x 576 cached);
 //  - more rows widen the item's codes once into the thread's panel,
 //    [block][step of 4 codes][column][row][4] bytes, which register tiles of
-//    4 x rows x 32 weight rows then sweep (each weight vector serves 4 rows,
-//    each x broadcast 2 columns): per block and tile 64 vpdpbusd, then per
-//    output vector a convert, a multiply and an fma (two for q4_1), ~25% of
-//    the time at M=256 (measured by leaving them out). Tiles of 6 rows were
-//    slower (3434 vs 3187 us), as were passes over 16 blocks of K at a time.
+//    R x rows x 32 weight rows then sweep (each weight vector serves R rows,
+//    each x broadcast 2 columns): per block and 4-row tile 64 vpdpbusd (128
+//    for int8x2), then per output vector a convert, a multiply and an fma
+//    (two for q4_1), ~25% of the time at M=256 (measured by leaving them
+//    out). Those fp32 steps and vpdpbusd share Zen 4's two multiply pipes,
+//    which bounds the tile at ~73% (int8) / ~84% (int8x2) of one vpdpbusd
+//    per cycle; measured ~0.63 / ~0.70 per cycle (1 thread, in cache, M=256,
+//    3.7 GHz assumed). Passes over 16 blocks of K at a time were slower.
 // While an item's rows are read, the same lines two items on (the thread's,
 // under the static schedule) are prefetched into L2: at decode the weight
 // streams from DRAM (1 thread, 30 rotating 3072 x 576, M=1: 362 us without,
@@ -57,7 +60,10 @@
 namespace paged::cpu::linear::isa_avx512 {
 namespace {
 
-constexpr int kTileRows = 4;                  // x rows per register tile
+// x rows per register tile: 6 one-term (int8) rows (1-4% faster than 4 at
+// M = 16-256, same rounds as below) and 4 two-term (int8x2) ones, whose
+// tile holds twice the int32 sums
+constexpr int kTileRows1 = 6, kTileRows2 = 4;
 // Calls of up to this many rows skip the panel of codes (1 thread, q4_1
 // 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other way).
 constexpr int kDirectRows = 8;
@@ -174,31 +180,6 @@ PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d,
   return acc;
 }
 
-// isum[r][c] += block b's sums of x rows r0 .. r0+R (codes x) with the
-// panel's columns, whose block starts at w; the caller sets isum's start
-// (int8.h's corr, or the high term's sums for int8x2's low term).
-template <QType T, int R>
-PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const int8_t* x, int64_t K, int64_t r0, int64_t b,
-                                    __m512i isum[R][kCols]) {
-  constexpr int S = R <= 2 ? 2 : 1;  // int32 chains per output: >= 4 independent vpdpbusd in flight
-  __m512i dot[S][R][kCols];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kCols; ++c) {
-      dot[0][r][c] = isum[r][c];
-      if constexpr (S == 2) dot[1][r][c] = _mm512_setzero_si512();
-    }
-  for (int s = 0; s < kSteps; ++s) {
-    __m512i wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
-    for (int r = 0; r < R; ++r) {
-      const __m512i xb = broadcast4(x + (r0 + r) * K + b * kBlock + 4 * s);
-      for (int c = 0; c < kCols; ++c) dot[s % S][r][c] = _mm512_dpbusd_epi32(dot[s % S][r][c], wv[c], xb);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kCols; ++c) isum[r][c] = S == 2 ? _mm512_add_epi32(dot[0][r][c], dot[S - 1][r][c]) : dot[0][r][c];
-}
-
 // A row's int32 start for block b: corr (0 for q4_1, whose codes need no offset).
 template <QType T>
 PAGED_VNNI512_INLINE __m512i corr_start(const int32_t* corr, int64_t row, int64_t nb, int64_t b) {
@@ -208,10 +189,52 @@ PAGED_VNNI512_INLINE __m512i corr_start(const int32_t* corr, int64_t row, int64_
 // The two-term sum hi * 256 + lo (int8.h), exact in int32.
 PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
 
+// isum[r][c] = block b's exact sums of x rows r0 .. r0+R with the panel's
+// columns, whose block starts at w (int8.h: from corr; int8x2 (Two) folds the
+// low codes' sums in). Both terms run in one pass over the block's 8 steps,
+// each weight vector loaded once for both: 2 weight vectors live instead of
+// the block's 16, which with the accumulators had spilled the fp32 sums to
+// the stack (1 thread, q4_1 3072 x 576 in cache, int8x2: M=16 342 -> 325 us,
+// 6144 x 576 q8_0 M=16 713 -> 647 us, best of three alternating rounds);
+// the sums are the same integers in any order.
+template <QType T, int R, bool Two>
+PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64_t r0, int64_t b,
+                                    __m512i isum[R][kCols]) {
+  constexpr int kTerms = Two ? 2 : 1;
+  constexpr int S = kTerms * R * kCols >= 8 ? 1 : 2;  // int32 chains per output: >= 8 vpdpbusd in flight
+  const int64_t K = a.K, nb = a.blocks();
+  __m512i dot[kTerms][S][R][kCols];
+  for (int t = 0; t < kTerms; ++t)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kCols; ++c) {
+        dot[t][0][r][c] = corr_start<T>(t ? a.x8_lo_corr : a.x8_corr, r0 + r, nb, b);
+        if constexpr (S == 2) dot[t][1][r][c] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 8
+  for (int s = 0; s < kSteps; ++s) {
+    __m512i wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
+    for (int t = 0; t < kTerms; ++t) {
+      const int8_t* x = t ? a.x8_lo : a.x8;
+      for (int r = 0; r < R; ++r) {
+        const __m512i xb = broadcast4(x + (r0 + r) * K + b * kBlock + 4 * s);
+        for (int c = 0; c < kCols; ++c) dot[t][s % S][r][c] = _mm512_dpbusd_epi32(dot[t][s % S][r][c], wv[c], xb);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kCols; ++c) {
+      __m512i sum[kTerms];
+      for (int t = 0; t < kTerms; ++t)
+        sum[t] = S == 2 ? _mm512_add_epi32(dot[t][0][r][c], dot[t][S - 1][r][c]) : dot[t][0][r][c];
+      isum[r][c] = Two ? fold(sum[0], sum[kTerms - 1]) : sum[0];
+    }
+}
+
 // out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
-template <QType T, int R>
+template <QType T, int R, bool Two>
 PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
-  const int64_t nb = a.blocks(), K = a.K;
+  const int64_t nb = a.blocks();
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -222,17 +245,7 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
       for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.codes + at, p.ahead);
     }
     __m512i isum[R][kCols];
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < kCols; ++c) isum[r][c] = corr_start<T>(a.x8_corr, r0 + r, nb, b);
-    tile_sums<T, R>(w, a.x8, K, r0, b, isum);
-    if (a.x8_lo) {  // int8x2: the low codes' sums continue from 256 x the high sums
-      // (= fold(hi, lo) exactly; one register set, so no spills and no add for q4_1)
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < kCols; ++c)
-          isum[r][c] = T == QType::Q4_1 ? _mm512_slli_epi32(isum[r][c], 8)
-                                         : fold(isum[r][c], corr_start<T>(a.x8_lo_corr, r0 + r, nb, b));
-      tile_sums<T, R>(w, a.x8_lo, K, r0, b, isum);
-    }
+    tile_sums<T, R, Two>(w, a, r0, b, isum);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
         const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
@@ -310,9 +323,9 @@ constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<
 }
 
 using TileFn = void (*)(const LinearArgs&, const PanelView&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
-template <QType T, int... R>
+template <QType T, bool Two, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
-  return {&tile<T, R + 1>...};
+  return {&tile<T, R + 1, Two>...};
 }
 
 // A chunk's persistent panel (weight_panels.cpp): its codes, d, then q4_1's m.
@@ -339,10 +352,13 @@ PAGED_VNNI512 void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[k
 
 template <QType T>
 PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
-  static constexpr auto table = tile_table<T>(std::make_integer_sequence<int, kTileRows>());
+  static constexpr auto one = tile_table<T, false>(std::make_integer_sequence<int, kTileRows1>());
+  static constexpr auto two = tile_table<T, true>(std::make_integer_sequence<int, kTileRows2>());
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  for (; r0 < r1; r0 += kTileRows) table[size_t(std::min<int64_t>(kTileRows, r1 - r0) - 1)](a, p, r0, n0, mask);
+  const TileFn* table = a.x8_lo ? two.data() : one.data();
+  const int64_t step = a.x8_lo ? kTileRows2 : kTileRows1;
+  for (; r0 < r1; r0 += step) table[size_t(std::min<int64_t>(step, r1 - r0) - 1)](a, p, r0, n0, mask);
 }
 
 // Prefetch of a panel's scales (d, then q4_1's m right after them) p.ahead bytes on.
