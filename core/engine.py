@@ -25,6 +25,7 @@ from .request import Request, Sequence
 from .sampler import Sampler, top_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler, WaitingQueueFull
+from . import step_trace
 from .spec_decode import NgramProposer, SampleRows, SpecStats, accept
 from .structured.compiler import GrammarCompiler, GrammarError
 from .structured.pending import PendingGrammars
@@ -146,6 +147,7 @@ class Engine:
         self.sampler = Sampler(sorted(self.stop_token_ids), config.seed)
         if config.warm_up:
             self.worker.warm_up()
+        self._trace = step_trace.from_env()  # after the warm-up: only served steps are traced
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_finished = 0
@@ -172,6 +174,9 @@ class Engine:
     def close(self) -> None:
         """Ends a tensor-parallel group (the other ranks stop and exit); a
         one-rank engine has nothing to end."""
+        trace, self._trace = getattr(self, "_trace", None), None  # None too when __init__ failed before it
+        if trace is not None:
+            trace.close()
         self.worker.shutdown()
 
     @property
@@ -258,6 +263,7 @@ class Engine:
         failing forward fails this step's requests, a failing sample or
         detokenization only its own; StepFailed names them (already aborted)
         and carries the other requests' outputs."""
+        started, t_start = step_trace.now(), time.perf_counter()
         self.platform.bind_thread()  # the server steps from its own thread
         failed = self._admit_compiled()
         out = self.scheduler.schedule()
@@ -295,20 +301,24 @@ class Engine:
                 elif self._per_request(failed, seq, self._emit, seq, sampled, span, drafts.get(seq.seq_id),
                                        seq.seq_id in decoding, now):
                     touched[seq.group.request_id] = seq.group
-        self._observe_step(out, time.perf_counter() - t0)
+        self._observe_step(out, time.perf_counter() - t0, started, t_start)
         outputs = [req.output() for rid, req in touched.items() if rid not in failed]
         if failed:
             raise self._fail(failed, outputs)
         return outputs
 
-    def _observe_step(self, out, seconds: float) -> None:
+    def _observe_step(self, out, seconds: float, started: float, t_start: float) -> None:
         """Feeds the prefill budget's cost model (--itl-target-ms) this step's
         rows and time from the forward's start to the sampled tokens (on a
-        GPU sampling waits for the forward, so it is the device's time)."""
+        GPU sampling waits for the forward, so it is the device's time), and
+        the step trace (PAGED_STEP_TRACE) its line."""
         budget = self.scheduler.prefill_budget
+        prompt_rows = sum(e.num_new_tokens for e in out.prefills)
         if budget is not None:
-            prompt_rows = sum(e.num_new_tokens for e in out.prefills)
             budget.observe(out.num_tokens - prompt_rows, prompt_rows, seconds)
+        if self._trace is not None:
+            self._trace.record(started, time.perf_counter() - t_start, seconds, out.num_tokens - prompt_rows,
+                               prompt_rows, len(out.scheduled))
 
     def _admit_compiled(self) -> dict[str, Exception]:
         """Schedules the held requests whose constraint has compiled; returns
