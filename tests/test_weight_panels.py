@@ -51,8 +51,8 @@ def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n):
     gen = torch.Generator().manual_seed(3)
     qs, d, m = random_weight(qtype, n, 8 * 32 + 64, gen)  # 10 blocks: transposes of 16 and the scalar rest
     panels = build(qtype, qs, d, m)
-    assert C.weight_panel_layout() == "avx512/1"
-    for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # M = 1: direct for q4, the panel for q8_0
+    assert C.weight_panel_layout() == "avx512/2"
+    for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to 8 rows, widened above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
             want = call(x, qtype, qs, d, m, act, split)
@@ -138,14 +138,14 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     w = model.layers[0].gate_up
     x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
     first = w.weight_panels()
-    assert w._panels_layout == "avx512/1"
+    assert w._panels_layout == "avx512/2"
     with_panels = w.linear(x)
     w.use_panels = False
     assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
     w.use_panels = True
     if "amx" in C.supported_linear_isas():  # reads avx512's panels as they lie: the same tensor
         C.set_linear_isa("amx")
-        assert C.weight_panel_layout() == "avx512/1" and w.weight_panels() is first
+        assert C.weight_panel_layout() == "avx512/2" and w.weight_panels() is first
         assert torch.equal(w.linear(x), with_panels)
     others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
     for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused

@@ -60,7 +60,8 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
 
 #: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
-#: most this many bytes get persistent panels (~2x that memory again).
+#: most this many bytes get persistent panels (about that memory again: a
+#: panel holds as many code bytes as the packed weight, plus transposed scales).
 PANEL_MAX_PACKED_BYTES = 1 << 30
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ void register_linear(nb::module_& m) {
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
   m.def("weight_panel_layout", &l::weight_panel_layout,
-        "The active linear ISA's persistent weight panel layout (e.g. 'avx512/1'), '' when it has none.");
+        "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),
         "Bytes of build_weight_panels' tensor for this weight under the active linear ISA.");
   m.def("build_weight_panels", &l::build_weight_panels, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,

@@ -79,6 +79,9 @@ constexpr int32_t unsigned_offset(QType t) { return t == QType::Q4_0 ? 8 : (t ==
 struct Int8Panel {
   AlignedVector<uint8_t> codes;
   AlignedVector<float> d, m;
+  // avx512: the persistent 4-bit chunk whose nibbles `codes` holds widened;
+  // the owner resets it at every chunk (a panel's memory may be reused).
+  const uint8_t* widened = nullptr;
 };
 
 namespace isa_scalar {

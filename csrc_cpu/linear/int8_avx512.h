@@ -18,13 +18,20 @@ constexpr int kSteps = kBlock / 4;            // vpdpbusd steps per block (4 cod
 constexpr int64_t kBlockBytes = int64_t(kSteps) * kPanel * 4;  // a block of the panel's codes
 constexpr int64_t kAhead = 2 * kI8ChunkRows;  // weight rows between a line read and its prefetch
 static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
+// A block of a persistent 4-bit panel's codes as nibbles: [4][kCols][kLanes][4]
+// bytes, dword s of each row (codes 4s.. in the low nibbles, 16 + 4s.. in the high).
+constexpr int64_t kNibbleBlockBytes = kBlockBytes / 2;
+constexpr int64_t nibble_offset(int64_t b, int s, int c) { return ((b * 4 + s) * kCols + c) * 64; }
 
 // Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
 // caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
+// A persistent 4-bit panel keeps its codes as nibbles (half the bytes: at
+// decode they stream from memory), which the direct path reads in place and
+// chunk_panel widens to bytes in the thread's scratch for the tiles.
 struct PanelView {
   // [nb][kSteps][kCols][kLanes][4]: block b's codes 4s .. 4s+3 of column c's
   // row i at ((b * kSteps + s) * kCols + c) * 64 + 4 * i (unsigned: the
-  // nibble, or the q8 code + 128)
+  // nibble, or the q8 code + 128); null in a persistent 4-bit view
   uint8_t* codes;
   float* d;  // [nb][kPanel]
   float* m;  // [nb][kPanel], q4_1 only
@@ -32,6 +39,7 @@ struct PanelView {
   // share (1/nb) of the chunk `ahead` bytes on (the thread's item after
   // next) is prefetched into L2, as the packed rows' reads do.
   int64_t ahead = 0;
+  uint8_t* nibbles = nullptr;  // [nb] blocks of kNibbleBlockBytes (nibble_offset), persistent 4-bit panels
 };
 
 // Chunk [n0, n1)'s panel for this call: the persistent one (a.panels) unless

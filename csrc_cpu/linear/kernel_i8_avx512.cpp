@@ -26,15 +26,21 @@
 // streams from DRAM (1 thread, 30 rotating 3072 x 576, M=1: 362 us without,
 // 108 us with).
 // Persistent panels (LinearArgs::panels, weight_panels.h) hold each item's
-// panel built once by the same code (build_panel_chunk); the tiles then
-// read it in place, prefetching the item after next likewise, and skip the
-// build (1 thread, 30 rotating q4_1 3072 x 576, int8: M=16 325 -> 262 us,
-// M=64 792 -> 729 us). With them the tiles beat the direct path from M = 2
-// (M=2 70 -> 54 us, M=4 98 -> 81 us, 2 threads), and at M = 1 for q8_0,
-// whose panel is as large as its packed weight (LM head 49152 x 576: 672 ->
-// 407 us); a 4-bit panel is 1.67x its packed bytes and at M = 1, where the
-// weight streams, it only broke even (gate_up 60 vs 61 us, down 24 vs 27),
-// so M = 1 keeps the direct path for q4.
+// panel built once by the same code (build_panel_chunk), so no call
+// transposes: q8_0's as bytes, which the tiles read in place at every M
+// (its panel is as large as its packed weight; LM head 49152 x 576 at M = 1
+// 672 -> 407 us); 4-bit ones as the transposed nibble dwords
+// (kNibbleBlockBytes a block: as many bytes as the packed codes), which calls
+// of <= kDirectRows rows read in place in one sequential stream
+// (nibble_column) and larger calls widen to bytes once per item for the
+// tiles (widen_nibbles). Against a panel of one byte per code (2026-12-03, 2
+// threads, the default model's 30 layers rotated, int8x2, best of two to
+// four alternating rounds): M=1 8.0 -> 5.5 ms, M=2 7.3 -> 6.1, M=4 9.6 ->
+// 8.4, M=16 14.3 -> 15.1 (the widening: ~5% of a 16-row call), M=48 39.3 ->
+// 40.7; 0.75 instead of 1.25 bytes per 4-bit weight (157 -> ~100 MiB of
+// panels for the default model). Before them, persistent byte panels had
+// taken M=16 325 -> 262 us (1 thread, 30 rotating q4_1 3072 x 576, int8)
+// from the per-call build, but only broke even at M = 1.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -44,6 +50,7 @@
 #include <utility>
 
 #include "linear/int8_avx512.h"
+
 
 #define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
@@ -65,7 +72,11 @@ namespace {
 // tile holds twice the int32 sums
 constexpr int kTileRows1 = 6, kTileRows2 = 4;
 // Calls of up to this many rows skip the panel of codes (1 thread, q4_1
-// 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other way).
+// 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other
+// way); with persistent 4-bit panels they read its nibbles in place instead
+// of widening them for the tiles (2 threads, the default model's 30 layers,
+// int8x2, best of four alternating rounds: M=6 7.01 vs 8.41 ms, M=8 9.12
+// vs 9.72 ms).
 constexpr int kDirectRows = 8;
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -133,25 +144,41 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
     for (int i = 0; i < rows; ++i) prefetch_ahead(src + (n0 + i) * nb, kAhead * nb * 4);
 }
 
-// Column c (rows n0 .. n0 + rows) of the panel's unsigned codes.
+// A block's nibble dword s of 16 rows (4-bit codes): its low nibbles are
+// the byte panel's step s (codes 4s .. 4s+3), its high nibbles step 4 + s
+// (codes 16 + 4s ..).
+PAGED_VNNI512_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_step) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  lo_step = _mm512_and_si512(v, low);
+  hi_step = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+}
+
+// Column c (rows n0 .. n0 + rows) of the panel's unsigned codes: bytes in
+// p.codes, or for 4-bit codes with p.nibbles (persistent panels) the
+// transposed nibble dwords as they are (kNibbleBlockBytes per block).
 template <QType T>
 PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
-  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
   __m512i v[16];
   for (int64_t chunk = 0; chunk * 64 < row_bytes; ++chunk) {
     load_rows(a.qs + n0 * row_bytes, row_bytes, rows, chunk * 64, std::min<int64_t>(16, (row_bytes - chunk * 64) / 4),
               v);
     transpose16(v);  // v[j]: dword j of the chunk, 16 rows
     for (int64_t i = 0; i < blocks_per_chunk && chunk * blocks_per_chunk + i < nb; ++i) {
-      uint8_t* dst = p.codes + (chunk * blocks_per_chunk + i) * kBlockBytes + c * 64;
+      const int64_t b = chunk * blocks_per_chunk + i;
+      uint8_t* dst = p.codes + b * kBlockBytes + c * 64;
       if constexpr (T == QType::Q8_0) {
         for (int s = 0; s < kSteps; ++s) _mm512_store_si512(dst + s * kCols * 64, _mm512_xor_si512(v[8 * i + s], bias));
-      } else {  // dword s of a block: low nibbles are codes 4s.., high nibbles 16 + 4s..
+      } else if (p.nibbles) {
+        for (int s = 0; s < 4; ++s) _mm512_store_si512(p.nibbles + nibble_offset(b, s, c), v[4 * i + s]);
+      } else {
         for (int s = 0; s < 4; ++s) {
-          _mm512_store_si512(dst + s * kCols * 64, _mm512_and_si512(v[4 * i + s], low));
-          _mm512_store_si512(dst + (4 + s) * kCols * 64, _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low));
+          __m512i lo, hi;
+          nibble_steps(v[4 * i + s], lo, hi);
+          _mm512_store_si512(dst + s * kCols * 64, lo);
+          _mm512_store_si512(dst + (4 + s) * kCols * 64, hi);
         }
       }
     }
@@ -257,15 +284,47 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
     for (int c = 0; c < kCols; ++c) _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + c * kLanes, mask[c], acc[r][c]);
 }
 
-// Few rows of x (M = R <= kDirectRows): out[0 .. R, n0 .. n0 + 16] of column
-// c (rows valid under `mask`), its codes transposed and multiplied straight
-// from registers; only its scales come from the panel. Each block's sums run
-// in two chains, steps 0-3 and 4-7 (low and high nibbles of one dword).
+// One block b of column c for few rows of x (R): the block's sums of the R
+// rows of codes x with its 8 steps of weight codes w (steps s and 4 + s at
+// w[2s], w[2s + 1]; two chains, steps 0-3 and 4-7), then acc's fp32 step.
+template <QType T, int R>
+PAGED_VNNI512_INLINE void direct_block(const LinearArgs& a, const PanelView& p, int64_t b, int c, const __m512i w[8],
+                                       __m512 acc[R]) {
+  const int64_t nb = a.blocks(), K = a.K;
+  const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_VNNI512_INLINE_LAMBDA {
+    __m512i dot[2][R];
+    for (int r = 0; r < R; ++r) {
+      dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b]);
+      dot[1][r] = _mm512_setzero_si512();
+    }
+    for (int s = 0; s < 4; ++s)
+      for (int r = 0; r < R; ++r)
+        for (int h = 0; h < 2; ++h)
+          dot[h][r] = _mm512_dpbusd_epi32(dot[h][r], w[2 * s + h], broadcast4(x + r * K + b * kBlock + 16 * h + 4 * s));
+    for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(dot[0][r], dot[1][r]);
+  };
+  __m512i isum[R];
+  sums(a.x8, a.x8_corr, isum);
+  if (a.x8_lo) {  // int8x2: the low codes' sums folded in
+    __m512i lo[R];
+    sums(a.x8_lo, a.x8_lo_corr, lo);
+    for (int r = 0; r < R; ++r) isum[r] = fold(isum[r], lo[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = b * kPanel + c * kLanes;
+    acc[r] = block_step<T>(acc[r], isum[r], p.d + at, p.m + at, a.x8_scale[r * nb + b], a.x8_sum[r * nb + b]);
+  }
+}
+
+// Few rows of x (M = R <= kDirectRows) without persistent panels: out[0 ..
+// R, n0 .. n0 + 16] of column c (rows valid under `mask`), its packed codes
+// transposed and multiplied straight from registers; only its scales come
+// from the panel.
 template <QType T, int R>
 PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
-  const int64_t nb = a.blocks(), row_bytes = a.row_bytes(), K = a.K;
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t chunk_blocks = T == QType::Q8_0 ? 2 : 4;  // blocks per 64 bytes of packed codes
-  const __m512i low = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(char(0x80));
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
   const int rows = __builtin_popcount(mask);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -275,43 +334,37 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_
               v);
     transpose16(v);
     for (int64_t i = 0; i < chunk_blocks && chunk * chunk_blocks + i < nb; ++i) {
-      const int64_t b = chunk * chunk_blocks + i;
-      __m512i w[8];  // steps s and 4 + s at w[2s], w[2s + 1]
+      __m512i w[8];
       for (int s = 0; s < 4; ++s) {
         if constexpr (T == QType::Q8_0) {
           w[2 * s] = _mm512_xor_si512(v[8 * i + s], bias);
           w[2 * s + 1] = _mm512_xor_si512(v[8 * i + 4 + s], bias);
         } else {
-          w[2 * s] = _mm512_and_si512(v[4 * i + s], low);
-          w[2 * s + 1] = _mm512_and_si512(_mm512_srli_epi16(v[4 * i + s], 4), low);
+          nibble_steps(v[4 * i + s], w[2 * s], w[2 * s + 1]);
         }
       }
-      // The block's sums of the R rows of codes x (two chains: steps 0-3 and 4-7).
-      const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_VNNI512_INLINE_LAMBDA {
-        __m512i dot[2][R];
-        for (int r = 0; r < R; ++r) {
-          dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b]);
-          dot[1][r] = _mm512_setzero_si512();
-        }
-        for (int s = 0; s < 4; ++s)
-          for (int r = 0; r < R; ++r)
-            for (int h = 0; h < 2; ++h)
-              dot[h][r] = _mm512_dpbusd_epi32(dot[h][r], w[2 * s + h], broadcast4(x + r * K + b * kBlock + 16 * h + 4 * s));
-        for (int r = 0; r < R; ++r) isum[r] = _mm512_add_epi32(dot[0][r], dot[1][r]);
-      };
-      __m512i isum[R];
-      sums(a.x8, a.x8_corr, isum);
-      if (a.x8_lo) {  // int8x2: the low codes' sums folded in
-        __m512i lo[R];
-        sums(a.x8_lo, a.x8_lo_corr, lo);
-        for (int r = 0; r < R; ++r) isum[r] = fold(isum[r], lo[r]);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int64_t at = b * kPanel + c * kLanes;
-        acc[r] = block_step<T>(acc[r], isum[r], p.d + at, p.m + at, a.x8_scale[r * nb + b],
-                               a.x8_sum[r * nb + b]);
-      }
+      direct_block<T, R>(a, p, chunk * chunk_blocks + i, c, w, acc);
     }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
+}
+
+// The same for a persistent 4-bit panel: each block's codes are 4 nibble
+// vectors read in place (no transposes, one sequential stream), widened in
+// registers. While column 0 reads a block, the chunk's lines `p.ahead` bytes
+// on are prefetched, its share of them per block.
+template <QType T, int R>
+PAGED_VNNI512 void nibble_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
+  const int64_t nb = a.blocks(), share = p.ahead / (kAhead / kPanel) / nb;  // the chunk's bytes per block
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    if (c == 0)
+      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.nibbles + at, p.ahead);
+    __m512i w[8];
+    for (int s = 0; s < 4; ++s)
+      nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
+    direct_block<T, R>(a, p, b, c, w, acc);
   }
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
@@ -321,6 +374,10 @@ template <QType T, int... R>
 constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<int, R...>) {
   return {&direct_column<T, R + 1>...};
 }
+template <QType T, int... R>
+constexpr std::array<DirectFn, sizeof...(R)> nibble_table(std::integer_sequence<int, R...>) {
+  return {&nibble_column<T, R + 1>...};
+}
 
 using TileFn = void (*)(const LinearArgs&, const PanelView&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
 template <QType T, bool Two, int... R>
@@ -328,11 +385,15 @@ constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int,
   return {&tile<T, R + 1, Two>...};
 }
 
-// A chunk's persistent panel (weight_panels.cpp): its codes, d, then q4_1's m.
+// A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
+// or 4-bit nibbles), d, then q4_1's m.
 PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb) {
-  auto* codes = const_cast<uint8_t*>(chunk);
-  auto* d = reinterpret_cast<float*>(codes + nb * kBlockBytes);
-  return {codes, d, t == QType::Q4_1 ? d + nb * kPanel : nullptr};
+  auto* base = const_cast<uint8_t*>(chunk);
+  const bool nibbles = t != QType::Q8_0;
+  auto* d = reinterpret_cast<float*>(base + nb * (nibbles ? kNibbleBlockBytes : kBlockBytes));
+  PanelView p{nibbles ? nullptr : base, d, t == QType::Q4_1 ? d + nb * kPanel : nullptr};
+  p.nibbles = nibbles ? base : nullptr;
+  return p;
 }
 
 // Masks of the chunk's two columns (rows n0 .. n1).
@@ -368,18 +429,41 @@ PAGED_VNNI512 void prefetch_scales(const PanelView& p, int64_t nb, bool with_m) 
   for (int64_t at = 0; at < bytes; at += 64) prefetch_ahead(scales + at, p.ahead);
 }
 
+// A persistent 4-bit chunk's nibbles widened to the byte panel's codes
+// (codes, kBlockBytes per block), prefetching the whole chunk `p.ahead`
+// bytes on (its nibbles and scales; `chunk` bytes), a block's share at a time.
+PAGED_VNNI512 void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
+  const int64_t share = chunk / nb;
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.nibbles + at, p.ahead);
+    uint8_t* dst = codes + b * kBlockBytes;
+    for (int s = 0; s < 4; ++s)
+      for (int c = 0; c < kCols; ++c) {
+        __m512i lo, hi;
+        nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), lo, hi);
+        _mm512_store_si512(dst + (s * kCols + c) * 64, lo);
+        _mm512_store_si512(dst + ((4 + s) * kCols + c) * 64, hi);
+      }
+  }
+}
+
 template <QType T>
 PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
-  // Persistent panels serve the tiles at every M but one: a 4-bit panel
-  // holds 1.67x the packed bytes (a byte per code), and M = 1 streams the
-  // weight, so the direct path keeps reading the packed codes there.
-  const bool few = a.M <= kDirectRows && !(a.panels && (a.M > 1 || T == QType::Q8_0));
+  static constexpr auto nibble = nibble_table<T>(std::make_integer_sequence<int, kDirectRows>());
+  // Without persistent panels, calls of few rows multiply the packed codes
+  // from registers and more rows build the chunk's panel for the tiles. With
+  // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
+  // 4-bit ones are read in place by calls of few rows and widened for the
+  // tiles above that.
+  constexpr bool q8 = T == QType::Q8_0;
+  const bool few = a.M <= kDirectRows && !(a.panels && q8);
   const PanelView p = chunk_panel(a, n0, n1, few, scratch);
   if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
+  const DirectFn fn = a.panels ? nibble[size_t(a.M - 1)] : direct[size_t(a.M - 1)];
+  for (int c = 0; c < kCols && mask[c]; ++c) fn(a, p, n0 + c * kLanes, c, mask[c]);
 }
 
 }  // namespace
@@ -452,7 +536,8 @@ PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t*
 
 int64_t panel_chunk_bytes(QType t, int64_t K) {
   const int64_t nb = K / kBlock;
-  return nb * kBlockBytes + (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));
+  return nb * (t == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) +
+         (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));
 }
 
 PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
@@ -472,12 +557,17 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
     const int64_t chunk = panel_chunk_bytes(a.qtype, a.K);
     PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb);
     p.ahead = (kAhead / kPanel) * chunk;
-    // The direct path (scales only) streams the packed codes but takes the
-    // scales where the panel holds them, already transposed (the same values,
-    // so the same bits; transposing them from the packed rows was a fifth of
-    // a one-row decode step), prefetching those of the chunk kAhead rows on
-    // as it does the codes.
-    if (scales_only) prefetch_scales(p, nb, a.qtype == QType::Q4_1);
+    // The direct path (scales only) streams the codes itself and takes the
+    // scales here, prefetching those of the chunk kAhead rows on.
+    if (scales_only) {
+      prefetch_scales(p, nb, a.qtype == QType::Q4_1);
+    } else if (p.nibbles) {  // the tiles want bytes: widened once per chunk (scratch.widened)
+      scratch.codes.resize(size_t(nb * kBlockBytes));
+      if (scratch.widened != p.nibbles) widen_nibbles(p, nb, chunk, scratch.codes.data());
+      scratch.widened = p.nibbles;
+      p.codes = scratch.codes.data();
+      p.ahead = 0;  // the widening prefetched the chunk after next
+    }
     return p;
   }
   scratch.d.resize(size_t(nb * kPanel));

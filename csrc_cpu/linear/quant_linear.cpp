@@ -255,6 +255,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
     static thread_local Int8Panel panel;
+    panel.widened = nullptr;  // widened codes serve this chunk's row groups only
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     if (two.M) kernels.int8_rows(two, n0, n1, panel);
     if (one.M) kernels.int8_rows(one, n0, n1, panel);

@@ -79,7 +79,7 @@ uint8_t* panel_data(const Array& panels, int64_t bytes) {
 
 }  // namespace
 
-std::string weight_panel_layout() { return chunk_bytes(QType::Q4_0, kBlock) ? layout_name() + std::string("/1") : ""; }
+std::string weight_panel_layout() { return chunk_bytes(QType::Q4_0, kBlock) ? layout_name() + std::string("/2") : ""; }
 
 int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m) {
   LinearArgs a;

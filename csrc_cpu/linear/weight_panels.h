@@ -7,7 +7,8 @@
 //
 // The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K),
 // then one panel per chunk of kI8ChunkRows weight rows, panel_chunk_bytes each
-// (~2x the packed q4 bytes: one byte per code, plus the scales). Only builds
+// (the packed size: q8_0's codes as bytes, 4-bit codes as nibbles, plus the
+// scales). Only builds
 // with a layout have panels (today "avx512", which amx reads as it lies);
 // quant_linear refuses a tensor whose header names another layout, qtype or
 // shape, so a cache built under one layout is never read by another
@@ -21,7 +22,7 @@
 
 namespace paged::cpu::linear {
 
-// The active build's panel layout ("avx512/1"), or "" when it has none.
+// The active build's panel layout ("avx512/2"), or "" when it has none.
 std::string weight_panel_layout();
 // Bytes of the panels of this weight for the active build (ValueError when it has none).
 int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m);
