@@ -26,8 +26,8 @@ constexpr int64_t nibble_offset(int64_t b, int s, int c) { return ((b * 4 + s) *
 // Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
 // caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
 // A persistent 4-bit panel keeps its codes as nibbles (half the bytes: at
-// decode they stream from memory), which the direct path reads in place and
-// chunk_panel widens to bytes in the thread's scratch for the tiles.
+// decode they stream from memory), which the VNNI build reads in place and
+// chunk_panel widens to bytes for the AMX builds' tiles.
 struct PanelView {
   // [nb][kSteps][kCols][kLanes][4]: block b's codes 4s .. 4s+3 of column c's
   // row i at ((b * kSteps + s) * kCols + c) * 64 + 4 * i (unsigned: the
@@ -42,8 +42,9 @@ struct PanelView {
   uint8_t* nibbles = nullptr;  // [nb] blocks of kNibbleBlockBytes (nibble_offset), persistent 4-bit panels
 };
 
-// Chunk [n0, n1)'s panel for this call: the persistent one (a.panels) unless
-// only the scales are wanted, else built into `scratch` (codes unless `scales_only`).
+// Chunk [n0, n1)'s panel for this call: a view of the persistent one
+// (a.panels; with `scales_only` false, a 4-bit one's codes widened to bytes
+// in `scratch`), else built into `scratch` (codes unless `scales_only`).
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch);
 // out[r0 .. r1, n0 .. n1] from a panel with codes, by the VNNI register tiles.
 void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1);

@@ -30,17 +30,19 @@
 // transposes: q8_0's as bytes, which the tiles read in place at every M
 // (its panel is as large as its packed weight; LM head 49152 x 576 at M = 1
 // 672 -> 407 us); 4-bit ones as the transposed nibble dwords
-// (kNibbleBlockBytes a block: as many bytes as the packed codes), which calls
-// of <= kDirectRows rows read in place in one sequential stream
-// (nibble_column) and larger calls widen to bytes once per item for the
-// tiles (widen_nibbles). Against a panel of one byte per code (2026-12-03, 2
-// threads, the default model's 30 layers rotated, int8x2, best of two to
-// four alternating rounds): M=1 8.0 -> 5.5 ms, M=2 7.3 -> 6.1, M=4 9.6 ->
-// 8.4, M=16 14.3 -> 15.1 (the widening: ~5% of a 16-row call), M=48 39.3 ->
-// 40.7; 0.75 instead of 1.25 bytes per 4-bit weight (157 -> ~100 MiB of
-// panels for the default model). Before them, persistent byte panels had
-// taken M=16 325 -> 262 us (1 thread, 30 rotating q4_1 3072 x 576, int8)
-// from the per-call build, but only broke even at M = 1.
+// (kNibbleBlockBytes a block: as many bytes as the packed codes), read in
+// place by both paths in one sequential stream: calls of <= kDirectRows
+// rows by nibble_column, larger ones by tiles that split each nibble load
+// into two steps' codes (an and and a shift, which run beside vpdpbusd on
+// Zen 4's other vector pipes). Against a panel of one byte per code
+// (2026-12-03, 2 threads, the default model's 30 layers of random weights
+// rotated, best of two to four alternating rounds, ms): int8x2 M=1 8.0 ->
+// 5.5, M=2 7.3 -> 6.1, M=4 9.6 -> 8.4, M=16 15.2 -> 14.7, M=48 36.5 ->
+// 35.7; int8 M=16 11.0 -> 9.2, M=64 29.9 -> 27.3, M=256 105 -> 96.8 (half
+// the bytes through L1 and L2; widening the nibbles to bytes per item
+// instead cost ~5% at M=16). 0.75 instead of 1.25 bytes per 4-bit weight:
+// 157 -> 106 MiB of panels for the default model. The AMX builds, whose
+// tiles load bytes, get a 4-bit item widened once (widen_nibbles).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -73,10 +75,9 @@ namespace {
 constexpr int kTileRows1 = 6, kTileRows2 = 4;
 // Calls of up to this many rows skip the panel of codes (1 thread, q4_1
 // 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other
-// way); with persistent 4-bit panels they read its nibbles in place instead
-// of widening them for the tiles (2 threads, the default model's 30 layers,
-// int8x2, best of four alternating rounds: M=6 7.01 vs 8.41 ms, M=8 9.12
-// vs 9.72 ms).
+// way); with persistent 4-bit panels they take nibble_column (2 threads,
+// the default model's 30 layers, int8x2, against tiles over widened codes:
+// M=6 7.01 vs 8.41 ms, M=8 9.12 vs 9.72 ms).
 constexpr int kDirectRows = 8;
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -224,7 +225,7 @@ PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_ep
 // the stack (1 thread, q4_1 3072 x 576 in cache, int8x2: M=16 342 -> 325 us,
 // 6144 x 576 q8_0 M=16 713 -> 647 us, best of three alternating rounds);
 // the sums are the same integers in any order.
-template <QType T, int R, bool Two>
+template <QType T, int R, bool Two, bool Nib>
 PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64_t r0, int64_t b,
                                     __m512i isum[R][kCols]) {
   constexpr int kTerms = Two ? 2 : 1;
@@ -237,16 +238,30 @@ PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64
         dot[t][0][r][c] = corr_start<T>(t ? a.x8_lo_corr : a.x8_corr, r0 + r, nb, b);
         if constexpr (S == 2) dot[t][1][r][c] = _mm512_setzero_si512();
       }
-#pragma GCC unroll 8
-  for (int s = 0; s < kSteps; ++s) {
-    __m512i wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
+  // step s's sums with its weight codes wv (x codes 4s .. 4s+3)
+  const auto step = [&](int s, const __m512i wv[kCols]) PAGED_VNNI512_INLINE_LAMBDA {
     for (int t = 0; t < kTerms; ++t) {
       const int8_t* x = t ? a.x8_lo : a.x8;
       for (int r = 0; r < R; ++r) {
         const __m512i xb = broadcast4(x + (r0 + r) * K + b * kBlock + 4 * s);
         for (int c = 0; c < kCols; ++c) dot[t][s % S][r][c] = _mm512_dpbusd_epi32(dot[t][s % S][r][c], wv[c], xb);
       }
+    }
+  };
+  if constexpr (Nib) {  // w: the block's nibble dwords; steps s and 4 + s from one load
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s) {
+      __m512i lo[kCols], hi[kCols];
+      for (int c = 0; c < kCols; ++c) nibble_steps(_mm512_load_si512(w + nibble_offset(0, s, c)), lo[c], hi[c]);
+      step(s, lo);
+      step(4 + s, hi);
+    }
+  } else {
+#pragma GCC unroll 8
+    for (int s = 0; s < kSteps; ++s) {
+      __m512i wv[kCols];
+      for (int c = 0; c < kCols; ++c) wv[c] = _mm512_load_si512(w + (s * kCols + c) * 64);
+      step(s, wv);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -258,21 +273,23 @@ PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64
     }
 }
 
-// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the panel.
-template <QType T, int R, bool Two>
+// out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the
+// panel: its byte codes, or (Nib) a persistent 4-bit panel's nibbles.
+template <QType T, int R, bool Two, bool Nib>
 PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
   const int64_t nb = a.blocks();
+  const uint8_t* base = Nib ? p.nibbles : p.codes;
   __m512 acc[R][kCols];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = p.codes + b * kBlockBytes;
+    const uint8_t* w = base + b * (Nib ? kNibbleBlockBytes : kBlockBytes);
     if (p.ahead && r0 == 0) {
       const int64_t share = p.ahead / (kAhead / kPanel) / nb;  // the chunk's bytes per block
-      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.codes + at, p.ahead);
+      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(base + at, p.ahead);
     }
     __m512i isum[R][kCols];
-    tile_sums<T, R, Two>(w, a, r0, b, isum);
+    tile_sums<T, R, Two, Nib>(w, a, r0, b, isum);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
         const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
@@ -380,9 +397,9 @@ constexpr std::array<DirectFn, sizeof...(R)> nibble_table(std::integer_sequence<
 }
 
 using TileFn = void (*)(const LinearArgs&, const PanelView&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
-template <QType T, bool Two, int... R>
+template <QType T, bool Two, bool Nib, int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
-  return {&tile<T, R + 1, Two>...};
+  return {&tile<T, R + 1, Two, Nib>...};
 }
 
 // A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
@@ -413,20 +430,16 @@ PAGED_VNNI512 void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[k
 
 template <QType T>
 PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
-  static constexpr auto one = tile_table<T, false>(std::make_integer_sequence<int, kTileRows1>());
-  static constexpr auto two = tile_table<T, true>(std::make_integer_sequence<int, kTileRows2>());
+  static constexpr auto one = tile_table<T, false, false>(std::make_integer_sequence<int, kTileRows1>());
+  static constexpr auto two = tile_table<T, true, false>(std::make_integer_sequence<int, kTileRows2>());
+  static constexpr auto one_nib = tile_table<T, false, T != QType::Q8_0>(std::make_integer_sequence<int, kTileRows1>());
+  static constexpr auto two_nib = tile_table<T, true, T != QType::Q8_0>(std::make_integer_sequence<int, kTileRows2>());
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  const TileFn* table = a.x8_lo ? two.data() : one.data();
+  const bool nib = p.codes == nullptr;  // a persistent 4-bit panel, read as nibbles
+  const TileFn* table = a.x8_lo ? (nib ? two_nib : two).data() : (nib ? one_nib : one).data();
   const int64_t step = a.x8_lo ? kTileRows2 : kTileRows1;
   for (; r0 < r1; r0 += step) table[size_t(std::min<int64_t>(step, r1 - r0) - 1)](a, p, r0, n0, mask);
-}
-
-// Prefetch of a panel's scales (d, then q4_1's m right after them) p.ahead bytes on.
-PAGED_VNNI512 void prefetch_scales(const PanelView& p, int64_t nb, bool with_m) {
-  const auto* scales = reinterpret_cast<const uint8_t*>(p.d);
-  const int64_t bytes = nb * kPanel * int64_t(sizeof(float)) * (with_m ? 2 : 1);
-  for (int64_t at = 0; at < bytes; at += 64) prefetch_ahead(scales + at, p.ahead);
 }
 
 // A persistent 4-bit chunk's nibbles widened to the byte panel's codes
@@ -454,11 +467,10 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
   // Without persistent panels, calls of few rows multiply the packed codes
   // from registers and more rows build the chunk's panel for the tiles. With
   // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
-  // 4-bit ones are read in place by calls of few rows and widened for the
-  // tiles above that.
+  // 4-bit ones serve nibble_column up to kDirectRows and the tiles above.
   constexpr bool q8 = T == QType::Q8_0;
   const bool few = a.M <= kDirectRows && !(a.panels && q8);
-  const PanelView p = chunk_panel(a, n0, n1, few, scratch);
+  const PanelView p = chunk_panel(a, n0, n1, few || a.panels, scratch);  // persistent: read in place
   if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
@@ -557,16 +569,15 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
     const int64_t chunk = panel_chunk_bytes(a.qtype, a.K);
     PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb);
     p.ahead = (kAhead / kPanel) * chunk;
-    // The direct path (scales only) streams the codes itself and takes the
-    // scales here, prefetching those of the chunk kAhead rows on.
-    if (scales_only) {
-      prefetch_scales(p, nb, a.qtype == QType::Q4_1);
-    } else if (p.nibbles) {  // the tiles want bytes: widened once per chunk (scratch.widened)
+    // This build reads the codes where they lie (and prefetches the chunk
+    // kAhead rows on as it does); the AMX builds want a 4-bit chunk's codes
+    // as bytes: widened once per chunk (scratch.widened), prefetching.
+    if (!scales_only && p.nibbles) {
       scratch.codes.resize(size_t(nb * kBlockBytes));
       if (scratch.widened != p.nibbles) widen_nibbles(p, nb, chunk, scratch.codes.data());
       scratch.widened = p.nibbles;
       p.codes = scratch.codes.data();
-      p.ahead = 0;  // the widening prefetched the chunk after next
+      p.ahead = 0;
     }
     return p;
   }

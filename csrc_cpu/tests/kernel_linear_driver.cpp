@@ -12,7 +12,11 @@
 #include <cstring>
 
 #include "kernel_builds.h"
+#include "linear/aligned.h"
 #include "linear/int8.h"
+#if defined(PAGED_ISA_X86)
+#include "linear/int8_avx512.h"
+#endif
 #include "tests/driver_util.h"
 
 namespace {
@@ -163,6 +167,47 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
   DRIVER_CHECK(c1 == c2 && r1 == r2 && same_bits(d1, d2) && same_bits(s1, s2), "%s: x8_quantize differs", b.name);
 }
 
+#if defined(PAGED_ISA_X86)
+// The AMX builds read a persistent 4-bit panel's codes widened from its
+// nibbles (chunk_panel): they must be the byte panel built per call for the
+// same chunk, byte for byte, and the scales the same floats. (The VNNI
+// build's reads of the nibbles in place are checked through quant_linear by
+// tests/test_weight_panels.py; AMX itself runs only where the CPU has it.)
+void check_widened_panels() {
+  if (!cpu_has_avx512vnni()) {
+    std::printf("linear avx512: widened panels not checked (no AVX512-VNNI)\n");
+    return;
+  }
+  for (QType t : {QType::Q4_0, QType::Q4_1})
+    for (int64_t K : {96, 576}) {
+      const Weight w = random_weight(t, 72, K);
+      const X x = random_x(w, 1, isa_scalar::x8_quantize);
+      std::vector<float> out;
+      LinearArgs a = args(w, x, out);
+      const int64_t nb = K / kBlock, chunk = isa_avx512::panel_chunk_bytes(t, K);
+      const int64_t chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
+      AlignedVector<uint8_t> persistent(size_t(chunks * chunk));
+      for (int64_t c = 0; c < chunks; ++c)
+        isa_avx512::build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
+                                      persistent.data() + c * chunk);
+      LinearArgs cached = a;
+      cached.panels = persistent.data();
+      for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
+        const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
+        Int8Panel s1, s2;
+        const isa_avx512::PanelView wide = isa_avx512::chunk_panel(cached, n0, n1, false, s1);
+        const isa_avx512::PanelView built = isa_avx512::chunk_panel(a, n0, n1, false, s2);
+        const size_t scale_bytes = size_t(nb * isa_avx512::kPanel) * sizeof(float);
+        DRIVER_CHECK(std::memcmp(wide.codes, built.codes, size_t(nb * isa_avx512::kBlockBytes)) == 0 &&
+                         std::memcmp(wide.d, built.d, scale_bytes) == 0 &&
+                         (t != QType::Q4_1 || std::memcmp(wide.m, built.m, scale_bytes) == 0),
+                     "widened panel of qtype %d, K=%lld, rows %lld..%lld differs from the built one", int(t),
+                     (long long)K, (long long)n0, (long long)n1);
+      }
+    }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,5 +235,8 @@ int main(int argc, char** argv) {
       }
     }
   });
+#if defined(PAGED_ISA_X86)
+  check_widened_panels();
+#endif
   return finish("kernel_linear_driver");
 }
