@@ -10,6 +10,9 @@ o_proj 576x576, gate_up 3072x576, down 576x1536, plus the q8_0 lm_head
            torch's fp32 GEMM from there (the engine's path today)
   int8     CpuPackedLinear(activations="int8").linear: int8 activations, any M
   int8x2   CpuPackedLinear(activations="int8x2").linear: int8 plus the residual's int8
+  mixed    derived, not timed apart: what `auto` (mixed) runs for M prompt rows, the int8x2
+           time of qkv (its K/V are cached) and lm_head, the int8 time of o_proj, gate_up, down
+           (M decode rows run int8x2 everywhere: that column)
   amxbf16  CpuPackedLinear(activations="mixed-bf16").linear on prompt rows: AMX-BF16 tiles made
            per call from the int8 panels (what mixed-bf16 runs for prompts; CPUs with AMX-BF16
            only, else the column is left out)
@@ -52,6 +55,8 @@ SHAPES = [  # name, GGUF type, N, K, matrices per step
     ("lm_head", Q.Q8_0, 49152, 576, 1),
 ]
 PATHS = ["float32", "int8", "int8x2"] + (["amxbf16"] if C.bf16_prompt_supported() else []) + ["bf16", "fp32"]
+MIXED_TWO_TERM = ("qkv", "lm_head")  # shapes whose prompt rows keep two terms under mixed
+COLUMNS = PATHS[:3] + ["mixed"] + PATHS[3:]
 # int8 multiply-adds per cycle and core of one build's inner instruction, as assumed for the peak
 MACS_PER_CYCLE = {
     "avx512": (64, "1 zmm vpdpbusd (64 MACs) per cycle per core (Zen 4: two 256-bit pipes; Intel: port 0 (+5))"),
@@ -151,18 +156,20 @@ def main() -> None:
     print(f"int8 peak = {args.threads} cores x {ghz:.2f} GHz x {macs} MACs/cycle x 2 = {peak:.0f} GOP/s"
           f" (assumed: {assumption})")
     print(f"whole step ({LAYERS} layers + lm_head), ms and GFLOP/s:")
-    print(f"{'M':>5} | " + " ".join(f"{p + ' ms':>10}" for p in PATHS) + " | "
-          + " ".join(f"{p + ' GF':>10}" for p in PATHS) + f" | {'int8/bf16':>9} {'int8/f32':>8}")
+    print(f"{'M':>5} | " + " ".join(f"{p + ' ms':>10}" for p in COLUMNS) + " | "
+          + " ".join(f"{p + ' GF':>10}" for p in COLUMNS) + f" | {'int8/bf16':>9} {'mixed/bf16':>10} {'int8/f32':>8}")
     rng = np.random.default_rng(0)
     table = []
     for m_rows in args.rows:
         per_shape = {s[0]: time_shape(s, m_rows, min_time, rng) for s in SHAPES}
         ms = {p: sum(per_shape[s[0]][p] * s[4] for s in SHAPES) * 1e3 for p in PATHS}
-        gflops = {p: flop_per_row * m_rows / (ms[p] * 1e-3) / 1e9 for p in PATHS}
+        ms["mixed"] = sum(per_shape[s[0]]["int8x2" if s[0] in MIXED_TWO_TERM else "int8"] * s[4]
+                          for s in SHAPES) * 1e3
+        gflops = {p: flop_per_row * m_rows / (ms[p] * 1e-3) / 1e9 for p in COLUMNS}
         table.append({"M": m_rows, "ms": ms, "GFLOPs": gflops, "per_shape_s": per_shape})
-        print(f"{m_rows:5} | " + " ".join(f"{ms[p]:10.2f}" for p in PATHS) + " | "
-              + " ".join(f"{gflops[p]:10.1f}" for p in PATHS)
-              + f" | {ms['bf16'] / ms['int8']:9.2f} {ms['float32'] / ms['int8']:8.2f}")
+        print(f"{m_rows:5} | " + " ".join(f"{ms[p]:10.2f}" for p in COLUMNS) + " | "
+              + " ".join(f"{gflops[p]:10.1f}" for p in COLUMNS)
+              + f" | {ms['bf16'] / ms['int8']:9.2f} {ms['bf16'] / ms['mixed']:10.2f} {ms['float32'] / ms['int8']:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"isa": isa, "threads": args.threads, "ghz": ghz, "peak_GOPs": peak,
