@@ -144,7 +144,7 @@ class Engine:
         self.spec_stats = SpecStats() if config.speculative_config else None
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
         self.eos_token_id = mc.eos_token_id
-        self.sampler = Sampler(sorted(self.stop_token_ids), config.seed)
+        self.sampler = Sampler(sorted(self.stop_token_ids), config.seed, self.platform.argmax)
         if config.warm_up:
             self.worker.warm_up()
         self._trace = step_trace.from_env()  # after the warm-up: only served steps are traced

@@ -33,7 +33,7 @@ so a failing row leaves the other rows' seeded streams untouched.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -65,8 +65,11 @@ def top_logprobs(logprobs_row: torch.Tensor, k: int, chosen: Optional[int]) -> T
 
 
 class Sampler:
-    def __init__(self, eos_token_ids: list[int], seed: Optional[int] = None):
+    def __init__(self, eos_token_ids: list[int], seed: Optional[int] = None,
+                 argmax: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         self.eos_token_ids = list(eos_token_ids)  # the model's end-of-generation ids
+        # logits [N, V] -> int64 [N], torch.argmax's answer: the platform's (Platform.argmax)
+        self.argmax = argmax or (lambda t: t.argmax(dim=-1))
         self.generator = torch.Generator()
         self.generator.manual_seed(seed if seed is not None else torch.seed())
         self._masker: Optional[GrammarMasker] = None  # made on the first constrained row
@@ -97,13 +100,17 @@ class Sampler:
             bitmask = self._grammar_mask(logits).apply(logits, constrained, [seqs[i].matcher for i in constrained])
 
         temps = [p.temperature for p in params]
-        tokens = logits.argmax(dim=-1)
         rand_rows = [i for i in range(n) if temps[i] >= MIN_TEMPERATURE]
+        if len(rand_rows) < n:  # greedy rows (the argmax of the sampled ones is overwritten)
+            tokens = self.argmax(logits)
         if rand_rows:
             sub = logits[rand_rows] if len(rand_rows) < n else logits
             tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows],
                                               [drafts[i] for i in rand_rows] if drafts else None)
-            tokens[rand_rows] = tokens_rand
+            if len(rand_rows) < n:
+                tokens[rand_rows] = tokens_rand
+            else:
+                tokens = tokens_rand
         token_list = tokens.tolist()
         if bitmask is not None:
             check_allowed(bitmask, [token_list[i] for i in constrained])
@@ -196,12 +203,12 @@ class Sampler:
             noise[i].exponential_(generator=gen)
         rows = [i for i, d in enumerate(drafts) if d is not None]
         if not rows:
-            return (probs / noise).argmax(dim=-1)
+            return self.argmax(probs / noise)
         # step 7: accept d with probability p(d) (probs may be unnormalised after min_p), else drop it from p
         r, d = torch.tensor(rows), torch.tensor([drafts[i] for i in rows])
         ok = u[r] * probs[r].sum(dim=-1) < probs[r, d]
         probs[r[~ok], d[~ok]] = 0.0
-        tokens = (probs / noise).argmax(dim=-1)
+        tokens = self.argmax(probs / noise)
         tokens[r[ok]] = d[ok]
         return tokens
 

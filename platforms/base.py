@@ -191,6 +191,13 @@ class Platform(abc.ABC):
         """The compiled ops module (e.g. paged._C_cpu), or None."""
         return None
 
+    def argmax(self, logits):
+        """Greedy tokens: int64 [N], the first index of each row's maximum
+        of ``logits`` [N, V], exactly as torch.argmax (a NaN counts as the
+        maximum). The sampler's argmax; a platform with a faster kernel
+        overrides it."""
+        return logits.argmax(dim=-1)
+
     def packed_linear_cls(self, activations: str = "auto"):
         """A callable wrapping a loader's PackedBlocks (GGUF Q4_0/Q4_1/Q8_0)
         as a weight with ``linear(x, bias)`` whose activations are

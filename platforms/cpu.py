@@ -307,6 +307,19 @@ class CpuPlatform(Platform):
 
         return _C_cpu
 
+    def argmax(self, logits):
+        """torch's CPU argmax is a scalar loop (0.65 ms for 16 x 49152
+        logits on two Zen 4 cores); _C_cpu.argmax_rows vectorises it (0.11
+        ms) with the same answer. Other tensors go to torch."""
+        import torch
+
+        if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2
+                or 0 in logits.shape or not logits.is_contiguous()):
+            return super().argmax(logits)
+        out = torch.empty(logits.shape[0], dtype=torch.int64)
+        self.ops_module().argmax_rows(logits, out)
+        return out
+
     # -- reporting ---------------------------------------------------------
     def env_report(self) -> dict:
         report = super().env_report()

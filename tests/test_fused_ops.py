@@ -217,3 +217,45 @@ def test_layer_ops_match_torch_ops(dtype):
     for g, e in zip(got, want):
         assert g.shape == e.shape and g.is_contiguous()
         close(g, e, dtype)
+
+
+def test_argmax_rows_is_torch_argmax(isa):
+    """The sampler's argmax (CpuPlatform.argmax): first index of the maximum,
+    ties, +-inf and NaN rows (the first NaN wins), lane-count tails; the
+    conformance suite's cases, in each build."""
+    from paged.core.conformance.platform_checks import argmax_cases
+
+    for logits in argmax_cases(seed=1):
+        out = torch.full((logits.shape[0],), -1, dtype=torch.int64)
+        C.argmax_rows(logits, out)
+        assert torch.equal(out, logits.argmax(dim=-1)), (isa, tuple(logits.shape))
+    # a row's answer does not depend on its batch (each row is one thread's)
+    rows = rand(33, 4099, seed=5)
+    alone = torch.empty(1, dtype=torch.int64)
+    batched = torch.empty(33, dtype=torch.int64)
+    C.argmax_rows(rows, batched)
+    for r in range(33):
+        C.argmax_rows(rows[r:r + 1], alone)
+        assert alone.item() == batched[r].item()
+
+
+def test_argmax_rows_bad_arguments():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="logits: expected dtype float32, got dtype bfloat16"):
+        C.argmax_rows(x.bfloat16(), torch.empty(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="out: expected dtype int64, got dtype int32"):
+        C.argmax_rows(x, torch.empty(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"out: expected shape \[2\]"):
+        C.argmax_rows(x, torch.empty(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="logits: expected"):  # rows of no values
+        C.argmax_rows(torch.empty(2, 0), torch.empty(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="contiguous"):
+        C.argmax_rows(torch.randn(8, 2).t(), torch.empty(2, dtype=torch.int64))
+
+
+def test_cpu_platform_argmax_falls_back_to_torch_for_other_tensors():
+    from paged.platforms.cpu import CpuPlatform
+
+    p = CpuPlatform()
+    for t in (torch.randn(3, 40).t(), torch.randn(4, 64, dtype=torch.float64), torch.randn(40), torch.empty(0, 5)):
+        assert torch.equal(p.argmax(t), t.argmax(dim=-1))

@@ -119,6 +119,39 @@ def _refused_block_size(caps) -> int | None:
     return caps.max_block_size + 1 if caps.max_block_size else None
 
 
+def argmax_cases(seed: int = 0) -> list[torch.Tensor]:
+    """float32 logits (CPU) whose torch.argmax a Platform.argmax must return:
+    random rows of several widths (a vocabulary, lane-count tails, width 1),
+    ties (the first index wins), rows of -inf, +inf, and NaN (the first
+    NaN wins, wherever the finite maximum lies)."""
+    g = torch.Generator().manual_seed(seed)
+    cases = [torch.randn(n, v, generator=g) for n, v in ((1, 49152), (16, 49152), (3, 37), (5, 1), (2, 100003))]
+    t = torch.randn(8, 1000, generator=g)
+    t[0, [5, 700]] = 50.0                  # tie: 5
+    t[1] = 1.0                             # all equal: 0
+    t[2] = float("-inf")                   # all -inf: 0
+    t[3, [9, 990]] = float("inf")          # +inf tie: 9
+    t[4, 800] = float("nan")               # NaN after the max
+    t[4, 3] = 100.0
+    t[5, [17, 400]] = float("nan")         # first NaN: 17
+    t[6, 999] = 60.0                       # the last element (a tail lane)
+    t[7, :] = float("nan")
+    cases.append(t)
+    return cases
+
+
+def _argmax(ctx: Context):
+    """Platform.argmax, the sampler's greedy step, is torch.argmax's answer."""
+    p = ctx.platform
+    for logits in argmax_cases():
+        got = p.argmax(logits.to(p.torch_device(0)))
+        want = logits.argmax(dim=-1)
+        assert got.dtype == torch.int64 and tuple(got.shape) == (logits.shape[0],), \
+            f"argmax of {tuple(logits.shape)} gave {got.dtype} {tuple(got.shape)}"
+        assert torch.equal(got.cpu(), want), \
+            f"argmax of {tuple(logits.shape)}: rows {torch.nonzero(got.cpu() != want).flatten().tolist()[:8]} differ"
+
+
 def _env_report(ctx: Context):
     rep = ctx.platform.env_report()
     json.dumps(rep)  # must be JSON-serialisable
@@ -129,4 +162,4 @@ def checks(ctx: Context) -> list[Check]:
     return [Check("platform.detection", _detection), Check("platform.memory", _memory),
             Check("platform.dtypes", _dtypes), Check("platform.dist_backend", _dist_backend),
             Check("platform.attention_backend", _attention_backend), Check("platform.capabilities", _capabilities),
-            Check("platform.env_report", _env_report)]
+            Check("platform.argmax", _argmax), Check("platform.env_report", _env_report)]

@@ -23,6 +23,9 @@ void register_ops(nb::module_& m) {
         "cos_sin_cache float32 [max_pos, D] holds cos then sin of pos * inv_freq.");
   m.def("split_qkv", &o::split_qkv, "qkv"_a, "q"_a, "k"_a, "v"_a,
         "Copy fused qkv rows into contiguous q [T, H, D], k and v [T, Hkv, D].");
+  m.def("argmax_rows", &o::argmax_rows, "logits"_a, "out"_a,
+        "out[T] (int64) = the first index of each row's maximum of logits [T, V] (float32), as torch.argmax "
+        "(a NaN counts as the maximum).");
   m.def("fused_ops_isa", &o::fused_ops_isa, "SIMD build the fused ops use now.");
   m.def("set_fused_ops_isa", &o::set_fused_ops_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar'.");
   m.def("supported_fused_ops_isas", &o::supported_fused_ops_isas, "Fused-op builds this CPU can run, best first.");

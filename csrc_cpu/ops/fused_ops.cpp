@@ -4,6 +4,7 @@
 #include "runtime/omp_compat.h"
 
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -169,6 +170,18 @@ void split_qkv(Array qkv, Array q, Array k, Array v) {
       std::memcpy(vd + size_t(r * kw) * es, row + size_t(qw + kw) * es, size_t(kw) * es);
     }
   });
+}
+
+void argmax_rows(Array logits, Array out) {
+  attn::DType dt;
+  TensorArg lt = attn::float_tensor("logits", logits, {-1, -1}, &dt);
+  if (dt != attn::DType::F32) fail("logits", "dtype float32", std::string("dtype ") + attn::dtype_name(dt));
+  TensorArg ot = attn::int_tensor("out", out, 64, {lt.dim(0)});
+  if (lt.dim(1) < 1 || lt.dim(1) > std::numeric_limits<int32_t>::max())
+    fail("logits", "rows of 1 to 2^31 - 1 values", "shape " + lt.shape_str());
+  const ArgmaxArgs a{static_cast<const float*>(lt.data), static_cast<int64_t*>(ot.data), lt.dim(1)};
+  const RowKernels* k = active();
+  for_rows(lt.dim(0), lt.dim(1), [&](int64_t b, int64_t en) { k->argmax(a, b, en); });
 }
 
 std::string fused_ops_isa() { return selector().active().name; }

@@ -1,6 +1,6 @@
 // Fused elementwise ops of the Llama layer on CPU (RMSNorm, residual add,
-// SiLU-and-mul, RoPE, Q/K/V split): one pass over each row instead of a chain
-// of small torch ops. Arguments are checked once in fused_ops.cpp; the row
+// SiLU-and-mul, RoPE, Q/K/V split) and the greedy sampler's argmax: one pass
+// over each row instead of a chain of small torch ops. Arguments are checked once in fused_ops.cpp; the row
 // kernels (kernels.inc, built per ISA) trust them.
 #pragma once
 
@@ -42,6 +42,12 @@ struct RopeArgs {
   int64_t head_dim;
 };
 
+struct ArgmaxArgs {
+  const float* logits;  // [T, width]
+  int64_t* out;         // [T]
+  int64_t width;        // >= 1, < 2^31
+};
+
 // Per-ISA builds of the row kernels: each handles rows [begin, end).
 struct RowKernels {
   const char* isa;
@@ -49,6 +55,7 @@ struct RowKernels {
   void (*add_rms_norm)(const NormArgs&, int64_t begin, int64_t end);
   void (*silu_and_mul)(const SiluMulArgs&, int64_t begin, int64_t end);
   void (*rotary)(const RopeArgs&, int64_t begin, int64_t end);
+  void (*argmax)(const ArgmaxArgs&, int64_t begin, int64_t end);
 };
 namespace isa_avx2 { extern const RowKernels kKernels; }
 namespace isa_scalar { extern const RowKernels kKernels; }
@@ -62,6 +69,7 @@ void silu_and_mul(Array out, Array gate_up);
 void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim);
 void split_qkv(Array qkv, Array q, Array k, Array v);
+void argmax_rows(Array logits, Array out);
 std::string fused_ops_isa();
 void set_fused_ops_isa(const std::string& name);
 std::vector<std::string> supported_fused_ops_isas();

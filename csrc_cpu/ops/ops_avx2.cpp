@@ -2,6 +2,7 @@
 // the CPU reports both (fused_ops.cpp), so the module still loads anywhere.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/ops.h"
 

@@ -1,6 +1,7 @@
 // Baseline build of the fused-op row kernels (the compiler's default ISA).
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "ops/ops.h"
 
