@@ -515,16 +515,16 @@ PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes
     const bool finite =
         (_mm512_cmp_ps_mask(abs[0], inf, _CMP_LT_OQ) & _mm512_cmp_ps_mask(abs[1], inf, _CMP_LT_OQ)) == 0xFFFF;
     float scale = finite ? _mm512_reduce_max_ps(_mm512_max_ps(abs[0], abs[1])) / float(kI8Max) : NAN;
-    int32_t sum = 0;
-    for (int h = 0; h < 2; ++h) {
-      __m512i q = _mm512_setzero_si512();
-      if (scale > 0.f) {
+    __m512i q[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (scale > 0.f)
+      for (int h = 0; h < 2; ++h) {
         const __m512 ratio = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(v[h], _mm512_set1_ps(scale)), -limit), limit);
-        q = _mm512_cvt_roundps_epi32(ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        sum += _mm512_reduce_add_epi32(q);
+        q[h] = _mm512_cvt_roundps_epi32(ratio, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + 16 * h), _mm512_cvtepi32_epi8(q));
-    }
+    for (int h = 0; h < 2; ++h)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b * kBlock + 16 * h), _mm512_cvtepi32_epi8(q[h]));
+    // one horizontal sum per block, not per half (integer sums: the same value)
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
     dx[b] = scale;
     corr[b] = -offset * sum;
     xs[b] = scale * float(sum);
@@ -543,7 +543,7 @@ PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t*
   const __m512 limit = _mm512_set1_ps(float(kI8Max)), magic = _mm512_set1_ps(kI8RoundMagic);
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float d = dx[b], s = d * kI8LowScale;  // exact: a power of two (unless dx is subnormal)
-    int32_t sum_hi = 0, sum_lo = 0;
+    __m512i hi_sums = _mm512_setzero_si512(), lo_sums = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       const int64_t at = b * kBlock + 16 * h;
       const __m512i hq = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + at)));
@@ -557,9 +557,11 @@ PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t*
         q = _mm512_cvttps_epi32(v);  // v is an integer: exact
       }
       _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + at), _mm512_cvtepi32_epi8(q));
-      sum_hi += _mm512_reduce_add_epi32(hq);
-      sum_lo += _mm512_reduce_add_epi32(q);
+      hi_sums = _mm512_add_epi32(hi_sums, hq);
+      lo_sums = _mm512_add_epi32(lo_sums, q);
     }
+    // two horizontal sums per block, not four (integer sums: the same values)
+    const int32_t sum_hi = _mm512_reduce_add_epi32(hi_sums), sum_lo = _mm512_reduce_add_epi32(lo_sums);
     const int32_t sum = sum_hi * 256 + sum_lo;  // |sum| <= 32 * 32639 < 2^24: exact as a float
     dx[b] = s;
     lo_corr[b] = -offset * sum_lo;
