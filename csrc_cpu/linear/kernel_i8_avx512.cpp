@@ -53,7 +53,6 @@
 
 #include "linear/int8_avx512.h"
 
-
 #define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
 #define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
 // Helpers that take or fill arrays of vectors: inlined, so the arrays stay in registers.
@@ -111,6 +110,14 @@ PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
 // to L1, 108 us to L2, 2 items ahead; M=16 353 vs 288 us).
 PAGED_VNNI512_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T1);
+}
+
+// Block b's share (1 / nb) of the `chunk` bytes at base, `ahead` bytes on:
+// reading a chunk block by block prefetches the chunk after next likewise.
+PAGED_VNNI512_INLINE void prefetch_block_share(const uint8_t* base, int64_t chunk, int64_t nb, int64_t b,
+                                               int64_t ahead) {
+  const int64_t share = chunk / nb;
+  for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(base + at, ahead);
 }
 
 // v[i] = the 64 bytes at `offset` of row i (stride bytes apart), `dwords` of
@@ -285,10 +292,7 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
     for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* w = base + b * (Nib ? kNibbleBlockBytes : kBlockBytes);
-    if (p.ahead && r0 == 0) {
-      const int64_t share = p.ahead / (kAhead / kPanel) / nb;  // the chunk's bytes per block
-      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(base + at, p.ahead);
-    }
+    if (p.ahead && r0 == 0) prefetch_block_share(base, p.ahead / (kAhead / kPanel), nb, b, p.ahead);
     __m512i isum[R][kCols];
     tile_sums<T, R, Two, Nib>(w, a, r0, b, isum);
     for (int r = 0; r < R; ++r)
@@ -373,12 +377,11 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_
 // on are prefetched, its share of them per block.
 template <QType T, int R>
 PAGED_VNNI512 void nibble_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
-  const int64_t nb = a.blocks(), share = p.ahead / (kAhead / kPanel) / nb;  // the chunk's bytes per block
+  const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    if (c == 0)
-      for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.nibbles + at, p.ahead);
+    if (c == 0) prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
     __m512i w[8];
     for (int s = 0; s < 4; ++s)
       nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
@@ -447,9 +450,8 @@ PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, in
 // (codes, kBlockBytes per block), prefetching the whole chunk `p.ahead`
 // bytes on (its nibbles and scales; `chunk` bytes), a block's share at a time.
 PAGED_VNNI512 void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
-  const int64_t share = chunk / nb;
   for (int64_t b = 0; b < nb; ++b) {
-    for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(p.nibbles + at, p.ahead);
+    prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
     uint8_t* dst = codes + b * kBlockBytes;
     for (int s = 0; s < 4; ++s)
       for (int c = 0; c < kCols; ++c) {
