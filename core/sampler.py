@@ -101,16 +101,13 @@ class Sampler:
 
         temps = [p.temperature for p in params]
         rand_rows = [i for i in range(n) if temps[i] >= MIN_TEMPERATURE]
-        if len(rand_rows) < n:  # greedy rows (the argmax of the sampled ones is overwritten)
-            tokens = self.argmax(logits)
-        if rand_rows:
-            sub = logits[rand_rows] if len(rand_rows) < n else logits
-            tokens_rand = self._sample_random(sub, [seqs[i] for i in rand_rows],
-                                              [drafts[i] for i in rand_rows] if drafts else None)
-            if len(rand_rows) < n:
-                tokens[rand_rows] = tokens_rand
-            else:
-                tokens = tokens_rand
+        rand_drafts = [drafts[i] for i in rand_rows] if drafts else None
+        if len(rand_rows) == n:  # no greedy row: no argmax of the raw logits
+            tokens = self._sample_random(logits, seqs, rand_drafts)
+        else:
+            tokens = self.argmax(logits)  # the sampled rows' entries are overwritten
+            if rand_rows:
+                tokens[rand_rows] = self._sample_random(logits[rand_rows], [seqs[i] for i in rand_rows], rand_drafts)
         token_list = tokens.tolist()
         if bitmask is not None:
             check_allowed(bitmask, [token_list[i] for i in constrained])

@@ -8,8 +8,8 @@
 // The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K),
 // then one panel per chunk of kI8ChunkRows weight rows, panel_chunk_bytes each
 // (the packed size: q8_0's codes as bytes, 4-bit codes as nibbles, plus the
-// scales). Only builds
-// with a layout have panels (today "avx512", which amx reads as it lies);
+// scales). Only builds with a layout have panels (today "avx512", which the
+// amx builds read too, a 4-bit chunk's nibbles widened to bytes per item);
 // quant_linear refuses a tensor whose header names another layout, qtype or
 // shape, so a cache built under one layout is never read by another
 // (set_linear_isa switches builds).

@@ -1,7 +1,7 @@
 // Fused elementwise ops of the Llama layer on CPU (RMSNorm, residual add,
 // SiLU-and-mul, RoPE, Q/K/V split) and the greedy sampler's argmax: one pass
-// over each row instead of a chain of small torch ops. Arguments are checked once in fused_ops.cpp; the row
-// kernels (kernels.inc, built per ISA) trust them.
+// over each row instead of a chain of small torch ops. Arguments are checked
+// once in fused_ops.cpp; the row kernels (kernels.inc, built per ISA) trust them.
 #pragma once
 
 #include <cstdint>
