@@ -1,12 +1,15 @@
 """NUMA-local host memory for the CPU KV cache.
 
-    t = numa_zeros(shape, dtype, node=None)   # torch.Tensor, zero-filled
+    t = numa_zeros(shape, dtype, node=None, populate=True)   # torch.Tensor, zero-filled
     last_allocation() -> dict(method="host_arena"|"torch.zeros", node, numa_policy, reason)
 
 ``numa_zeros`` allocates through the C++ host arena (paged._C_cpu.host_arena_zeros:
 page-aligned anonymous mmap, preferred NUMA node set with mbind before first
 touch, unmapped when the tensor's last owner goes). node=None means the node
-of the calling thread (the engine thread, pinned by the CPU platform). If
+of the calling thread (the engine thread, pinned by the CPU platform).
+populate=True faults every page in at once on the thread team (a first
+touch inside a decode step would stall it: docs/platforms.md); False leaves
+the pages to fault on first use. If
 anything fails it falls back to torch.zeros; ``last_allocation()`` says which
 path was taken and why, so `paged env` / the backend can report it.
 """
@@ -35,7 +38,7 @@ def _record(method: str, node, numa_policy: str, reason: str = "") -> None:
         log.info("numa_zeros: %s (%s)", method, reason)
 
 
-def numa_zeros(shape, dtype: torch.dtype, node: int | None = None) -> torch.Tensor:
+def numa_zeros(shape, dtype: torch.dtype, node: int | None = None, populate: bool = True) -> torch.Tensor:
     shape = tuple(int(s) for s in shape)
     if any(s < 0 for s in shape):
         raise ValueError(f"numa_zeros: negative dimension in shape {shape}")
@@ -48,7 +51,7 @@ def numa_zeros(shape, dtype: torch.dtype, node: int | None = None) -> torch.Tens
     try:
         from paged._C_cpu import host_arena_zeros
 
-        raw, why_not = host_arena_zeros(nbytes, -1 if node is None else node)
+        raw, why_not = host_arena_zeros(nbytes, -1 if node is None else node, populate)
         tensor = torch.from_dlpack(raw).view(dtype).view(shape)
     except Exception as e:  # no extension, mmap refused, odd dtype: plain memory still works
         _record("torch.zeros", node, "none", f"host arena unavailable: {e}")

@@ -1,6 +1,7 @@
 """Block pool: C++ BlockPool vs the pure-Python model, misuse errors, hashing,
 threads, and NUMA host memory."""
 
+import sys
 import threading
 
 import pytest
@@ -158,6 +159,38 @@ def test_numa_zeros_uses_host_arena():
     if node >= 0:
         numa_zeros((4,), torch.float32, node=node)
         assert last_allocation()["numa_policy"] == "preferred", last_allocation()
+
+
+def _resident_pages(t: torch.Tensor) -> tuple[int, int]:
+    """(resident, total) 4 KiB-or-larger pages under t's storage, from mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    n = (t.untyped_storage().nbytes() + page - 1) // page
+    vec = (ctypes.c_ubyte * n)()
+    if libc.mincore(ctypes.c_void_p(t.data_ptr()), ctypes.c_size_t(n * page), vec) != 0:
+        pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+    return sum(b & 1 for b in vec), n
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore residency as Linux reports it")
+def test_numa_zeros_populates_pages_up_front():
+    """The KV cache's pages are faulted in when it is allocated (by the
+    thread team), not by the first decode step that writes a block; and
+    populate=False leaves them to first use."""
+    from paged.backends.cpu_memory import numa_zeros
+
+    eager = numa_zeros((24 << 20,), torch.uint8)  # 24 MiB: several huge pages, odd ones out
+    resident, total = _resident_pages(eager)
+    assert resident == total, (resident, total)
+    assert not eager[:: 1 << 20].any()
+    lazy = numa_zeros((24 << 20,), torch.uint8, populate=False)
+    resident, total = _resident_pages(lazy)
+    assert resident < total, (resident, total)
+    lazy[5 << 20] = 1  # first use still works, and zeros around it
+    assert lazy.sum().item() == 1
 
 
 def test_numa_zeros_reports_fallbacks():

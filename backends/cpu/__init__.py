@@ -7,6 +7,9 @@ Python API of AttentionBackend and allocates what the kernels write into.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -14,6 +17,8 @@ from paged.backends.arg_checks import fail
 from paged.backends.base import AttentionBackend, kv_row_width
 
 __all__ = ["CpuBackend", "ops"]
+
+log = logging.getLogger(__name__)
 
 
 def ops():
@@ -66,8 +71,15 @@ class CpuBackend(AttentionBackend):
         return (num_blocks, self.num_kv_heads, self.block_size, kv_row_width(self.head_size, self.kv_cache_dtype))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int):
+        # the host arena faults the pages in now (docs/block-pool.md): say so when it takes a while
         shape, dtype = self.kv_cache_shape(num_blocks), self.kv_cache_dtype
-        return [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(num_layers)]
+        t0 = time.perf_counter()
+        caches = [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(num_layers)]
+        seconds = time.perf_counter() - t0
+        if seconds >= 1.0:
+            gib = 2 * num_layers * caches[0][0].untyped_storage().nbytes() / 2**30
+            log.info("KV cache: %.2f GiB of host memory committed in %.1f s", gib, seconds)
+        return caches
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         self._ops.reshape_and_cache(dl(key), dl(value), dl(key_cache), dl(value_cache), dl(slot_mapping))
