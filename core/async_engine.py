@@ -166,8 +166,7 @@ class AsyncEngine:
             except Exception as exc:  # noqa: BLE001 - not attributable: fail what is in flight, keep serving
                 self._fail_in_flight(exc)
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            self._deliver_many([(out.request_id, out) for out in outputs])
             self._stats = self._safe_stats()
         self._abort_all(EngineShutdownError("the server shut down before the request finished"))
 
@@ -236,20 +235,35 @@ class AsyncEngine:
                 self._abort_in_engine(cmd[1])
 
     def _deliver(self, request_id: str, item: Any) -> None:
+        self._deliver_many([(request_id, item)])
+
+    def _deliver_many(self, items: list[tuple[str, Any]]) -> None:
+        """Hands a step's outputs to their groups' event loops, one wake-up
+        per loop: each call_soon_threadsafe writes the loop's self-pipe, and
+        one per token was 2.6% of the engine thread at 16 streams (~130 us a
+        send on a 2-vCPU guest) while the other kernel threads waited."""
+        by_loop: dict[Any, list] = {}
         with self._streams_lock:
-            group = self._streams.get(request_id)
-        if group is None:
-            return
-        try:
-            group.loop.call_soon_threadsafe(group.queue.put_nowait, (request_id, item))
-        except RuntimeError:  # event loop already closed
-            pass
+            for request_id, item in items:
+                group = self._streams.get(request_id)
+                if group is not None:
+                    by_loop.setdefault(group.loop, []).append((group.queue, (request_id, item)))
+        for loop, puts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # event loop already closed
+                pass
 
     def _safe_stats(self) -> dict:
         try:
             return dict(self.engine.stats())
         except Exception:  # noqa: BLE001 - metrics must never break serving
             return {}
+
+
+def _put_all(puts: list) -> None:
+    for q, entry in puts:
+        q.put_nowait(entry)
 
 
 class RequestGroup:
