@@ -8,10 +8,10 @@ page-aligned anonymous mmap, preferred NUMA node set with mbind before first
 touch, unmapped when the tensor's last owner goes). node=None means the node
 of the calling thread (the engine thread, pinned by the CPU platform).
 populate=True faults every page in at once on the thread team (a first
-touch inside a decode step would stall it: docs/platforms.md); False leaves
-the pages to fault on first use. If
-anything fails it falls back to torch.zeros; ``last_allocation()`` says which
-path was taken and why, so `paged env` / the backend can report it.
+touch inside a decode step would stall it: docs/block-pool.md); False leaves
+the pages to fault on first use. If anything fails it falls back to
+torch.zeros; ``last_allocation()`` says which path was taken and why, so
+`paged env` / the backend can report it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ Python API of AttentionBackend and allocates what the kernels write into.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import torch
@@ -71,14 +72,17 @@ class CpuBackend(AttentionBackend):
         return (num_blocks, self.num_kv_heads, self.block_size, kv_row_width(self.head_size, self.kv_cache_dtype))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int):
-        # the host arena faults the pages in now (docs/block-pool.md): say so when it takes a while
+        # The host arena faults its pages in now (docs/block-pool.md): several
+        # seconds for a few GiB on some VMs, so a large cache says what it is doing.
         shape, dtype = self.kv_cache_shape(num_blocks), self.kv_cache_dtype
+        gib = 2 * num_layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size() / 2**30
+        if gib >= 1.0:
+            log.info("KV cache: committing %.2f GiB of host memory", gib)
         t0 = time.perf_counter()
         caches = [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(num_layers)]
         seconds = time.perf_counter() - t0
-        if seconds >= 1.0:
-            gib = 2 * num_layers * caches[0][0].untyped_storage().nbytes() / 2**30
-            log.info("KV cache: %.2f GiB of host memory committed in %.1f s", gib, seconds)
+        if gib >= 1.0:
+            log.info("KV cache: %.2f GiB committed in %.1f s", gib, seconds)
         return caches
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
