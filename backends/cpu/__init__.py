@@ -8,7 +8,6 @@ Python API of AttentionBackend and allocates what the kernels write into.
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
@@ -75,7 +74,7 @@ class CpuBackend(AttentionBackend):
         # The host arena faults its pages in now (docs/block-pool.md): several
         # seconds for a few GiB on some VMs, so a large cache says what it is doing.
         shape, dtype = self.kv_cache_shape(num_blocks), self.kv_cache_dtype
-        gib = 2 * num_layers * math.prod(shape) * torch.empty((), dtype=dtype).element_size() / 2**30
+        gib = self.bytes_per_block(num_layers) * num_blocks / 2**30
         if gib >= 1.0:
             log.info("KV cache: committing %.2f GiB of host memory", gib)
         t0 = time.perf_counter()
