@@ -3,7 +3,13 @@ the user cache, see core/model_files.py) and skips when it cannot."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="session")
@@ -67,3 +73,23 @@ def step_until_idle(engine) -> tuple[dict, dict]:
             outputs = exc.outputs
         final.update({o.request_id: o for o in outputs if o.finished})
     return final, failures
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module named ``paged_benchmarks_<name>``.
+    The folder is on sys.path only while the file runs (for its sibling
+    imports) and those siblings leave sys.modules again: left on the path it
+    would shadow installed packages for the rest of the session (a benchmarks/
+    kernels.py hid the ``kernels`` package transformers imports)."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"paged_benchmarks_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        for added in set(sys.modules) - before:
+            if str(getattr(sys.modules[added], "__file__", "") or "").startswith(str(BENCHMARKS)):
+                del sys.modules[added]
+    return module

@@ -6,17 +6,15 @@ exactly what it says it accepts."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 
+from conftest import load_benchmark
 from paged.core.loaders import load_model_files
 
-_spec = importlib.util.spec_from_file_location("gpu_e2e", Path(__file__).parents[1] / "benchmarks" / "gpu_e2e.py")
-e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(e2e)
+e2e = load_benchmark("gpu_e2e")
 
 
 def _digest(folder: Path) -> str:

@@ -9,17 +9,25 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
 from paged.core import step_trace
 from paged.core.sampling_params import SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import step_trace as summary  # noqa: E402  (benchmarks/step_trace.py)
+from conftest import BENCHMARKS, load_benchmark, step_until_idle
 
-from conftest import step_until_idle  # noqa: E402
+summary = load_benchmark("step_trace")
+
+
+def test_loading_the_summary_leaves_benchmarks_off_sys_path():
+    # on the path, a benchmarks/kernels.py shadowed the `kernels` package and
+    # every later transformers import in the session failed
+    assert str(BENCHMARKS) not in sys.path
+    top_level_from_benchmarks = [name for name, m in list(sys.modules.items())
+                                 if str(getattr(m, "__file__", "") or "").startswith(str(BENCHMARKS))
+                                 and not name.startswith("paged_benchmarks_")]
+    assert top_level_from_benchmarks == []
 
 
 def small_engine(model_path):

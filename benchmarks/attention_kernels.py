@@ -21,8 +21,8 @@ greedy agreement with the float32-cache engine (tokens before the first
 divergence, accuracy_gate.py's prompts) and the perplexity delta on
 accuracy_gate.py's stdlib-docstring corpus.
 
-    python benchmarks/kernels.py [--quick] [--json PATH] [--threads N] [--block-size N]
-    python benchmarks/kernels.py --kv-cache [--kv-accuracy] [--quick] [--json PATH]
+    python benchmarks/attention_kernels.py [--quick] [--json PATH] [--threads N] [--block-size N]
+    python benchmarks/attention_kernels.py --kv-cache [--kv-accuracy] [--quick] [--json PATH]
 
 The block size defaults to the CPU platform's (what the engine uses).
 """
