@@ -12,14 +12,22 @@ each alone on the machine while it is measured if you can:
 NAME=URL uses NAME as the bench backend when it is one (paged, vllm,
 llamacpp), else the plain OpenAI dialect; NAME=URL@BACKEND sets it. Text
 prompts are used for every server (llama.cpp takes only text); level C sends
-max(8, 2*C) prompts built from seed 100 + C, so each level starts with a cold
-prefix cache and every server gets the same words.
+max(8, 2*C) prompts built from seed 100 + C (+ 1000 per repeat), so each
+level starts with a cold prefix cache and every server gets the same words.
+
+`--repeat N` pairs the measurements in time, for a shared host whose speed
+drifts by more than the differences measured: N rounds, each running every
+level on every server back to back (level by level, the servers' order
+rotated each round), then each level's median over the rounds per server
+and the median of the per-round ratios. All servers stay up for the whole
+run, so each must idle quietly while another is measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 
 from paged.core import bench_serve
@@ -37,14 +45,41 @@ def parse_server(text: str) -> tuple[str, str, str]:
     return name, url, backend
 
 
-def measure(url: str, backend: str, level: int, args) -> dict:
+def measure(url: str, backend: str, level: int, args, round_: int = 0) -> dict:
     p = argparse.ArgumentParser()
     bench_serve.add_arguments(p)
     argv = ["--base-url", url, "--backend", backend, "--text-prompts", "--ignore-eos",
             "--num-prompts", str(max(8, 2 * level)), "--input-len", str(args.input_len),
-            "--output-len", str(args.output_len), "--max-concurrency", str(level), "--seed", str(100 + level)]
+            "--output-len", str(args.output_len), "--max-concurrency", str(level),
+            "--seed", str(100 + level + 1000 * round_)]
     report = asyncio.run(bench_serve.benchmark(p.parse_args(argv)))
     return report["levels"][0]
+
+
+def schedule(servers, levels: list[int], repeat: int):
+    """(round, level, server) in measuring order: with one round each
+    server's levels in turn; with more, level by level with every server back
+    to back, the servers' order rotated by one each round."""
+    if repeat == 1:
+        return [(0, level, srv) for srv in servers for level in levels]
+    order = []
+    for r in range(repeat):
+        rotated = servers[r % len(servers):] + servers[:r % len(servers)]
+        order += [(r, level, srv) for level in levels for srv in rotated]
+    return order
+
+
+def median_run(rs: list) -> dict | None:
+    """The run with the median output tok/s (the lower middle one of an even
+    count) among those that did not fail; None when all failed."""
+    ok = sorted((r for r in rs if r), key=lambda r: r["output_throughput"])
+    return ok[(len(ok) - 1) // 2] if ok else None
+
+
+def round_ratios(a: list, b: list) -> list[float]:
+    """Output tok/s of a over b, round by round, where both ran."""
+    return [x["output_throughput"] / y["output_throughput"] for x, y in zip(a, b)
+            if x and y and y["output_throughput"] > 0]
 
 
 def main() -> int:
@@ -53,6 +88,9 @@ def main() -> int:
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels, comma separated")
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="rounds of every level on every server back to back, servers rotated each round "
+                         "(default 1: each server's levels in turn)")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
     try:
@@ -60,16 +98,21 @@ def main() -> int:
     except ValueError as exc:
         print(f"serving_peers: {exc}", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print(f"serving_peers: --repeat must be >= 1, got {args.repeat}", file=sys.stderr)
+        return 2
 
-    results: dict[str, dict[int, dict]] = {}
-    for name, url, backend in args.server:
-        results[name] = {}
-        for level in levels:
-            print(f"{name} ({backend}, {url}): concurrency {level} ...", file=sys.stderr, flush=True)
-            try:
-                results[name][level] = measure(url, backend, level, args)
-            except Exception as exc:  # a peer that fails is reported, the others still run
-                print(f"serving_peers: {name} at concurrency {level}: {exc}", file=sys.stderr)
+    runs = {name: {level: [] for level in levels} for name, _, _ in args.server}  # per round, None: failed
+    for r, level, (name, url, backend) in schedule(args.server, levels, args.repeat):
+        print(f"{name} ({backend}, {url}): concurrency {level}"
+              + (f", round {r + 1}/{args.repeat}" if args.repeat > 1 else "") + " ...", file=sys.stderr, flush=True)
+        try:
+            runs[name][level].append(measure(url, backend, level, args, r))
+        except Exception as exc:  # a peer that fails is reported, the others still run
+            runs[name][level].append(None)
+            print(f"serving_peers: {name} at concurrency {level}: {exc}", file=sys.stderr)
+    results = {name: {level: median_run(rs) for level, rs in by_level.items() if median_run(rs)}
+               for name, by_level in runs.items()}
 
     names = [s[0] for s in args.server]
     print(f"{args.input_len}-token text prompts -> {args.output_len} tokens (EOS suppressed); "
@@ -83,15 +126,23 @@ def main() -> int:
                          f"{L['output_throughput']:.1f} | {L['ttft_ms']['p50'] / 1e3:.2f} | {L['tpot_ms']['p50']:.1f}")
         print(f"{level:>3} " + "".join(f"{c:>30}" for c in cells))
     first = names[0]
+    ratios: dict[str, dict[str, list[float]]] = {}
     for n in names[1:]:
+        ratios[n] = {}
         for level in levels:
             a, b = results[first].get(level), results[n].get(level)
+            paired = round_ratios(runs[first][level], runs[n][level])
+            ratios[n][str(level)] = paired
             if a and b and b["output_throughput"] > 0:
-                print(f"C={level}: {first} / {n} output tok/s = {a['output_throughput'] / b['output_throughput']:.2f}x, "
-                      f"TTFT p50 {a['ttft_ms']['p50'] / 1e3:.2f} s vs {b['ttft_ms']['p50'] / 1e3:.2f} s")
-    report = {"input_len": args.input_len, "output_len": args.output_len,
+                rounds = (f" (median of rounds {statistics.median(paired):.2f}x: "
+                          + " / ".join(f"{x:.2f}" for x in paired) + ")") if len(paired) > 1 else ""
+                print(f"C={level}: {first} / {n} output tok/s = {a['output_throughput'] / b['output_throughput']:.2f}x"
+                      f"{rounds}, TTFT p50 {a['ttft_ms']['p50'] / 1e3:.2f} s vs {b['ttft_ms']['p50'] / 1e3:.2f} s")
+    report = {"input_len": args.input_len, "output_len": args.output_len, "repeat": args.repeat,
               "servers": {n: {"url": u, "backend": b} for n, u, b in args.server},
-              "results": {n: {str(k): v for k, v in r.items()} for n, r in results.items()}}
+              "results": {n: {str(k): v for k, v in r.items()} for n, r in results.items()},
+              "runs": {n: {str(k): v for k, v in r.items()} for n, r in runs.items()},
+              "round_ratios": ratios}
     emit_json(report, args.json)
     return 0
 

@@ -59,3 +59,31 @@ def test_bad_arguments_are_one_line_errors():
     proc = subprocess.run([sys.executable, "-m", "paged.core.bench_serve", "--max-concurrency", "0,x"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--max-concurrency" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serving_peers_repeat_pairs_rounds(server, tmp_path):
+    """benchmarks/serving_peers.py --repeat: every round measures every
+    server at every level, with fresh prompts, and the ratios are paired by
+    round (the same server under two names here, so each ratio is ~1)."""
+    from conftest import BENCHMARKS, load_benchmark
+
+    peers = load_benchmark("serving_peers")
+    a, b = ("a", "u", "paged"), ("b", "u", "paged")
+    assert peers.schedule([a, b], [1, 4], 2) == [(0, 1, a), (0, 1, b), (0, 4, a), (0, 4, b),
+                                               (1, 1, b), (1, 1, a), (1, 4, b), (1, 4, a)]
+    assert peers.schedule([a, b], [1, 4], 1) == [(0, 1, a), (0, 4, a), (0, 1, b), (0, 4, b)]
+
+    out = tmp_path / "peers.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "serving_peers.py"), "--server", f"one={server.url}@paged",
+                           "--server", f"two={server.url}@paged", "--levels", "2", "--input-len", "24",
+                           "--output-len", "4", "--repeat", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    for name in ("one", "two"):
+        rounds = report["runs"][name]["2"]
+        assert len(rounds) == 2 and all(r["completed"] == 8 and r["failed"] == 0 for r in rounds)
+        assert report["results"][name]["2"] in rounds
+    ratios = report["round_ratios"]["two"]["2"]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert "median of rounds" in done.stdout
