@@ -133,11 +133,15 @@ def main() -> int:
             a, b = results[first].get(level), results[n].get(level)
             paired = round_ratios(runs[first][level], runs[n][level])
             ratios[n][str(level)] = paired
-            if a and b and b["output_throughput"] > 0:
-                rounds = (f" (median of rounds {statistics.median(paired):.2f}x: "
-                          + " / ".join(f"{x:.2f}" for x in paired) + ")") if len(paired) > 1 else ""
+            if not (a and b and b["output_throughput"] > 0):
+                continue
+            ttft = f"TTFT p50 {a['ttft_ms']['p50'] / 1e3:.2f} s vs {b['ttft_ms']['p50'] / 1e3:.2f} s"
+            if len(paired) > 1:  # the paired figure leads: the median runs may come from different rounds
+                print(f"C={level}: {first} / {n} output tok/s, median of rounds {statistics.median(paired):.2f}x ("
+                      + " / ".join(f"{x:.2f}" for x in paired) + f"); median runs' {ttft}")
+            else:
                 print(f"C={level}: {first} / {n} output tok/s = {a['output_throughput'] / b['output_throughput']:.2f}x"
-                      f"{rounds}, TTFT p50 {a['ttft_ms']['p50'] / 1e3:.2f} s vs {b['ttft_ms']['p50'] / 1e3:.2f} s")
+                      f", {ttft}")
     report = {"input_len": args.input_len, "output_len": args.output_len, "repeat": args.repeat,
               "servers": {n: {"url": u, "backend": b} for n, u, b in args.server},
               "results": {n: {str(k): v for k, v in r.items()} for n, r in results.items()},
