@@ -111,8 +111,8 @@ def main() -> int:
         except Exception as exc:  # a peer that fails is reported, the others still run
             runs[name][level].append(None)
             print(f"serving_peers: {name} at concurrency {level}: {exc}", file=sys.stderr)
-    results = {name: {level: median_run(rs) for level, rs in by_level.items() if median_run(rs)}
-               for name, by_level in runs.items()}
+    medians = {name: {level: median_run(rs) for level, rs in by_level.items()} for name, by_level in runs.items()}
+    results = {name: {level: run for level, run in by_level.items() if run} for name, by_level in medians.items()}
 
     names = [s[0] for s in args.server]
     print(f"{args.input_len}-token text prompts -> {args.output_len} tokens (EOS suppressed); "

@@ -90,6 +90,11 @@ def load_benchmark(name: str):
     finally:
         sys.path.remove(str(BENCHMARKS))
         for added in set(sys.modules) - before:
-            if str(getattr(sys.modules[added], "__file__", "") or "").startswith(str(BENCHMARKS)):
+            if in_benchmarks(getattr(sys.modules[added], "__file__", None)):
                 del sys.modules[added]
     return module
+
+
+def in_benchmarks(path) -> bool:
+    """Whether a module's file (or spec origin; None for built-ins) lies in benchmarks/."""
+    return bool(path) and Path(path).resolve().is_relative_to(BENCHMARKS)

@@ -15,7 +15,7 @@ import pytest
 from paged.core import step_trace
 from paged.core.sampling_params import SamplingParams
 
-from conftest import BENCHMARKS, load_benchmark, step_until_idle
+from conftest import BENCHMARKS, in_benchmarks, load_benchmark, step_until_idle
 
 summary = load_benchmark("step_trace")
 
@@ -25,7 +25,7 @@ def test_loading_the_summary_leaves_benchmarks_off_sys_path():
     # every later transformers import in the session failed
     assert str(BENCHMARKS) not in sys.path
     top_level_from_benchmarks = [name for name, m in list(sys.modules.items())
-                                 if str(getattr(m, "__file__", "") or "").startswith(str(BENCHMARKS))
+                                 if in_benchmarks(getattr(m, "__file__", None))
                                  and not name.startswith("paged_benchmarks_")]
     assert top_level_from_benchmarks == []
 
