@@ -38,8 +38,13 @@ class Bf16PromptBackend(CpuBackend):
         self.prefill_attention_bf16(*args, **kwargs)
 
 
-def reference(be, batch, case, kv, scale: float) -> torch.Tensor:
-    """The definition in float64: q * scale, k, v rounded to bfloat16, exact softmax."""
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.float().bfloat16().double()
+
+
+def reference(be, batch, case, kv, scale: float, rounding=to_bf16) -> torch.Tensor:
+    """The definition in float64: q * scale, k, v through ``rounding`` (to
+    bfloat16 here), exact softmax."""
     H, D, bs = case.num_heads, case.head_size, case.block_size
     G = H // case.num_kv_heads
     qsl = batch.query_start_loc.tolist()
@@ -48,8 +53,8 @@ def reference(be, batch, case, kv, scale: float) -> torch.Tensor:
         table = batch.block_tables[s]
         slots = torch.tensor([int(table[p // bs]) * bs + p % bs for p in range(n)])
         k, v = be.read_kv(kv[0], kv[1], slots)
-        k, v = k.float().bfloat16().double(), v.float().bfloat16().double()
-        q = (batch.query[qsl[s]:qsl[s + 1]].float() * scale).bfloat16().double()
+        k, v = rounding(k), rounding(v)
+        q = rounding(batch.query[qsl[s]:qsl[s + 1]].float() * scale)
         ql_ = q.shape[0]
         pos = torch.arange(n - ql_, n)
         keys = torch.arange(n)
@@ -123,7 +128,7 @@ def test_stack_equals_python_layers_with_bf16_prompt_attention(monkeypatch):
     weights = tiny_weights(config)
     model, backend = model_with("mixed-bf16", config, weights)
     fresh = lambda: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
-    assert model.layer_stack is not None and backend.bf16_prompt_attention(fresh()[0][0])
+    assert model.layer_stack is not None and backend.prompt_attention_op(fresh()[0][0]) == backend.prefill_attention_bf16
     assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
     rng = np.random.default_rng(5)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]

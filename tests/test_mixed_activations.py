@@ -111,6 +111,7 @@ def test_all_prompt_rows_are_qkv_int8x2_and_the_rest_int8(tiny, monkeypatch):
     assert mixed.layer_stack is not None
     oracle, ob = model_with("int8", config, weights, per_matrix={"qkv": "int8x2"})
     assert oracle.layer_stack is None  # per-matrix modes: the Python layers
+    ob.prompt_attention = backend.prompt_attention  # mixed's prompt rows attend on their own kernel
     want, _ = forward(oracle, ob, ids, pos, meta, False, monkeypatch)
     for stack in (False, True):
         got, _ = forward(mixed, backend, ids, pos, meta, stack, monkeypatch)

@@ -52,8 +52,11 @@ class CpuBackend(AttentionBackend):
     #: "float32": every prefill row through prefill_attention; "bf16" (set by
     #: the CPU worker for "mixed-bf16" models, backends/cpu/worker.py): the
     #: prompt rows (from meta.first_prompt_row) through prefill_attention_bf16,
-    #: where the CPU has AMX-BF16 and the cache is a float one, as the layer
-    #: stack does (docs/kernels.md, "bfloat16 prompt attention").
+    #: where the CPU has AMX-BF16 and the cache is a float one; "lanes" (set
+    #: for "mixed" models): through prefill_attention_lanes, where the avx512
+    #: attention build runs and the cache is a float one. The layer stack
+    #: does the same (docs/kernels.md, "bfloat16 prompt attention",
+    #: "Lane-major prompt attention").
     prompt_attention = "float32"
 
     def __init__(self, *args, **kwargs):
@@ -102,14 +105,25 @@ class CpuBackend(AttentionBackend):
         self._ops.prefill_attention_bf16(dl(out), dl(query), dl(key_cache), dl(value_cache), dl(query_start_loc),
                                          dl(seq_lens), dl(block_tables), float(scale), int(sliding_window or 0))
 
-    def bf16_prompt_attention(self, key_cache) -> bool:
-        """Whether prompt rows over ``key_cache`` take prefill_attention_bf16
-        (prompt_attention; the kernel's own test, as the layer stack asks)."""
-        return self.prompt_attention == "bf16" and bool(self._ops.bf16_prompt_attention_reads(dl(key_cache)))
+    def prefill_attention_lanes(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
+                                block_tables, scale: float, sliding_window: int = 0) -> None:
+        self._ops.prefill_attention_lanes(dl(out), dl(query), dl(key_cache), dl(value_cache), dl(query_start_loc),
+                                          dl(seq_lens), dl(block_tables), float(scale), int(sliding_window or 0))
+
+    def prompt_attention_op(self, key_cache):
+        """The op prompt rows over ``key_cache`` take (prompt_attention and
+        the kernel's own test, as the layer stack asks), or None for
+        prefill_attention."""
+        if self.prompt_attention == "bf16" and self._ops.bf16_prompt_attention_reads(dl(key_cache)):
+            return self.prefill_attention_bf16
+        if self.prompt_attention == "lanes" and self._ops.lanes_prompt_attention_reads(dl(key_cache)):
+            return self.prefill_attention_lanes
+        return None
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         first = meta.first_prompt_row
-        if first is None or not self.bf16_prompt_attention(kv_cache[0]):
+        op = None if first is None else self.prompt_attention_op(kv_cache[0])
+        if op is None:
             return super()._forward_prefill(out, query, kv_cache, meta)
         qsl, lens, tables = meta.prefill_part
         starts = qsl.tolist()
@@ -120,8 +134,8 @@ class CpuBackend(AttentionBackend):
             self.prefill_attention(out[:split], query[:split], kv_cache[0], kv_cache[1], qsl[:j + 1], lens[:j],
                                    tables[:j], self.scale, self.sliding_window)
         if j < len(starts) - 1:
-            self.prefill_attention_bf16(out[split:], query[split:], kv_cache[0], kv_cache[1], qsl[j:] - split,
-                                        lens[j:], tables[j:], self.scale, self.sliding_window)
+            op(out[split:], query[split:], kv_cache[0], kv_cache[1], qsl[j:] - split, lens[j:], tables[j:],
+               self.scale, self.sliding_window)
 
     def copy_blocks(self, key_caches, value_caches, block_mapping) -> None:
         self._ops.copy_blocks(list(key_caches), list(value_caches), block_mapping)

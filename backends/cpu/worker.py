@@ -46,13 +46,15 @@ class CpuWorker(Worker):
 
 
 def set_prompt_attention(model) -> None:
-    """A "mixed-bf16" model's prompt rows attend in bfloat16 too (the
-    backend's prompt_attention; the layer stack follows its activations)."""
+    """A "mixed-bf16" model's prompt rows attend in bfloat16 too, a "mixed"
+    model's on the lane-major float32 kernel (the backend's
+    prompt_attention; the layer stack follows its activations)."""
     mats = decoder_matrices(model)
-    bf16 = bool(mats) and all(getattr(w, "activations", None) == "mixed-bf16" for w in mats)
+    modes = {getattr(w, "activations", None) for w in mats}
+    kind = {"mixed-bf16": "bf16", "mixed": "lanes"}.get(modes.pop(), "float32") if len(modes) == 1 else "float32"
     for layer in model.decoder_stack().layers:
         if isinstance(layer.attn_backend, CpuBackend):
-            layer.attn_backend.prompt_attention = "bf16" if bf16 else "float32"
+            layer.attn_backend.prompt_attention = kind
 
 
 def decoder_matrices(model) -> list:

@@ -8,6 +8,7 @@
 
 #include "attention/ops.h"
 #include "attention/prompt_bf16.h"
+#include "attention/prompt_lanes.h"
 #include "isa_select.h"
 
 namespace nb = nanobind;
@@ -177,6 +178,37 @@ void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value
 #if defined(PAGED_ISA_X86)
   nb::gil_scoped_release release;
   isa_amx_bf16::prompt_attention(c.args);
+#endif
+}
+
+bool lanes_prompt_attention_supported() {
+#if defined(PAGED_ISA_X86)
+  return isa_avx512_lanes::supported() && current_isa() == "avx512";  // a forced lower ISA keeps its kernel
+#else
+  return false;
+#endif
+}
+
+bool lanes_prompt_attention_reads(Array key_cache) {
+  if (!lanes_prompt_attention_supported()) return false;
+  DType t;
+  cache_tensor("key_cache", key_cache, {-1, -1, -1, -1}, &t);
+  return isa_avx512_lanes::reads_cache(t);
+}
+
+void prefill_attention_lanes(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                             Array seq_lens, Array block_tables, double scale, int64_t sliding_window) {
+  Checked c = check_prefill(out, query, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale,
+                            sliding_window);
+  if (!isa_avx512_lanes::reads_cache(c.args.cache_dtype))
+    fail("key_cache", "float32, bfloat16 or float16 (the lane-major prompt attention reads no int8 / fp8 rows)",
+         std::string("dtype ") + dtype_name(c.args.cache_dtype));
+  if (!lanes_prompt_attention_supported())
+    throw std::runtime_error("prefill_attention_lanes: needs the avx512 attention build (this CPU has no AVX-512, "
+                             "or a lower ISA is chosen); lanes_prompt_attention_supported() says where it runs");
+#if defined(PAGED_ISA_X86)
+  nb::gil_scoped_release release;
+  isa_avx512_lanes::prompt_attention(c.args);
 #endif
 }
 

@@ -26,6 +26,13 @@ void register_attention(nb::module_& m) {
   m.def("bf16_prompt_attention_reads", &a::bf16_prompt_attention_reads, "key_cache"_a,
         "Whether prefill_attention_bf16 runs here over this cache (float32 / bfloat16 / float16, head size a "
         "multiple of 32).");
+  m.def("prefill_attention_lanes", &a::prefill_attention_lanes, "out"_a, "query"_a, "key_cache"_a, "value_cache"_a,
+        "query_start_loc"_a, "seq_lens"_a, "block_tables"_a, "scale"_a, "sliding_window"_a = 0,
+        "prefill_attention with the query vectors in the AVX-512 lanes, float32 (mixed's prompt rows).");
+  m.def("lanes_prompt_attention_supported", &a::lanes_prompt_attention_supported,
+        "Whether prefill_attention_lanes runs here (the avx512 attention build is the active one).");
+  m.def("lanes_prompt_attention_reads", &a::lanes_prompt_attention_reads, "key_cache"_a,
+        "Whether prefill_attention_lanes runs here over this cache (float32 / bfloat16 / float16).");
   m.def("reshape_and_cache", &a::reshape_and_cache, "key"_a, "value"_a, "key_cache"_a, "value_cache"_a,
         "slot_mapping"_a, "Write K/V [T, Hkv, D] into cache slots (negative slot = padding).");
   m.def("read_kv", &a::read_kv, "key_cache"_a, "value_cache"_a, "slot_mapping"_a, "key_out"_a, "value_out"_a,

@@ -25,6 +25,16 @@ bool bf16_prompt_attention_supported();
 // head size it takes): the one test of where prompt rows take it.
 bool bf16_prompt_attention_reads(Array key_cache);
 
+// prefill_attention with the query vectors in the AVX-512 lanes, float32
+// (attention/prompt_lanes.h): what mixed runs for prompt rows on AVX-512 CPUs.
+// float32 / bfloat16 / float16 caches; where lanes_prompt_attention_supported()
+// is false (no AVX-512, or a lower attention ISA chosen) it raises.
+void prefill_attention_lanes(Array out, Array query, Array key_cache, Array value_cache, Array query_start_loc,
+                             Array seq_lens, Array block_tables, double scale, int64_t sliding_window);
+bool lanes_prompt_attention_supported();
+// Whether prefill_attention_lanes runs here over this cache (a float dtype).
+bool lanes_prompt_attention_reads(Array key_cache);
+
 void reshape_and_cache(Array key, Array value, Array key_cache, Array value_cache, Array slot_mapping);
 void read_kv(Array key_cache, Array value_cache, Array slot_mapping, Array key_out, Array value_out);
 void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>& value_caches, Array block_mapping);

@@ -89,8 +89,13 @@ void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_
   kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
 }
 
-bool LayerStack::bf16_prompt_attention() const {  // every layer's cache has one dtype and shape
-  return !kv_caches_.empty() && attn::bf16_prompt_attention_reads(std::get<0>(kv_caches_.front()));
+LayerStack::PrefillOp LayerStack::prompt_attention_op(int64_t qkv_split, int64_t split) const {
+  if (kv_caches_.empty()) return nullptr;
+  const Array& key_cache = std::get<0>(kv_caches_.front());  // every layer's cache has one dtype and shape
+  if (qkv_split >= 0 && attn::bf16_prompt_attention_reads(key_cache)) return attn::prefill_attention_bf16;
+  if (activations_ == "mixed" && split >= 0 && attn::lanes_prompt_attention_reads(key_cache))
+    return attn::prefill_attention_lanes;
+  return nullptr;
 }
 
 void LayerStack::reserve(int64_t tokens) {
@@ -121,8 +126,8 @@ void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then
 // decodes through paged_attention and the rest through prefill_attention,
-// except that sequences from bf16_seq_ on (mixed-bf16's prompts, where the
-// bfloat16 prompt attention reads the cache) go to prefill_attention_bf16.
+// except that sequences from prompt_seq_ on (the prompts of mixed-bf16 or
+// mixed, where their prompt kernel reads the cache) go to prompt_op_.
 void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens,
                            Array& block_tables, int64_t nd) {
   const auto& c = cfg_;
@@ -147,19 +152,18 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
                           c.sliding_window);
   }
   // sequences [s0, s1) of the prefill part (prefill_starts_ counts from sequence nd)
-  auto prefill = [&](int64_t s0, int64_t s1, bool bf16) {
+  auto prefill = [&](int64_t s0, int64_t s1, PrefillOp op) {
     if (s0 >= s1) return;
     const int32_t row0 = prefill_starts_[size_t(s0 - nd)], rows = prefill_starts_[size_t(s1 - nd)] - row0;
     part_starts_.resize(size_t(s1 - s0 + 1));
     for (int64_t s = s0; s <= s1; ++s) part_starts_[size_t(s - s0)] = prefill_starts_[size_t(s - nd)] - row0;
     const size_t skip = (decodes + size_t(row0)) * h * d, n = size_t(s1 - s0);
-    auto op = bf16 ? attn::prefill_attention_bf16 : attn::prefill_attention;
     op(f32(attn_.data() + skip, {size_t(rows), h, d}), f32(q_.data() + skip, {size_t(rows), h, d}), key_cache,
        value_cache, view(part_starts_.data(), {n + 1}, i32), view(lens + s0, {n}, i32),
        view(tables + size_t(s0) * width, {n, width}, i32), c.scale, c.sliding_window);
   };
-  prefill(nd, bf16_seq_, false);
-  prefill(std::max(nd, bf16_seq_), ns, true);
+  prefill(nd, prompt_seq_, attn::prefill_attention);
+  prefill(std::max(nd, prompt_seq_), ns, prompt_op_);
 }
 
 void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping,
@@ -199,12 +203,14 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     prefill_starts_.assign(starts + num_decodes, starts + ns + 1);
     for (int32_t& s : prefill_starts_) s -= int32_t(num_decodes);
   }
-  // mixed-bf16: the prompt sequences' attention in bfloat16 too (the first
-  // sequence starting at or after first_prompt_row; verify rows before it)
-  bf16_seq_ = ns;
-  if (qkv_split >= 0 && bf16_prompt_attention()) {
-    bf16_seq_ = num_decodes;
-    while (bf16_seq_ < ns && starts[bf16_seq_] < first_prompt_row) ++bf16_seq_;
+  // mixed-bf16 / mixed: the prompt sequences' attention on their own kernel
+  // (from the first sequence starting at or after first_prompt_row; verify
+  // rows before it keep the shared one)
+  prompt_seq_ = ns;
+  prompt_op_ = prompt_attention_op(qkv_split, split);
+  if (prompt_op_) {
+    prompt_seq_ = num_decodes;
+    while (prompt_seq_ < ns && starts[prompt_seq_] < first_prompt_row) ++prompt_seq_;
   }
   reserve(tokens);
 

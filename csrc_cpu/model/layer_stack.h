@@ -98,8 +98,11 @@ class LayerStack {
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
   void reserve(int64_t tokens);
-  // mixed-bf16's prompt attention runs over the bound caches (attn::bf16_prompt_attention_reads)
-  bool bf16_prompt_attention() const;
+  // The kernel of this run's prompt rows over the bound caches: mixed-bf16's
+  // bfloat16 one (attn::bf16_prompt_attention_reads), mixed's lane-major
+  // float32 one (attn::lanes_prompt_attention_reads), or the shared kernel.
+  using PrefillOp = void (*)(Array, Array, Array, Array, Array, Array, Array, double, int64_t);
+  PrefillOp prompt_attention_op(int64_t qkv_split, int64_t split) const;
 
   StackConfig cfg_;
   Array final_norm_;
@@ -109,7 +112,8 @@ class LayerStack {
   std::vector<Layer> layers_;
   std::vector<std::tuple<Array, Array>> kv_caches_;
   std::vector<int32_t> part_starts_;  // query_start_loc of one part of the prefill sequences
-  int64_t bf16_seq_ = 0;              // this run's first sequence with bfloat16 prompt attention (ns: none)
+  int64_t prompt_seq_ = 0;             // this run's first sequence on prompt_op_ (ns: none)
+  PrefillOp prompt_op_ = nullptr;
   int64_t capacity_ = 0;               // token rows the scratch holds
   Scratch qkv_, q_, k_, v_, attn_, gate_up_, act_;
   std::vector<int32_t> prefill_starts_;  // query_start_loc[nd:] - nd
