@@ -31,11 +31,15 @@ pytestmark = pytest.mark.skipif(not C.bf16_prompt_attention_supported(),
                                 reason="this CPU (or its OS, or PAGED_CPU_HIDE) offers no AMX-BF16 tiles")
 
 
-class Bf16PromptBackend(CpuBackend):
-    """CpuBackend whose prefill_attention is the bfloat16 kernel (decode unchanged)."""
-
+def prefill_through(op: str) -> type:
+    """A CpuBackend whose prefill_attention is its method ``op`` (a prompt
+    kernel; decode unchanged), for the conformance suite's checks."""
     def prefill_attention(self, *args, **kwargs) -> None:
-        self.prefill_attention_bf16(*args, **kwargs)
+        getattr(self, op)(*args, **kwargs)
+    return type(f"PrefillThrough_{op}", (CpuBackend,), {"prefill_attention": prefill_attention})
+
+
+Bf16PromptBackend = prefill_through("prefill_attention_bf16")
 
 
 def to_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -118,28 +122,34 @@ def test_argument_errors():
                                   be.scale)
 
 
-@pytest.mark.skipif(not ql.bf16_prompt_supported(), reason="linear kernels below the avx512 level: no mixed-bf16")
-def test_stack_equals_python_layers_with_bf16_prompt_attention(monkeypatch):
-    """A mixed-bf16 model whose head size the kernel takes (32): its backend
-    routes prompt rows to the bfloat16 attention, the C++ stack does the
-    same (bitwise the Python layers, decodes and prompts in one step), and
-    the route matters (float32 prompt attention gives other bits)."""
-    config = tiny_config(head_dim=32)
+def check_prompt_attention_route(mode: str, kind: str, op: str, config, monkeypatch) -> None:
+    """A ``mode`` model: its backend's prompt_attention is ``kind`` and routes
+    prompt rows to its method ``op``, the C++ stack does the same (bitwise the
+    Python layers, decodes and prompts in one step), the route matters (the
+    shared float32 kernel gives other bits), and unmarked rows keep the
+    shared kernel, as the linears keep int8x2."""
     weights = tiny_weights(config)
-    model, backend = model_with("mixed-bf16", config, weights)
+    model, backend = model_with(mode, config, weights)
     fresh = lambda: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
-    assert model.layer_stack is not None and backend.prompt_attention_op(fresh()[0][0]) == backend.prefill_attention_bf16
+    assert backend.prompt_attention == kind
+    assert model.layer_stack is not None and backend.prompt_attention_op(fresh()[0][0]) == getattr(backend, op)
     assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
     rng = np.random.default_rng(5)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
     ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (3, 0, 20)], 0)
     meta.first_prompt_row = 0
     monkeypatch.setenv("PAGED_LAYER_STACK", "0")
-    bf16 = model(ids, pos, fresh(), meta)
+    routed = model(ids, pos, fresh(), meta)
     backend.prompt_attention = "float32"
-    assert not torch.equal(model(ids, pos, fresh(), meta), bf16)
-    backend.prompt_attention = "bf16"
-    meta.first_prompt_row = None  # unmarked rows: float32 attention, as the linears keep int8x2
+    assert not torch.equal(model(ids, pos, fresh(), meta), routed)
+    backend.prompt_attention = kind
+    meta.first_prompt_row = None
     unmarked = model(ids, pos, fresh(), meta)
     backend.prompt_attention = "float32"
     assert torch.equal(model(ids, pos, fresh(), meta), unmarked)
+
+
+@pytest.mark.skipif(not ql.bf16_prompt_supported(), reason="linear kernels below the avx512 level: no mixed-bf16")
+def test_stack_equals_python_layers_with_bf16_prompt_attention(monkeypatch):
+    """mixed-bf16 with a head size the kernel takes (32): check_prompt_attention_route."""
+    check_prompt_attention_route("mixed-bf16", "bf16", "prefill_attention_bf16", tiny_config(head_dim=32), monkeypatch)

@@ -12,14 +12,12 @@ CPUs, or a lower ISA forced)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from paged import _C_cpu as C
-from test_bf16_attention import CASES, reference
-from test_layer_stack import LENGTHS, MAX_BLOCKS, step, tiny_config, tiny_weights
-from test_mixed_activations import assert_stack_equals_python_on_mixed_steps, model_with
+from test_bf16_attention import CASES, check_prompt_attention_route, prefill_through, reference
+from test_layer_stack import tiny_config
 
 from paged.backends.cpu import CpuBackend
 from paged.core.conformance import kernel_checks as kc
@@ -28,11 +26,7 @@ pytestmark = pytest.mark.skipif(not C.lanes_prompt_attention_supported(),
                                 reason="the avx512 attention build does not run here (no AVX-512, or a lower ISA chosen)")
 
 
-class LanesPromptBackend(CpuBackend):
-    """CpuBackend whose prefill_attention is the lane-major kernel (decode unchanged)."""
-
-    def prefill_attention(self, *args, **kwargs) -> None:
-        self.prefill_attention_lanes(*args, **kwargs)
+LanesPromptBackend = prefill_through("prefill_attention_lanes")
 
 
 def as_float64(x: torch.Tensor) -> torch.Tensor:
@@ -97,27 +91,5 @@ def test_a_lower_isa_turns_it_off():
 
 
 def test_stack_equals_python_layers_with_lanes_prompt_attention(monkeypatch):
-    """A mixed model: its backend routes prompt rows to the lane-major
-    kernel, the C++ stack does the same (bitwise the Python layers, decodes
-    and prompts in one step), and the route matters (the shared kernel gives
-    other bits); unmarked rows keep the shared kernel."""
-    config = tiny_config()
-    weights = tiny_weights(config)
-    model, backend = model_with("mixed", config, weights)
-    fresh = lambda: backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)  # noqa: E731
-    assert backend.prompt_attention == "lanes"
-    assert model.layer_stack is not None and backend.prompt_attention_op(fresh()[0][0]) == backend.prefill_attention_lanes
-    assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
-    rng = np.random.default_rng(5)
-    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (3, 0, 20)], 0)
-    meta.first_prompt_row = 0
-    monkeypatch.setenv("PAGED_LAYER_STACK", "0")
-    lanes = model(ids, pos, fresh(), meta)
-    backend.prompt_attention = "float32"
-    assert not torch.equal(model(ids, pos, fresh(), meta), lanes)
-    backend.prompt_attention = "lanes"
-    meta.first_prompt_row = None  # unmarked rows: the shared kernel, as the linears keep int8x2
-    unmarked = model(ids, pos, fresh(), meta)
-    backend.prompt_attention = "float32"
-    assert torch.equal(model(ids, pos, fresh(), meta), unmarked)
+    """mixed: check_prompt_attention_route."""
+    check_prompt_attention_route("mixed", "lanes", "prefill_attention_lanes", tiny_config(), monkeypatch)

@@ -1,12 +1,9 @@
 // AMX-BF16 attention of prompt rows (prompt_bf16.h).
 //
-// Work item: one (sequence, kv head) and up to kTilesPerItem tiles of 16
-// query vectors (the sequence's query rows x the kv head's query heads, row
-// by row), over the union of the tiles' visible keys in steps of 32 keys
-// aligned to absolute positions, so a query vector meets the same steps in
-// any tile, chunk or batch. Everything runs transposed, keys (or dims) in
-// tile rows and the 16 query vectors in the lanes, so the softmax is
-// vertical (no horizontal reductions):
+// Work items, tiles of 16 query vectors and steps of 32 keys as
+// prompt_tiles_avx512.inc lays them out. Everything runs transposed, keys
+// (or dims) in tile rows and the 16 query vectors in the lanes, so the
+// softmax is vertical (no horizontal reductions):
 //   S^T = K Q^T      A: K rows as they are (bf16, 32 dims), B: Q^T pairs
 //                    (made once per item by a 16 x 16 dword transpose);
 //   softmax          per lane over the 32 rows: masked max, exp, sum;
@@ -14,11 +11,8 @@
 //                    transposed), B: P^T pairs (two rows of P^T
 //                    interleaved); O^T lives in float32 C tiles, 16 dims
 //                    x 16 vectors, loaded and stored back per step.
-// K and V of a step are converted once for all the item's tiles. The
-// running max moves only when a step's max exceeds it by more than
-// kLazyMax (e^8 keeps every probability and sum far from float32's and
-// bfloat16's range), so most steps skip the accumulators' rescale; the rule
-// depends on the vector's own scores only.
+// K and V of a step are converted once for all the item's tiles; the
+// running max is the lazy one of prompt_tiles_avx512.inc.
 #include "attention/prompt_bf16.h"
 
 #include <algorithm>
@@ -44,32 +38,25 @@ namespace {
 
 #include "attention/vec_avx512.inc"  // Vec: the float32 kernel's cache loads
 
+#include "attention/prompt_tiles_avx512.inc"  // Item, ItemTiles, LaneState, lazy_max, run_items
+
 namespace amx = linear::amx;
 
-constexpr int kTile = 16;         // query vectors per tile, keys per half step, rows of every tile
-constexpr int64_t kStep = 32;     // keys per online-softmax step: one bfloat16 pair row of P^T per 2 keys
-constexpr int kTilesPerItem = 4;  // tiles sharing one conversion of each step's K and V
+// kTile (16) is also the keys per half step and the rows of every tile; a
+// step (32 keys) is one bfloat16 pair row of P^T per 2 keys.
 constexpr int64_t kTileElems = 512;  // bfloat16 elements of a 1 KB tile (or 256 floats)
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr float kLazyMax = 8.0f;  // the running max moves when a step's exceeds it by more
 // Below this many (query vector, key) pairs a call runs on the calling thread.
 constexpr int64_t kMinParallelWork = 1 << 13;
 constexpr amx::TileConfig kConfig = amx::full_tiles_config();
 
-struct Item {
-  int64_t seq, kv_head, first, count;  // query vectors [first, first + count) of (seq, kv head)
-};
-
 // Per-thread scratch, reused across items and calls.
-struct Scratch {
+struct Scratch : LaneState {
   AlignedVector<uint16_t> qt;  // [tile][32 dims][pair][vector][2]: Q^T B tiles
   AlignedVector<uint16_t> k;   // [key half][32 dims][key][32]: a step's K A tiles
   AlignedVector<uint16_t> vt;  // [16 dims][dim][key pair][2]: a step's V^T A tiles
   AlignedVector<float> acc;    // [tile][16 dims][dim][vector]: O^T
   alignas(64) float s[kStep][kTile];       // S^T of one tile and step
   alignas(64) uint16_t pt[kTile][2 * kTile];  // P^T pairs: [key pair][vector][2]
-  alignas(64) float m[kTilesPerItem][kTile], l[kTilesPerItem][kTile];
-  alignas(64) int32_t lo[kTilesPerItem][kTile], hi[kTilesPerItem][kTile];  // visible keys [lo, hi)
 };
 
 // 32 floats as 32 bfloat16 (round to nearest even; words 0-15 from lo).
@@ -132,68 +119,22 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-class ItemRunner {
+class ItemRunner : public ItemTiles<ItemRunner> {
  public:
-  ItemRunner(const AttnArgs& a, const Item& it, Scratch& sc) : a_(a), it_(it), sc_(sc) {
-    D_ = a.head_size;
-    G_ = a.num_heads / a.num_kv_heads;
-    qlen_ = a.query_start_loc[it.seq + 1] - a.query_start_loc[it.seq];
-    len_ = a.seq_lens[it.seq];
-    tiles_ = (it.count + kTile - 1) / kTile;
-    table_ = a.block_tables + it.seq * a.table_stride;
-    row_bytes_ = cache_row_bytes(a.cache_dtype, D_);
-  }
-
-  template <DType T>
-  void run() {
-    amx::ensure_config(kConfig);
-    prepare();
-    for (int64_t s0 = lo_ / kStep * kStep; s0 < hi_; s0 += kStep) {
-      convert_step<T>(s0);
-      for (int64_t t = 0; t < tiles_; ++t)
-        if (tile_lo_[t] < s0 + kStep && tile_hi_[t] > s0) attend(t, s0);
-    }
-    finish();
-  }
+  ItemRunner(const AttnArgs& a, const Item& it, Scratch& sc) : ItemTiles(a, it), sc_(sc) {}
 
  private:
-  int64_t rows(int64_t t) const { return std::min<int64_t>(kTile, it_.count - t * kTile); }
-  const char* row(const void* cache, int64_t pos) const {
-    const int64_t b = pos / a_.block_size;
-    return static_cast<const char*>(cache) +
-           ((int64_t(table_[b]) * a_.num_kv_heads + it_.kv_head) * a_.block_size + pos % a_.block_size) * row_bytes_;
-  }
-  // (row of the sequence's queries, query head) of the item's vector v
-  int64_t query_row(int64_t v) const { return a_.query_start_loc[it_.seq] + v / G_; }
-  int64_t head(int64_t v) const { return it_.kv_head * G_ + v % G_; }
-
-  // Q^T tiles (scaled, rounded), visible ranges, running state.
+  friend class ItemTiles<ItemRunner>;
+  // The tile configuration; Q^T tiles (scaled, rounded), visible ranges, running state.
   void prepare() {
+    amx::ensure_config(kConfig);
     const int64_t chunks = D_ / 32;
     sc_.qt.resize(size_t(tiles_ * chunks * kTileElems));
     sc_.acc.assign(size_t(tiles_ * kTile * D_), 0.0f);
-    lo_ = std::numeric_limits<int64_t>::max();
-    hi_ = 0;
+    set_ranges(sc_);
     alignas(64) float buf[32];
     const __m512 scale = _mm512_set1_ps(a_.scale);
     for (int64_t t = 0; t < tiles_; ++t) {
-      tile_lo_[t] = std::numeric_limits<int64_t>::max();
-      tile_hi_[t] = 0;
-      max_lo_[t] = 0;
-      min_hi_[t] = std::numeric_limits<int64_t>::max();
-      for (int64_t i = 0; i < kTile; ++i) {
-        sc_.m[t][i] = kNegInf, sc_.l[t][i] = 0.0f;
-        sc_.lo[t][i] = std::numeric_limits<int32_t>::max(), sc_.hi[t][i] = 0;  // padding: sees nothing
-      }
-      for (int64_t i = 0; i < rows(t); ++i) {
-        const int64_t v = it_.first + t * kTile + i, pos = len_ - qlen_ + v / G_;
-        const int64_t lo = a_.sliding_window ? std::max<int64_t>(0, pos - a_.sliding_window + 1) : 0;
-        sc_.lo[t][i] = int32_t(lo), sc_.hi[t][i] = int32_t(pos + 1);
-        tile_lo_[t] = std::min(tile_lo_[t], lo), tile_hi_[t] = std::max(tile_hi_[t], pos + 1);
-        max_lo_[t] = std::max(max_lo_[t], lo), min_hi_[t] = std::min(min_hi_[t], pos + 1);
-      }
-      if (rows(t) < kTile) max_lo_[t] = std::numeric_limits<int64_t>::max();  // padding lanes: always masked
-      lo_ = std::min(lo_, tile_lo_[t]), hi_ = std::max(hi_, tile_hi_[t]);
       for (int64_t c = 0; c < chunks; ++c) {
         __m512i r[16];
         for (int64_t i = 0; i < kTile; ++i) {
@@ -201,8 +142,7 @@ class ItemRunner {
             r[i] = _mm512_setzero_si512();
             continue;
           }
-          const int64_t v = it_.first + t * kTile + i;
-          const int64_t src = (query_row(v) * a_.num_heads + head(v)) * D_ + 32 * c;
+          const int64_t src = vector_offset(it_.first + t * kTile + i) + 32 * c;
           if (a_.dtype == DType::F32) {  // the layer stack's queries
             const float* q = static_cast<const float*>(a_.query) + src;
             r[i] = bf16x32(_mm512_mul_ps(Vec::load(q), scale), _mm512_mul_ps(Vec::load(q + 16), scale));
@@ -266,21 +206,10 @@ class ItemRunner {
 
   // The step's probabilities (P^T pairs), m and l of the tile's vectors; returns alpha.
   __m512 softmax(int64_t t, int64_t s0) {
-    const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-    if (s0 < max_lo_[t] || s0 + kStep > min_hi_[t]) {  // some vector's window or causal edge crosses the step
-      const __m512i lo = _mm512_load_si512(sc_.lo[t]), hi = _mm512_load_si512(sc_.hi[t]);
-      for (int64_t n = 0; n < kStep; ++n) {
-        const __m512i pos = _mm512_set1_epi32(int32_t(s0 + n));
-        const __mmask16 seen = _mm512_cmple_epi32_mask(lo, pos) & _mm512_cmpgt_epi32_mask(hi, pos);
-        _mm512_store_ps(sc_.s[n], _mm512_mask_mov_ps(neg_inf, seen, _mm512_load_ps(sc_.s[n])));
-      }
-    }
-    __m512 mx = _mm512_load_ps(sc_.s[0]);
-    for (int64_t n = 1; n < kStep; ++n) mx = _mm512_max_ps(mx, _mm512_load_ps(sc_.s[n]));
+    const __m512 mx = mask_and_max(sc_, t, s0, sc_.s);
     const __m512 m_old = _mm512_load_ps(sc_.m[t]);
-    const __m512 m = _mm512_mask_mov_ps(m_old, _mm512_cmp_ps_mask(mx, _mm512_add_ps(m_old, _mm512_set1_ps(kLazyMax)),
-                                                                  _CMP_GT_OQ), mx);
-    const __mmask16 none = _mm512_cmp_ps_mask(m, neg_inf, _CMP_EQ_OQ);  // nothing visible so far
+    const __m512 m = lazy_max(mx, m_old);
+    const __mmask16 none = _mm512_cmp_ps_mask(m, _mm512_set1_ps(kNegInf), _CMP_EQ_OQ);  // nothing visible so far
     const __m512 alpha = _mm512_mask_mov_ps(exp_lanes(_mm512_sub_ps(m_old, m)), none, _mm512_set1_ps(1.0f));
     const __m512 neg_m = _mm512_maskz_sub_ps(static_cast<__mmask16>(~none), _mm512_setzero_ps(), m);
     __m512 sum = _mm512_setzero_ps();
@@ -342,8 +271,7 @@ class ItemRunner {
           r[d] = _mm512_castps_si512(_mm512_maskz_div_ps(seen, _mm512_load_ps(acc + 16 * (16 * j + d)), l));
         transpose16(r);  // r[i]: dims 16j .. 16j + 15 of vector i
         for (int64_t i = 0; i < rows(t); ++i) {
-          const int64_t v = it_.first + t * kTile + i;
-          const int64_t dst = (query_row(v) * a_.num_heads + head(v)) * D_ + 16 * j;
+          const int64_t dst = vector_offset(it_.first + t * kTile + i) + 16 * j;
           if (a_.dtype == DType::F32) {
             _mm512_storeu_ps(static_cast<float*>(a_.out) + dst, _mm512_castsi512_ps(r[i]));
             continue;
@@ -355,25 +283,8 @@ class ItemRunner {
     }
   }
 
-  const AttnArgs& a_;
-  const Item& it_;
   Scratch& sc_;
-  int64_t D_, G_, qlen_, len_, tiles_, row_bytes_;
-  const int32_t* table_;
-  int64_t lo_ = 0, hi_ = 0;  // the item's keys
-  // per tile: the union of its vectors' visible keys, and the intersection's bounds
-  int64_t tile_lo_[kTilesPerItem], tile_hi_[kTilesPerItem], max_lo_[kTilesPerItem], min_hi_[kTilesPerItem];
 };
-
-void run_item(const AttnArgs& a, const Item& it) {
-  static thread_local Scratch scratch;
-  ItemRunner r(a, it, scratch);
-  switch (a.cache_dtype) {
-    case DType::F32: r.run<DType::F32>(); break;
-    case DType::BF16: r.run<DType::BF16>(); break;
-    default: r.run<DType::F16>(); break;
-  }
-}
 
 }  // namespace
 
@@ -383,19 +294,7 @@ bool supported() {
 }
 
 void prompt_attention(const AttnArgs& a) {
-  const int64_t G = a.num_heads / a.num_kv_heads;
-  std::vector<Item> items;
-  int64_t work = 0;
-  for (int64_t s = 0; s < a.num_seqs; ++s) {
-    const int64_t qlen = a.query_start_loc[s + 1] - a.query_start_loc[s], vectors = qlen * G;
-    for (int64_t h = 0; h < a.num_kv_heads; ++h)
-      for (int64_t v0 = 0; v0 < vectors; v0 += kTilesPerItem * kTile)
-        items.push_back({s, h, v0, std::min<int64_t>(kTilesPerItem * kTile, vectors - v0)});
-    work += vectors * a.seq_lens[s];
-  }
-  // The last items of a sequence see the most keys: dynamic, one at a time.
-  parallel_for(int64_t(items.size()), work >= kMinParallelWork, Schedule::Dynamic, 1,
-               [&](int64_t i) { run_item(a, items[size_t(i)]); });
+  run_items<ItemRunner, Scratch>(a, kMinParallelWork);
 }
 
 }  // namespace paged::cpu::attn::isa_amx_bf16

@@ -16,6 +16,7 @@
 #include <numeric>
 
 #include "attention/prompt_bf16.h"
+#include "attention/prompt_lanes.h"
 #include "isa_select.h"
 #include "kernel_builds.h"
 #include "tests/driver_util.h"
@@ -141,6 +142,37 @@ std::vector<Case> cases() {
   return out;
 }
 
+// A prompt-row kernel against the scalar build on every case `tol` gives a
+// tolerance for (negative: a case it does not take).
+template <class Tol>
+void check_prompt_kernel(const char* name, bool supported, const std::vector<Case>& all,
+                         const std::vector<Inputs>& inputs, AttentionKernel kernel, Tol tol) {
+  if (!supported) {
+    std::printf("attention %s: not run (not supported here)\n", name);
+    return;
+  }
+  const AttentionKernel scalar = attention_builds().back().kernel;
+  float worst = 0.f;
+  int ran = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Case& c = all[i];
+    const float t = tol(c);
+    if (t < 0.f) continue;
+    const std::vector<float> got = run(kernel, c, inputs[i]), want = run(scalar, c, inputs[i]);
+    float w = 0.f;
+    for (size_t j = 0; j < got.size(); ++j) {
+      DRIVER_CHECK(std::isfinite(got[j]), "%s case %zu: output %zu not finite", name, i, j);
+      w = std::max(w, std::fabs(got[j] - want[j]));
+    }
+    DRIVER_CHECK(w <= t, "%s case %zu (%s, %s cache): max |diff| vs scalar %g > %g", name, i, dtype_name(c.dtype),
+                 dtype_name(c.cache), double(w), double(t));
+    worst = std::max(worst, w);
+    ++ran;
+  }
+  DRIVER_CHECK(ran > 0, "%s: no case ran", name);
+  std::printf("attention %s: %d cases, max |diff| vs scalar %g\n", name, ran, double(worst));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -165,33 +197,22 @@ int main(int argc, char** argv) {
     std::printf("attention %s: max |diff| vs scalar f32 %g, bf16 %g, f16 %g\n", b.name, double(worst_of[0]),
                 double(worst_of[1]), double(worst_of[2]));
   });
+#if defined(PAGED_ISA_X86)
   // mixed-bf16's prompt attention (AMX-BF16 CPUs): every case it takes
   // (float caches, head sizes a multiple of 32) against the scalar build,
   // within what rounding q, k, v and the probabilities to bfloat16 moves an
   // output of values in [-1, 1] (tests/test_bf16_attention.py checks it
   // against its own definition); here mostly a run under the sanitizers.
-#if defined(PAGED_ISA_X86)
-  if (attn::isa_amx_bf16::supported()) {
-    const AttentionKernel scalar = attention_builds().back().kernel;
-    float worst = 0.f;
-    int ran = 0;
-    for (size_t i = 0; i < all.size(); ++i) {
-      const Case& c = all[i];
-      if (!attn::isa_amx_bf16::reads_cache(c.cache) || !attn::isa_amx_bf16::takes_head_size(c.head_size)) continue;
-      const std::vector<float> got = run(attn::isa_amx_bf16::prompt_attention, c, inputs[i]),
-                               want = run(scalar, c, inputs[i]);
-      for (size_t j = 0; j < got.size(); ++j) {
-        DRIVER_CHECK(std::isfinite(got[j]), "bf16 prompt attention case %zu: output %zu not finite", i, j);
-        worst = std::max(worst, std::fabs(got[j] - want[j]));
-      }
-      ++ran;
-    }
-    DRIVER_CHECK(ran > 0 && worst <= 1.f / 32, "bf16 prompt attention: max |diff| vs scalar %g > 1/32 (%d cases)",
-                 double(worst), ran);
-    std::printf("attention bf16 prompt (amx): %d cases, max |diff| vs scalar %g\n", ran, double(worst));
-  } else {
-    std::printf("attention bf16 prompt (amx): not run (no AMX-BF16 tiles here)\n");
-  }
+  check_prompt_kernel("bf16 prompt (amx)", attn::isa_amx_bf16::supported(), all, inputs,
+                      attn::isa_amx_bf16::prompt_attention, [](const Case& c) {
+                        return attn::isa_amx_bf16::reads_cache(c.cache) && attn::isa_amx_bf16::takes_head_size(c.head_size)
+                                   ? 1.f / 32 : -1.f;
+                      });
+  // mixed's lane-major float32 prompt attention (AVX-512): every case with
+  // a float cache, within the builds' own tolerance (another summation order).
+  check_prompt_kernel("lanes prompt (avx512)", attn::isa_avx512_lanes::supported(), all, inputs,
+                      attn::isa_avx512_lanes::prompt_attention,
+                      [](const Case& c) { return attn::isa_avx512_lanes::reads_cache(c.cache) ? tolerance(c.dtype) : -1.f; });
 #endif
   return finish("kernel_attention_driver");
 }
