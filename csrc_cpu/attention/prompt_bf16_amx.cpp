@@ -84,41 +84,6 @@ inline __m512 exp_lanes(__m512 x) {
   return _mm512_maskz_mov_ps(ok, _mm512_scalef_ps(p, n));
 }
 
-template <DType T>
-inline __m512 load16(const char* row, int64_t d) {
-  if constexpr (T == DType::F32) return Vec::load(reinterpret_cast<const float*>(row) + d);
-  else if constexpr (T == DType::BF16) return Vec::load_bf16(reinterpret_cast<const uint16_t*>(row) + d);
-  else return Vec::load_f16(reinterpret_cast<const uint16_t*>(row) + d);
-}
-
-// 16 x 16 dwords: r[i][j] -> r[j][i].
-inline void transpose16(__m512i r[16]) {
-  __m512i t[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // r[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
-  for (int i = 0; i < 4; ++i) {
-    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int k = 0; k < 4; ++k) {  // gather each column's four lanes across the row groups
-    t[k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0x88);
-    t[4 + k] = _mm512_shuffle_i32x4(r[k], r[4 + k], 0xdd);
-    t[8 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0x88);
-    t[12 + k] = _mm512_shuffle_i32x4(r[8 + k], r[12 + k], 0xdd);
-  }
-  for (int k = 0; k < 4; ++k) {
-    r[k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0x88);
-    r[4 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0x88);
-    r[8 + k] = _mm512_shuffle_i32x4(t[k], t[8 + k], 0xdd);
-    r[12 + k] = _mm512_shuffle_i32x4(t[4 + k], t[12 + k], 0xdd);
-  }
-}
-
 class ItemRunner : public ItemTiles<ItemRunner> {
  public:
   ItemRunner(const AttnArgs& a, const Item& it, Scratch& sc) : ItemTiles(a, it), sc_(sc) {}
