@@ -10,8 +10,9 @@ figures are DRAM-bound like a real model's. As a yardstick for the scattered
 access, "gather GB/s" is torch.index_select copying the same K/V blocks in
 block-table order (the same bytes read, plus writing them). Prefill: tokens/s
 of one prompt attending to itself (512 tokens; 256 / 512 / 2048 over the
-default engine's float16 cache), with the bfloat16 prompt kernel of
-mixed-bf16 beside the float32 one where the CPU has AMX-BF16.
+default engine's float16 cache), with the prompt-row kernels beside the
+float32 one where they run: mixed-bf16's bfloat16 kernel (AMX-BF16 CPUs)
+and mixed's lane-major float32 kernel (the avx512 attention build).
 
 --kv-cache: decode attention (float32 queries, batch 32 x context 4096) over
 a float32, bfloat16 and int8 KV cache (--kv-cache-dtype): time, GB/s of cache
@@ -30,6 +31,7 @@ The block size defaults to the CPU platform's (what the engine uses).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -142,10 +144,18 @@ def gather_time(caches, tables, min_time) -> float:
     return best_time(call, min_time, max_reps=50)
 
 
+# The prompt-row kernels beside the shared float32 one: name -> (whether it
+# reads this cache here, the backend method). bf16: mixed-bf16's (AMX-BF16
+# CPUs); lanes: mixed's lane-major float32 kernel (the avx512 attention build).
+PROMPT_KERNELS = {"bf16": ("bf16_prompt_attention_reads", "prefill_attention_bf16"),
+                  "lanes": ("lanes_prompt_attention_reads", "prefill_attention_lanes")}
+
+
 def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time, cache_dtype=None):
     """One prompt of `tokens` attending to itself: the float32 kernel, the
-    bfloat16 prompt kernel (mixed-bf16's, where AMX-BF16 runs; None
-    elsewhere) and the reference, `cache_dtype` (default: dtype) in the cache."""
+    prompt-row kernels that run here over this cache (PROMPT_KERNELS; None
+    where one does not) and the reference, `cache_dtype` (default: dtype) in
+    the cache."""
     cache_dtype = cache_dtype or dtype
     cfg = (heads, kv_heads, head, block_size, dtype)
     nb = (tokens + block_size - 1) // block_size
@@ -157,21 +167,25 @@ def prefill_case(heads, kv_heads, head, tokens, dtype, block_size, min_time, cac
     kc = torch.randn(nb, kv_heads, block_size, head).to(cache_dtype)
     vc = torch.randn_like(kc)
     cpu, ref = CpuBackend(*cfg, kv_cache_dtype=cache_dtype), ReferenceBackend(*cfg, kv_cache_dtype=cache_dtype)
-    calls = {"cpu": lambda: cpu.prefill_attention(out, query, kc, vc, qsl, lens, table, cpu.scale, 0),
-             "reference": lambda: ref.prefill_attention(out, query, kc, vc, qsl, lens, table, ref.scale, 0)}
-    if ops().bf16_prompt_attention_reads(kc):
-        calls["bf16"] = lambda: cpu.prefill_attention_bf16(out, query, kc, vc, qsl, lens, table, cpu.scale, 0)
+    args = (out, query, kc, vc, qsl, lens, table, cpu.scale, 0)
+    calls = {"cpu": functools.partial(cpu.prefill_attention, *args),
+             "reference": functools.partial(ref.prefill_attention, out, query, kc, vc, qsl, lens, table, ref.scale, 0)}
+    for name, (reads, method) in PROMPT_KERNELS.items():
+        if getattr(ops(), reads)(kc):
+            calls[name] = functools.partial(getattr(cpu, method), *args)
     res = {name: best_time(fn, min_time, max_reps=20) for name, fn in calls.items()}
-    bf16 = res.get("bf16")
-    return {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""),
-            "cache_dtype": str(cache_dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
-            "head_size": head, "tokens": tokens, "block_size": block_size,
-            "cpu_ms": res["cpu"] * 1e3, "ref_ms": res["reference"] * 1e3,
-            "cpu_tok_s": tokens / res["cpu"], "ref_tok_s": tokens / res["reference"],
-            "speedup": res["reference"] / res["cpu"],
-            "bf16_ms": None if bf16 is None else bf16 * 1e3,
-            "bf16_tok_s": None if bf16 is None else tokens / bf16,
-            "bf16_vs_cpu": None if bf16 is None else res["cpu"] / bf16}
+    row = {"kind": "prefill", "dtype": str(dtype).replace("torch.", ""),
+           "cache_dtype": str(cache_dtype).replace("torch.", ""), "heads": heads, "kv_heads": kv_heads,
+           "head_size": head, "tokens": tokens, "block_size": block_size,
+           "cpu_ms": res["cpu"] * 1e3, "ref_ms": res["reference"] * 1e3,
+           "cpu_tok_s": tokens / res["cpu"], "ref_tok_s": tokens / res["reference"],
+           "speedup": res["reference"] / res["cpu"]}
+    for name in PROMPT_KERNELS:
+        t = res.get(name)
+        row[f"{name}_ms"] = None if t is None else t * 1e3
+        row[f"{name}_tok_s"] = None if t is None else tokens / t
+        row[f"{name}_vs_cpu"] = None if t is None else res["cpu"] / t
+    return row
 
 
 def kv_cache_main(args, min_time) -> dict:
@@ -272,16 +286,17 @@ def main(argv=None):
             print(f"{r['dtype']:9} {f'{h}/{hkv}/{d}':10} {b:>5} {c:>5} {r['cpu_ms']:8.3f} {r['ref_ms']:8.2f} "
                   f"{r['gbps']:6.1f} {r['pct_bw']:5.0f} {r['speedup']:6.1f} {r['gather_gbps']:11.1f} {r['copy_gbps']:9.1f}")
     print(f"\n{'prefill':9} {'cache':9} {'H/Hkv/D':10} {'tokens':>6} {'cpu tok/s':>10} {'ref tok/s':>10} {'x ref':>6} "
-          f"{'bf16 tok/s':>10} {'bf16 x cpu':>10}")
-    # bf16 column: mixed-bf16's prompt attention (AMX-BF16 CPUs); float32 / float16: the default engine's
+          + " ".join(f"{name + ' tok/s':>11} {name + ' x cpu':>10}" for name in PROMPT_KERNELS))
+    # prompt kernels: PROMPT_KERNELS; float32 / float16: the default engine's
     for dtype, cache, tokens in ((torch.bfloat16, None, 512), (torch.float32, None, 512),
                                  (torch.float32, torch.float16, 256), (torch.float32, torch.float16, 512),
                                  (torch.float32, torch.float16, 2048)):
         r = prefill_case(9, 3, 64, tokens, dtype, args.block_size, min_time, cache)
         results.append(r)
-        bf16 = ("-", "-") if r["bf16_tok_s"] is None else (f"{r['bf16_tok_s']:.0f}", f"{r['bf16_vs_cpu']:.2f}")
+        extra = " ".join(f"{'-':>11} {'-':>10}" if r[f"{n}_tok_s"] is None
+                         else f"{r[f'{n}_tok_s']:11.0f} {r[f'{n}_vs_cpu']:10.2f}" for n in PROMPT_KERNELS)
         print(f"{r['dtype']:9} {r['cache_dtype']:9} {'9/3/64':10} {tokens:>6} {r['cpu_tok_s']:10.0f} "
-              f"{r['ref_tok_s']:10.0f} {r['speedup']:6.1f} {bf16[0]:>10} {bf16[1]:>10}")
+              f"{r['ref_tok_s']:10.0f} {r['speedup']:6.1f} {extra}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"memory_bandwidth_gbps": bw, "threads": torch.get_num_threads(),
