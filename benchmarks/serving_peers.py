@@ -7,13 +7,18 @@ each alone on the machine while it is measured if you can:
 
     python benchmarks/serving_peers.py --server paged=http://127.0.0.1:8000 \\
         --server vllm=http://127.0.0.1:8011 --server llamacpp=http://127.0.0.1:8765 \\
-        [--levels 1,4,16] [--input-len 256] [--output-len 128] [--json PATH]
+        [--levels 1,4,16] [--input-len 256] [--output-len 128] [--seed 100] [--json PATH]
 
 NAME=URL uses NAME as the bench backend when it is one (paged, vllm,
 llamacpp), else the plain OpenAI dialect; NAME=URL@BACKEND sets it. Text
 prompts are used for every server (llama.cpp takes only text); level C sends
-max(8, 2*C) prompts built from seed 100 + C (+ 1000 per repeat), so each
-level starts with a cold prefix cache and every server gets the same words.
+max(8, 2*C) prompts built from seed S + C (+ 1000 per repeat; S is --seed,
+default 100), so each level starts with a cold prefix cache and every server
+gets the same words. Servers that stay up across runs keep what they cached:
+a second run with the same --seed (or a longer --input-len whose prompts
+start with the same words) is answered from their prefix caches and
+measures little prefill; give each run on the same servers its own --seed
+(for example 100, 5100, 10100), or restart the servers.
 
 `--repeat N` pairs the measurements in time, for a shared host whose speed
 drifts by more than the differences measured: N rounds, each running every
@@ -45,14 +50,18 @@ def parse_server(text: str) -> tuple[str, str, str]:
     return name, url, backend
 
 
+def bench_argv(url: str, backend: str, level: int, args, round_: int = 0) -> list[str]:
+    """`paged bench serve`'s arguments for one level of one round."""
+    return ["--base-url", url, "--backend", backend, "--text-prompts", "--ignore-eos",
+            "--num-prompts", str(max(8, 2 * level)), "--input-len", str(args.input_len),
+            "--output-len", str(args.output_len), "--max-concurrency", str(level),
+            "--seed", str(args.seed + level + 1000 * round_)]
+
+
 def measure(url: str, backend: str, level: int, args, round_: int = 0) -> dict:
     p = argparse.ArgumentParser()
     bench_serve.add_arguments(p)
-    argv = ["--base-url", url, "--backend", backend, "--text-prompts", "--ignore-eos",
-            "--num-prompts", str(max(8, 2 * level)), "--input-len", str(args.input_len),
-            "--output-len", str(args.output_len), "--max-concurrency", str(level),
-            "--seed", str(100 + level + 1000 * round_)]
-    report = asyncio.run(bench_serve.benchmark(p.parse_args(argv)))
+    report = asyncio.run(bench_serve.benchmark(p.parse_args(bench_argv(url, backend, level, args, round_))))
     return report["levels"][0]
 
 
@@ -91,6 +100,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, metavar="N",
                     help="rounds of every level on every server back to back, servers rotated each round "
                          "(default 1: each server's levels in turn)")
+    ap.add_argument("--seed", type=int, default=100, metavar="S",
+                    help="prompts of level C, round r from seed S + C + 1000 r (default 100); another S for "
+                         "another run on servers that stay up")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
     try:
@@ -142,7 +154,7 @@ def main() -> int:
             else:
                 print(f"C={level}: {first} / {n} output tok/s = {a['output_throughput'] / b['output_throughput']:.2f}x"
                       f", {ttft}")
-    report = {"input_len": args.input_len, "output_len": args.output_len, "repeat": args.repeat,
+    report = {"input_len": args.input_len, "output_len": args.output_len, "repeat": args.repeat, "seed": args.seed,
               "servers": {n: {"url": u, "backend": b} for n, u, b in args.server},
               "results": {n: {str(k): v for k, v in r.items()} for n, r in results.items()},
               "runs": {n: {str(k): v for k, v in r.items()} for n, r in runs.items()},

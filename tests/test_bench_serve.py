@@ -9,6 +9,7 @@ import json
 import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -72,14 +73,21 @@ def test_serving_peers_repeat_pairs_rounds(server, tmp_path):
     assert peers.schedule([a, b], [1, 4], 2) == [(0, 1, a), (0, 1, b), (0, 4, a), (0, 4, b),
                                                (1, 1, b), (1, 1, a), (1, 4, b), (1, 4, a)]
     assert peers.schedule([a, b], [1, 4], 1) == [(0, 1, a), (0, 4, a), (0, 1, b), (0, 4, b)]
+    # prompts: seed S + C + 1000 r, so runs with another --seed on the same servers miss their prefix caches
+    seed_of = lambda argv: int(argv[argv.index("--seed") + 1])  # noqa: E731
+    ns = SimpleNamespace(input_len=24, output_len=4, seed=100)
+    assert [seed_of(peers.bench_argv("u", "paged", 4, ns, r)) for r in (0, 1)] == [104, 1104]
+    ns.seed = 5100
+    assert seed_of(peers.bench_argv("u", "paged", 4, ns, 0)) == 5104
 
     out = tmp_path / "peers.json"
     done = subprocess.run([sys.executable, str(BENCHMARKS / "serving_peers.py"), "--server", f"one={server.url}@paged",
                            "--server", f"two={server.url}@paged", "--levels", "2", "--input-len", "24",
-                           "--output-len", "4", "--repeat", "2", "--json", str(out)],
+                           "--output-len", "4", "--repeat", "2", "--seed", "7", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
+    assert report["seed"] == 7
     for name in ("one", "two"):
         rounds = report["runs"][name]["2"]
         assert len(rounds) == 2 and all(r["completed"] == 8 and r["failed"] == 0 for r in rounds)
