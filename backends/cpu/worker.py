@@ -51,7 +51,8 @@ def set_prompt_attention(model) -> None:
     prompt_attention; the layer stack follows its activations)."""
     mats = decoder_matrices(model)
     modes = {getattr(w, "activations", None) for w in mats}
-    kind = {"mixed-bf16": "bf16", "mixed": "lanes"}.get(modes.pop(), "float32") if len(modes) == 1 else "float32"
+    mode = modes.pop() if len(modes) == 1 else None  # per-matrix modes: no prompt kernel of their own
+    kind = {"mixed-bf16": "bf16", "mixed": "lanes"}.get(mode, "float32")
     for layer in model.decoder_stack().layers:
         if isinstance(layer.attn_backend, CpuBackend):
             layer.attn_backend.prompt_attention = kind

@@ -97,24 +97,13 @@ class ItemRunner : public ItemTiles<ItemRunner> {
     sc_.qt.resize(size_t(tiles_ * chunks * kTileElems));
     sc_.acc.assign(size_t(tiles_ * kTile * D_), 0.0f);
     set_ranges(sc_);
-    alignas(64) float buf[32];
-    const __m512 scale = _mm512_set1_ps(a_.scale);
     for (int64_t t = 0; t < tiles_; ++t) {
       for (int64_t c = 0; c < chunks; ++c) {
         __m512i r[16];
         for (int64_t i = 0; i < kTile; ++i) {
-          if (i >= rows(t)) {
-            r[i] = _mm512_setzero_si512();
-            continue;
-          }
-          const int64_t src = vector_offset(it_.first + t * kTile + i) + 32 * c;
-          if (a_.dtype == DType::F32) {  // the layer stack's queries
-            const float* q = static_cast<const float*>(a_.query) + src;
-            r[i] = bf16x32(_mm512_mul_ps(Vec::load(q), scale), _mm512_mul_ps(Vec::load(q + 16), scale));
-            continue;
-          }
-          for (int e = 0; e < 32; ++e) buf[e] = load_scalar(a_.query, src + e, a_.dtype) * a_.scale;
-          r[i] = bf16x32(_mm512_load_ps(buf), _mm512_load_ps(buf + 16));
+          const int64_t v = it_.first + t * kTile + i;
+          r[i] = i < rows(t) ? bf16x32(scaled_query16(v, 32 * c), scaled_query16(v, 32 * c + 16))
+                             : _mm512_setzero_si512();
         }
         transpose16(r);  // row p: dims 2p, 2p + 1 of the 16 vectors
         uint16_t* dst = sc_.qt.data() + (t * chunks + c) * kTileElems;
@@ -223,30 +212,7 @@ class ItemRunner : public ItemTiles<ItemRunner> {
     }
   }
 
-  // out = O / l: per 16 dims, the tile's O^T rows divided by l (lanes), transposed back to rows.
-  void finish() {
-    alignas(64) float buf[kTile];
-    for (int64_t t = 0; t < tiles_; ++t) {
-      const __m512 l = _mm512_load_ps(sc_.l[t]);
-      const __mmask16 seen = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
-      const float* acc = sc_.acc.data() + t * kTile * D_;
-      for (int64_t j = 0; j < D_ / 16; ++j) {
-        __m512i r[16];
-        for (int d = 0; d < kTile; ++d)
-          r[d] = _mm512_castps_si512(_mm512_maskz_div_ps(seen, _mm512_load_ps(acc + 16 * (16 * j + d)), l));
-        transpose16(r);  // r[i]: dims 16j .. 16j + 15 of vector i
-        for (int64_t i = 0; i < rows(t); ++i) {
-          const int64_t dst = vector_offset(it_.first + t * kTile + i) + 16 * j;
-          if (a_.dtype == DType::F32) {
-            _mm512_storeu_ps(static_cast<float*>(a_.out) + dst, _mm512_castsi512_ps(r[i]));
-            continue;
-          }
-          _mm512_store_ps(buf, _mm512_castsi512_ps(r[i]));
-          for (int e = 0; e < kTile; ++e) store_scalar(a_.out, dst + e, a_.dtype, buf[e]);
-        }
-      }
-    }
-  }
+  void finish() { write_outputs(sc_, sc_.acc.data()); }
 
   Scratch& sc_;
 };

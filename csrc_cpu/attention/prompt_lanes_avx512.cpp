@@ -64,24 +64,12 @@ class ItemRunner : public ItemTiles<ItemRunner> {
     sc_.qt.resize(size_t(tiles_ * D_ * kTile));
     sc_.acc.assign(size_t(tiles_ * D_ * kTile), 0.0f);
     set_ranges(sc_);
-    const __m512 scale = _mm512_set1_ps(a_.scale);
-    alignas(64) float buf[16];
     for (int64_t t = 0; t < tiles_; ++t)
       for (int64_t d0 = 0; d0 < D_; d0 += 16) {  // 16 dims of 16 vectors, transposed
         __m512i r[16];
-        for (int64_t i = 0; i < kTile; ++i) {
-          if (i >= rows(t)) {
-            r[i] = _mm512_setzero_si512();
-            continue;
-          }
-          const int64_t src = vector_offset(it_.first + t * kTile + i) + d0;
-          if (a_.dtype == DType::F32) {  // the layer stack's queries
-            r[i] = _mm512_castps_si512(_mm512_mul_ps(Vec::load(static_cast<const float*>(a_.query) + src), scale));
-            continue;
-          }
-          for (int e = 0; e < 16; ++e) buf[e] = load_scalar(a_.query, src + e, a_.dtype) * a_.scale;
-          r[i] = _mm512_castps_si512(_mm512_load_ps(buf));
-        }
+        for (int64_t i = 0; i < kTile; ++i)
+          r[i] = i < rows(t) ? _mm512_castps_si512(scaled_query16(it_.first + t * kTile + i, d0))
+                             : _mm512_setzero_si512();  // padding lanes: zero queries
         transpose16(r);  // r[k]: dim d0 + k of the 16 vectors
         float* qt = sc_.qt.data() + (t * D_ + d0) * kTile;
         for (int k = 0; k < 16; ++k) _mm512_store_si512(qt + k * kTile, r[k]);
@@ -179,30 +167,7 @@ class ItemRunner : public ItemTiles<ItemRunner> {
     }
   }
 
-  // out = O / l: per 16 dims, the tile's O^T rows divided by l (lanes), transposed back to rows.
-  void finish() {
-    alignas(64) float buf[16];
-    for (int64_t t = 0; t < tiles_; ++t) {
-      const __m512 l = _mm512_load_ps(sc_.l[t]);
-      const __mmask16 seen = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_GT_OQ);
-      const float* acc = sc_.acc.data() + t * D_ * kTile;
-      for (int64_t d0 = 0; d0 < D_; d0 += 16) {
-        __m512i r[16];
-        for (int k = 0; k < 16; ++k)
-          r[k] = _mm512_castps_si512(_mm512_maskz_div_ps(seen, _mm512_load_ps(acc + (d0 + k) * kTile), l));
-        transpose16(r);  // r[i]: dims d0 .. d0 + 15 of vector i
-        for (int64_t i = 0; i < rows(t); ++i) {
-          const int64_t dst = vector_offset(it_.first + t * kTile + i) + d0;
-          if (a_.dtype == DType::F32) {
-            _mm512_storeu_ps(static_cast<float*>(a_.out) + dst, _mm512_castsi512_ps(r[i]));
-            continue;
-          }
-          _mm512_store_ps(buf, _mm512_castsi512_ps(r[i]));
-          for (int e = 0; e < 16; ++e) store_scalar(a_.out, dst + e, a_.dtype, buf[e]);
-        }
-      }
-    }
-  }
+  void finish() { write_outputs(sc_, sc_.acc.data()); }
 
   Scratch& sc_;
 };

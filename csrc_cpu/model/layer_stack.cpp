@@ -89,12 +89,12 @@ void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_
   kv_caches_ = kv_caches;  // the kernels check each cache against the step's tensors
 }
 
-LayerStack::PrefillOp LayerStack::prompt_attention_op(int64_t qkv_split, int64_t split) const {
-  if (kv_caches_.empty()) return nullptr;
+LayerStack::PrefillOp LayerStack::prompt_attention_op(int64_t split) const {
+  if (split < 0 || kv_caches_.empty()) return nullptr;  // no prompt rows marked
   const Array& key_cache = std::get<0>(kv_caches_.front());  // every layer's cache has one dtype and shape
-  if (qkv_split >= 0 && attn::bf16_prompt_attention_reads(key_cache)) return attn::prefill_attention_bf16;
-  if (activations_ == "mixed" && split >= 0 && attn::lanes_prompt_attention_reads(key_cache))
-    return attn::prefill_attention_lanes;
+  if (activations_ == "mixed-bf16" && attn::bf16_prompt_attention_reads(key_cache))
+    return attn::prefill_attention_bf16;
+  if (activations_ == "mixed" && attn::lanes_prompt_attention_reads(key_cache)) return attn::prefill_attention_lanes;
   return nullptr;
 }
 
@@ -207,7 +207,7 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   // (from the first sequence starting at or after first_prompt_row; verify
   // rows before it keep the shared one)
   prompt_seq_ = ns;
-  prompt_op_ = prompt_attention_op(qkv_split, split);
+  prompt_op_ = prompt_attention_op(split);
   if (prompt_op_) {
     prompt_seq_ = num_decodes;
     while (prompt_seq_ < ns && starts[prompt_seq_] < first_prompt_row) ++prompt_seq_;

@@ -102,7 +102,7 @@ class LayerStack {
   // bfloat16 one (attn::bf16_prompt_attention_reads), mixed's lane-major
   // float32 one (attn::lanes_prompt_attention_reads), or the shared kernel.
   using PrefillOp = void (*)(Array, Array, Array, Array, Array, Array, Array, double, int64_t);
-  PrefillOp prompt_attention_op(int64_t qkv_split, int64_t split) const;
+  PrefillOp prompt_attention_op(int64_t split) const;  // split: the first marked prompt row, -1 for none
 
   StackConfig cfg_;
   Array final_norm_;
