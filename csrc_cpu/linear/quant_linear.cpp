@@ -207,7 +207,14 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const Kernels kernels = active_kernels();
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
-  parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
+  // Iteration i quantizes row r(i): the two-term rows (the first two_rows,
+  // each twice the work) spread evenly over the iterations, so the static
+  // split gives every thread its share of them (in row order they all went
+  // to the first thread: ~2x its partner's low-term samples in a serving
+  // profile of mixed steps).
+  parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t i) {
+    const int64_t before = i * two_rows / M, after = (i + 1) * two_rows / M;  // two-term rows before i, i + 1
+    const int64_t r = after > before ? before : two_rows + (i - before);
     kernels.x8_quantize(a.x + r * K, K, a.qtype, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
