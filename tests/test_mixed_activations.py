@@ -2,6 +2,9 @@
 (decodes, speculative verify rows) and in every QKV projection, int8 for the
 other matrices' prompt rows (docs/kernels.md, "Mixed activations").
 
+In the middle layers (one_term_layers) the O, gate/up and down projections
+take one int8 term for every row, generating rows included.
+
 Oracles: the pure modes, each tested against its own arithmetic in
 test_quant_linear_int8*.py. A split call (quant_linear's two_term_rows) must
 be bitwise the two pure calls concatenated, in every build; a model with
@@ -24,7 +27,7 @@ from test_quant_linear import QTYPES, random_weight
 from test_quant_linear_int8 import SUPPORTED, run
 
 from paged.backends.cpu import CpuBackend
-from paged.backends.cpu.quant_linear import CpuPackedLinear
+from paged.backends.cpu.quant_linear import CpuPackedLinear, one_term_layers
 from paged.backends.cpu.worker import prepare_model
 from paged.core.models import build_model
 
@@ -189,3 +192,82 @@ def test_runner_marks_prompt_rows_after_decodes_and_verifies(default_model_path)
                  SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert seen and all(first == rows for first, rows, _, _ in seen)
     assert any(v for _, _, v, _ in seen), "no step verified drafts: the verify rows went untested"
+
+
+def test_one_term_layers_are_the_middle_three_fifths():
+    assert one_term_layers(30) == range(6, 24)  # the default model: the window the gate measured
+    assert list(one_term_layers(5)) == [1, 2, 3]
+    for n in range(64):
+        middle = one_term_layers(n)
+        assert 0 not in middle and n - 1 not in middle  # the first and last layers keep two terms
+        assert all(0 <= i < n for i in middle)
+        if middle:
+            assert middle.start == n - middle.stop  # as many outer layers at each end
+
+
+def run_steps(model, backend, config, monkeypatch, stack: bool) -> list[torch.Tensor]:
+    """The hidden states of three marked steps (prompts alone, decodes beside
+    a prompt chunk, decodes alone) on a fresh cache."""
+    monkeypatch.setenv("PAGED_LAYER_STACK", "1" if stack else "0")
+    rng = np.random.default_rng(11)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    caches = backend.allocate_kv_cache(config.num_layers, len(LENGTHS) * MAX_BLOCKS)
+    outs = []
+    for work, nd in ([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0), \
+                    ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4), \
+                    ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5):
+        ids, pos, meta = step(tokens, work, nd)
+        meta.first_prompt_row = int(meta.query_start_loc[nd])
+        outs.append(model(ids, pos, caches, meta))
+    return outs
+
+
+def test_middle_layers_compute_generating_rows_on_one_term(monkeypatch):
+    """A five-layer "mixed" model computes layers 1-3's O, gate/up and down on
+    one term for every row, decode rows included: bitwise the model whose
+    middle matrices are plain int8 (the Python layers, per-matrix modes),
+    from the stack and from the Python layers alike."""
+    config = tiny_config(num_layers=5)
+    weights = tiny_weights(config)
+    mixed, backend = model_with("mixed", config, weights)
+    assert mixed.layer_stack is not None
+    assert [layer.o_proj.one_term_generating for layer in mixed.layers] == [False, True, True, True, False]
+    assert not any(layer.qkv.one_term_generating for layer in mixed.layers)  # cached K/V: two terms
+
+    ob = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
+    oracle = build_model(config, weights, torch.float32, "cpu", ob, lambda t: CpuPackedLinear(t, activations="mixed"))
+    for i in one_term_layers(config.num_layers):
+        for w in (oracle.layers[i].o_proj, oracle.layers[i].gate_up, oracle.layers[i].down):
+            w.activations = "int8"
+    prepare_model(oracle)
+    assert oracle.layer_stack is None  # per-matrix modes: the Python layers
+    ob.prompt_attention = backend.prompt_attention  # mixed's prompt rows attend on their own kernel
+    want = run_steps(oracle, ob, config, monkeypatch, stack=False)
+    for stack in (False, True):
+        got = run_steps(mixed, backend, config, monkeypatch, stack)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert torch.equal(g, w), f"stack={stack}, step {i}"
+
+    # and the setting matters: with two terms for generating rows everywhere
+    # the decode steps differ
+    for layer in mixed.layers:
+        for w in (layer.o_proj, layer.gate_up, layer.down):
+            w.one_term_generating = False
+    two_terms = run_steps(mixed, backend, config, monkeypatch, stack=False)
+    assert torch.equal(two_terms[0], want[0])  # prompt rows: one term in those matrices either way
+    assert not torch.equal(two_terms[1], want[1]) and not torch.equal(two_terms[2], want[2])
+
+
+def test_one_term_generating_needs_mixed():
+    from torch.utils.dlpack import to_dlpack as dl
+
+    config = tiny_config()
+    model, _ = model_with("int8x2", config, tiny_weights(config))
+    native = model.layer_stack._native
+    layer = model.layers[0]
+    mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
+    with pytest.raises(ValueError, match=r"one_term_generating: expected false unless the stack's activations "
+                                         r"are 'mixed', got true with activations 'int8x2'"):
+        native.add_layer(dl(layer.input_norm.detach()), dl(layer.post_norm.detach()), mat(layer.qkv), None,
+                         mat(layer.o_proj), mat(layer.gate_up), mat(layer.down), [], True)
+    assert native.num_layers == config.num_layers

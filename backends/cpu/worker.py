@@ -20,7 +20,7 @@ import torch
 from paged.backends.cpu import CpuBackend
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
-from paged.backends.cpu.quant_linear import plan_weight_panels
+from paged.backends.cpu.quant_linear import one_term_layers, plan_weight_panels
 from paged.core.models.layers import TorchLayerOps
 from paged.core.worker import Worker
 
@@ -42,6 +42,7 @@ class CpuWorker(Worker):
     def prepare_model(self, model) -> None:
         plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
         set_prompt_attention(model)
+        set_one_term_layers(model)
         super().prepare_model(model)
 
 
@@ -56,6 +57,18 @@ def set_prompt_attention(model) -> None:
     for layer in model.decoder_stack().layers:
         if isinstance(layer.attn_backend, CpuBackend):
             layer.attn_backend.prompt_attention = kind
+
+
+def set_one_term_layers(model) -> None:
+    """A "mixed" model's middle layers (one_term_layers) compute every row on
+    one int8 term outside QKV (their matrices' one_term_generating; the layer
+    stack follows it)."""
+    layers = model.decoder_stack().layers
+    middle = set(one_term_layers(len(layers)))
+    for i, layer in enumerate(layers):
+        for w in (layer.o_proj, layer.gate_up, layer.down):
+            if getattr(w, "activations", None) == "mixed":
+                w.one_term_generating = i in middle
 
 
 def decoder_matrices(model) -> list:
@@ -74,4 +87,5 @@ def prepare_model(model) -> None:
     model.ops = cpu_layer_ops(model.dtype)
     plan_weight_panels(packed_matrices(model))
     set_prompt_attention(model)
+    set_one_term_layers(model)
     model.layer_stack = LayerStack.for_model(model)

@@ -70,7 +70,10 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                           std::vector<std::optional<Array>> panels) {
+                           std::vector<std::optional<Array>> panels, bool one_term_generating) {
+  if (one_term_generating && activations_ != "mixed")
+    fail("one_term_generating", "false unless the stack's activations are 'mixed'",
+         "true with activations '" + activations_ + "'");
   f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
   f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
   if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
@@ -79,7 +82,7 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, 
   panels.resize(4);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
                           {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
-                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias)});
+                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term_generating});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -238,13 +241,15 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
     ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
     attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
-    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, split);
+    // a middle layer of "mixed": every marked step's rows on one term here
+    const int64_t rest_split = l.one_term_generating && split >= 0 ? 0 : split;
+    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, rest_split);
 
     ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, c.eps);
-    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, split);
+    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, rest_split);
     ops::silu_and_mul(f32(act_.data(), {t, size_t(c.intermediate_size)}),
                       f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)}));
-    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size, split);
+    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size, rest_split);
   }
   ops::fused_add_rms_norm(x_rows, hidden, final_norm_, c.eps);
 }
