@@ -104,8 +104,8 @@ def resolve_activations(setting: str) -> str:
     """An engine setting ("auto" or one of ACTIVATIONS) as the mode to build
     CpuPackedLinear with. "auto" is the fastest mode that passes the accuracy
     gate (docs/kernels.md, "Choosing the CPU path"): "mixed-bf16" where the
-    CPU has AMX-BF16, else "mixed" (int8x2 wherever a token is generated or
-    K/V is cached, int8 for the rest of prompts)."""
+    CPU has AMX-BF16, else "mixed" (int8x2 where K/V is cached and where a
+    token is generated outside the middle layers, int8 for the rest)."""
     if setting == "auto":
         return "mixed-bf16" if bf16_prompt_supported() else "mixed"
     if setting not in ACTIVATIONS:
