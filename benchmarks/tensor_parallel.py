@@ -1,6 +1,6 @@
 """Tensor parallelism on the CPU: prefill and decode tokens/s of the default
 model at -tp 1 and -tp N through the engine, the time rank 0 spends in
-all-reduces per decode step, the bare gloo all-reduce latency between two
+collectives per decode step, the bare gloo all-gather latency between two
 processes, and what they predict for a 2-socket server.
 
     python benchmarks/tensor_parallel.py [--tp 2] [--prompt-len 256] [--batch 1 8] [--decode-tokens 32]
@@ -13,11 +13,13 @@ the best of --rounds runs (the least disturbed on a shared machine).
 
 The estimate: decode of a small model is memory-bound, so N sockets each
 streaming 1/N of the weights from their own memory take ~1/N of the -tp 1
-step, plus 2 * layers + 2 all-reduces (one per row-parallel matmul, one for
-the embedding) and one gather, each costing at least the bare latency
-measured here:  step_N ~= step_1 / N + calls * latency.  On a machine with
-fewer cores than a socket, -tp N only splits the same cores, so it will not
-be faster here; the all-reduce cost is the figure that carries over.
+step, plus 4 * layers + 2 collectives (an all-gather of the input and one
+of the output rows around each o_proj and down, core/distributed/
+sharding.py; the embedding's all-reduce; the logits gather), each costing
+at least the bare latency measured here:  step_N ~= step_1 / N + calls *
+latency.  On a machine with fewer cores than a socket, -tp N only splits
+the same cores, so it will not be faster here; the collectives' cost is
+the figure that carries over.
 """
 
 from __future__ import annotations
@@ -74,15 +76,15 @@ def measure(engine: Engine, prompt_len: int, batch: int, decode_tokens: int, tag
     engine.step()  # every prompt in one step (engine_for's max_num_batched_tokens)
     prefill_s = time.perf_counter() - t0
     if comm is not None:
-        comm.reduce_s, comm.reduce_calls = 0.0, 0
+        comm.collective_s, comm.collective_calls = 0.0, 0
     t0 = time.perf_counter()
     steps = run_until_idle(engine)
     decode_s = time.perf_counter() - t0
     out = {"batch": batch, "prefill_tok_s": batch * prompt_len / prefill_s,
            "decode_tok_s": batch * steps / decode_s, "decode_step_ms": 1e3 * decode_s / steps}
     if comm is not None:
-        out["allreduce_ms_per_step"] = 1e3 * comm.reduce_s / steps
-        out["allreduce_calls_per_step"] = comm.reduce_calls / steps
+        out["collective_ms_per_step"] = 1e3 * comm.collective_s / steps
+        out["collective_calls_per_step"] = comm.collective_calls / steps
     return out
 
 
@@ -92,7 +94,7 @@ def best(engine: Engine, args, batch: int, tag: str) -> dict:
     out = dict(runs[0])
     for key in ("prefill_tok_s", "decode_tok_s"):
         out[key] = max(r[key] for r in runs)
-    for key in ("decode_step_ms", "allreduce_ms_per_step"):
+    for key in ("decode_step_ms", "collective_ms_per_step"):
         if key in out:
             out[key] = min(r[key] for r in runs)
     return out
@@ -103,22 +105,23 @@ def _ping(rank: int, port: int, shape: tuple, reps: int, out) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=60))
     t = torch.ones(shape)
+    parts = [torch.empty_like(t) for _ in range(2)]
     for _ in range(20):
-        dist.all_reduce(t)
+        dist.all_gather(parts, t)
     best = float("inf")
     for _ in range(5):  # best of 5 rounds: the least disturbed by other processes
         dist.barrier()
         t0 = time.perf_counter()
         for _ in range(reps // 5):
-            dist.all_reduce(t)
+            dist.all_gather(parts, t)
         best = min(best, (time.perf_counter() - t0) / (reps // 5))
     if rank == 0:
         out.put(best)
     dist.destroy_process_group()
 
 
-def bare_allreduce_latency(shape: tuple, reps: int = 2000) -> float:
-    """Seconds per gloo all-reduce of a float32 ``shape`` between two fresh
+def bare_gather_latency(shape: tuple, reps: int = 2000) -> float:
+    """Seconds per gloo all-gather of a float32 ``shape`` between two fresh
     processes over loopback (no model, no waiting on unequal work)."""
     import socket
 
@@ -156,25 +159,25 @@ def main() -> None:
         measure(engine, 32, 1, 4, "warm")
         report["runs"][f"tp{tp}"] = [best(engine, args, b, f"tp{tp}-{b}") for b in args.batch]
         engine.close()
-    report["bare_allreduce_us"] = {b: 1e6 * bare_allreduce_latency((b, hidden)) for b in args.batch}
+    report["bare_gather_us"] = {b: 1e6 * bare_gather_latency((b, hidden)) for b in args.batch}
 
-    calls = 2 * layers + 1  # o_proj + down per layer, the embedding (the gather is counted apart)
+    calls = 4 * layers + 2  # two gathers around o_proj and down per layer, the embedding, the logits
     print(f"default model, {args.dtype}, {report['cores']} cores, prompt {args.prompt_len}, "
           f"{args.decode_tokens} decode steps, best of {args.rounds}; whole-stack runner off on both sides")
-    print(f"{'run':<6}{'batch':>6}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}{'in all-reduce ms':>18}")
+    print(f"{'run':<6}{'batch':>6}{'prefill tok/s':>15}{'decode tok/s':>14}{'step ms':>9}{'in collectives ms':>19}")
     for name, rows in report["runs"].items():
         for r in rows:
-            ar = f"{r['allreduce_ms_per_step']:.2f} ({r['allreduce_calls_per_step']:.0f} calls)" \
-                if "allreduce_ms_per_step" in r else "-"
+            ar = f"{r['collective_ms_per_step']:.2f} ({r['collective_calls_per_step']:.0f} calls)" \
+                if "collective_ms_per_step" in r else "-"
             print(f"{name:<6}{r['batch']:>6}{r['prefill_tok_s']:>15.0f}{r['decode_tok_s']:>14.1f}"
-                  f"{r['decode_step_ms']:>9.2f}{ar:>18}")
+                  f"{r['decode_step_ms']:>9.2f}{ar:>19}")
     estimates = {}
     for r1 in report["runs"]["tp1"]:
         b = r1["batch"]
-        lat = report["bare_allreduce_us"][b] * 1e-3
+        lat = report["bare_gather_us"][b] * 1e-3
         est = r1["decode_step_ms"] / args.tp + calls * lat
         estimates[b] = {"step_ms": est, "speedup": r1["decode_step_ms"] / est}
-        print(f"bare gloo all-reduce of [{b}, {hidden}] float32: {lat * 1e3:.1f} us; 2-socket estimate "
+        print(f"bare gloo all-gather of [{b}, {hidden}] float32: {lat * 1e3:.1f} us; 2-socket estimate "
               f"(-tp {args.tp}, each socket its own memory): {r1['decode_step_ms']:.2f} / {args.tp} + "
               f"{calls} x {lat:.3f} = {est:.2f} ms per step, {r1['decode_step_ms'] / est:.2f}x -tp 1")
     report["two_socket_estimate"] = estimates

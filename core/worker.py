@@ -24,7 +24,7 @@ and a KV pool holding only its heads. ``agree_num_blocks`` makes every rank
 use the smallest count any rank can hold, so block ids mean the same on
 every rank; rank 0's ``execute`` broadcasts each step's host batch, and the
 other ranks run it in ``follow``. The whole-stack runner is off under
-tensor parallelism (the all-reduces sit between its layers).
+tensor parallelism (the collectives sit between its layers).
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class Worker:
     def prepare_model(self, model) -> None:
         """Hands ``model`` this worker's layer ops and stack runner."""
         model.ops = self.layer_ops(model.dtype)
-        # off under tensor parallelism: the all-reduces sit between its layers
+        # off under tensor parallelism: the collectives sit between its layers
         model.layer_stack = self.stack_runner(model) if self.world_size == 1 else None
 
     @property

@@ -1,8 +1,10 @@
 """Tensor-parallel sharding math (core/distributed/sharding.py), checked
-against the unsharded model's matmuls: column-parallel outputs concatenate to
-the full output, row-parallel partial outputs sum to it, the vocab-parallel
-embedding's per-rank parts sum to the full lookup; packed GGUF weights are
-sliced along whole blocks and dequantize to the dense slices."""
+against the unsharded model's matmuls: every rank's output rows of every
+projection (QKV, gate/up, and o_proj / down over the gathered full input)
+concatenate to the full output, the vocab-parallel embedding's per-rank
+parts sum to the full lookup; packed GGUF weights are sliced by rows and
+dequantize to the dense slices. The model-level check (a sharded model's
+hidden states bitwise equal to one process's) is tests/test_tensor_parallel_bitwise.py."""
 
 from __future__ import annotations
 
@@ -16,8 +18,7 @@ from gguf import quants as gguf_quants
 
 from paged.core.config import ModelConfig
 from paged.core.distributed.parallel_ops import TensorParallelOps
-from paged.core.distributed.sharding import (cols, local_config, plan_shards, rows, shard_weights, split_even,
-                                             split_heads)
+from paged.core.distributed.sharding import local_config, plan_shards, rows, shard_weights, split_even, split_heads
 from paged.core.loaders.packed import PackedBlocks
 
 
@@ -68,7 +69,9 @@ def test_intermediate_is_split_in_whole_quantization_blocks():
     shards = plan_shards(tiny_config(), 2)
     assert [s.inter for s in shards] == [(0, 96), (96, 160)]  # 5 blocks of 32: 3 + 2
     assert [s.vocab for s in shards] == [(0, 51), (51, 101)]
-    assert shards[0].vocab_sizes == (51, 50)
+    assert [s.hidden for s in shards] == [(0, 32), (32, 64)]
+    assert shards[0].vocab_sizes == (51, 50) and shards[1].inter_sizes == (96, 64)
+    assert shards[0].attn_sizes == (6 * 8, 3 * 8) and shards[0].hidden_sizes == (32, 32)
     lc = local_config(tiny_config(), shards[1])
     assert (lc.num_heads, lc.num_kv_heads, lc.intermediate_size, lc.vocab_size) == (3, 1, 64, 50)
 
@@ -88,9 +91,7 @@ def test_sharded_linears_equal_the_unsharded_ones(world_size):
     d = c.head_dim
     attn = torch.randn(5, c.num_heads * d, dtype=torch.float64)
     inter = torch.randn(5, c.intermediate_size, dtype=torch.float64)
-    o_sum = torch.zeros(5, c.hidden_size, dtype=torch.float64)
-    down_sum = torch.zeros_like(o_sum)
-    gate_parts = []
+    o_parts, down_parts, gate_parts = [], [], []
     for shard in plan_shards(c, world_size):
         sw = shard_weights(w64, c, shard)
         q, k, v = _qkv_out(sw, c, p + "self_attn.", x)
@@ -102,13 +103,13 @@ def test_sharded_linears_equal_the_unsharded_ones(world_size):
         torch.testing.assert_close(k, full_k[:, k0 * d:k1 * d], **close)
         torch.testing.assert_close(v, full_v[:, k0 * d:k1 * d], **close)
         gate_parts.append(x @ sw[p + "mlp.gate_proj.weight"].T)
-        # row-parallel: partial outputs over this rank's inputs
-        o_sum += attn[:, q0 * d:q1 * d] @ sw[p + "self_attn.o_proj.weight"].T
-        down_sum += inter[:, shard.inter[0]:shard.inter[1]] @ sw[p + "mlp.down_proj.weight"].T
-    torch.testing.assert_close(torch.cat(gate_parts, dim=1), x @ w64[p + "mlp.gate_proj.weight"].T,
-                               rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(o_sum, attn @ w64[p + "self_attn.o_proj.weight"].T, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(down_sum, inter @ w64[p + "mlp.down_proj.weight"].T, rtol=1e-12, atol=1e-12)
+        # output projections: this rank's output rows over the gathered full input
+        o_parts.append(attn @ sw[p + "self_attn.o_proj.weight"].T)
+        down_parts.append(inter @ sw[p + "mlp.down_proj.weight"].T)
+    for parts, want in ((gate_parts, x @ w64[p + "mlp.gate_proj.weight"].T),
+                        (o_parts, attn @ w64[p + "self_attn.o_proj.weight"].T),
+                        (down_parts, inter @ w64[p + "mlp.down_proj.weight"].T)):
+        torch.testing.assert_close(torch.cat(parts, dim=1), want, rtol=1e-12, atol=1e-12)
 
 
 class _LocalSum:
@@ -142,16 +143,11 @@ def _packed(qtype: Q, n: int, k: int, seed: int = 0) -> PackedBlocks:
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
-def test_packed_weights_slice_along_whole_blocks(qtype):
+def test_packed_weights_slice_by_rows(qtype):
     p = _packed(qtype, 12, 128)
     dense = p.dequantize(torch.float32)
     r = rows(p, 3, 9)
     assert isinstance(r, PackedBlocks) and torch.equal(r.dequantize(torch.float32), dense[3:9])
-    c = cols(p, 32, 96)
-    assert isinstance(c, PackedBlocks) and c.shape == (12, 64)
-    assert torch.equal(c.dequantize(torch.float32), dense[:, 32:96])
-    cut = cols(p, 16, 48)  # cuts a block: dequantized, then sliced
-    assert isinstance(cut, torch.Tensor) and torch.equal(cut, dense[:, 16:48])
 
 
 def test_packed_model_weights_shard_to_the_dense_shards():
@@ -168,7 +164,7 @@ def test_packed_model_weights_shard_to_the_dense_shards():
         for name, t in sp.items():
             got = t.dequantize(torch.float32) if isinstance(t, PackedBlocks) else t
             assert torch.equal(got, sd[name]), name
-        for n in ("mlp.down_proj.weight", "self_attn.o_proj.weight"):  # whole blocks stay packed
+        for n in ("mlp.down_proj.weight", "self_attn.o_proj.weight"):  # row slices stay packed
             assert isinstance(sp["model.layers.0." + n], PackedBlocks)
 
 

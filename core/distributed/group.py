@@ -48,29 +48,35 @@ RANK_ENTRY = "paged.core.parallel_rank:follow"
 
 class Collectives:
     """The operations where sharded ranks meet, over one process group.
-    Counts the time spent in all-reduces (benchmarks/tensor_parallel.py)."""
+    Counts the calls and the time spent in them (benchmarks/tensor_parallel.py)."""
 
     def __init__(self, group=None):
         self.group = group
-        self.reduce_s = 0.0
-        self.reduce_calls = 0
+        self.collective_s = 0.0
+        self.collective_calls = 0
+
+    def _count(self, t0: float) -> None:
+        self.collective_s += time.perf_counter() - t0
+        self.collective_calls += 1
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         t = t.contiguous()
         dist.all_reduce(t, group=self.group)
-        self.reduce_s += time.perf_counter() - t0
-        self.reduce_calls += 1
+        self._count(t0)
         return t
 
     def all_gather_cat(self, local: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
         """Every rank's ``local`` [..., sizes[r]] concatenated along the last
         dimension (padded to the widest for the collective)."""
+        t0 = time.perf_counter()
         width = max(sizes)
         padded = F.pad(local, (0, width - local.shape[-1])).contiguous()
         parts = [torch.empty_like(padded) for _ in sizes]
         dist.all_gather(parts, padded, group=self.group)
-        return torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
+        out = torch.cat([p[..., :n] for p, n in zip(parts, sizes)], dim=-1)
+        self._count(t0)
+        return out
 
 
 @dataclass

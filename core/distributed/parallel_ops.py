@@ -7,19 +7,25 @@ import torch
 import torch.nn.functional as F
 
 from paged.core.distributed.sharding import Shard
+from paged.core.models.layers import linear
 
 
 class TensorParallelOps:
-    """One all-reduce after each row-parallel matmul (o_proj, down); the
-    embedding looked up in this rank's vocab slice (other ids give zero
-    rows) and all-reduced, so every rank holds the full hidden state; the
-    LM head's vocab columns gathered from every rank for sampling."""
+    """The output projections (o_proj, down) gather their full input from
+    every rank, compute this rank's output rows and gather the rows, so every
+    value is computed as one process computes it (core/distributed/
+    sharding.py); the embedding is looked up in this rank's vocab slice
+    (other ids give zero rows) and all-reduced, so every rank holds the full
+    hidden state; the LM head's vocab columns are gathered from every rank
+    for sampling."""
 
     def __init__(self, comm, shard: Shard):
         self.comm, self.shard = comm, shard
+        self._input_sizes = {"attention": shard.attn_sizes, "mlp": shard.inter_sizes}
 
-    def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(t)
+    def output_projection(self, x: torch.Tensor, weight, part: str, **linear_options) -> torch.Tensor:
+        full = self.comm.all_gather_cat(x, self._input_sizes[part])
+        return self.comm.all_gather_cat(linear(full, weight, **linear_options), self.shard.hidden_sizes)
 
     def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         start, end = self.shard.vocab

@@ -6,22 +6,28 @@ as pure functions of the config and the weights (no process group here).
   more ranks than KV heads, each KV head is replicated on the ranks that share
   its group and the group's query heads are split among them.
 - Column-parallel: the fused QKV rows (the rank's heads) and gate/up rows
-  (the rank's slice of the intermediate size); row-parallel: o_proj and down
-  take the matching columns, so each ends in one all-reduce.
+  (the rank's slice of the intermediate size).
+- Output projections (o_proj, down) by output rows too: a rank holds its
+  slice of the hidden size over every input column, gathers the full input
+  (every rank's heads / intermediate slice) and computes its rows, then the
+  rows are gathered. Each output value is then computed exactly as one
+  process computes it (the same inputs, the same reduction over every
+  column), so a -tp N model's bits equal -tp 1's on every path, quantized
+  activations included. Megatron's split (input columns, then an all-reduce
+  of partial sums) adds in another order, and one ulp there is enough to
+  flip the next layer's int8 activation codes (benchmarks/tp_divergence.py
+  shows it). The price: two all-gathers per projection instead of one
+  all-reduce (docs/distributed.md).
 - Vocab-parallel: the embedding and LM head rows of the rank's vocab slice
   (the lookup is masked and all-reduced, the logits gathered for sampling).
-- The intermediate size is split in units of 32 (a GGUF quantization block),
-  so down's column slices are whole blocks of packed weights; o_proj's
-  columns are whole heads (head_dim 64/128: whole blocks too). A packed matrix
-  whose columns would cut a block is dequantized first (dense slice).
+- The intermediate size is split in units of 32 (a GGUF quantization block)
+  where it divides; packed matrices are only ever sliced by rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import torch
 
 from paged.core.config import ModelConfig
 from paged.core.loaders.packed import QUANT_BLOCK, PackedBlocks
@@ -32,15 +38,21 @@ Range = tuple[int, int]
 @dataclass(frozen=True)
 class Shard:
     """What one rank holds: [start, end) ranges of query heads, KV heads, the
-    intermediate size and the vocabulary; ``vocab_sizes`` is every rank's
-    vocab slice length (the logits gather needs them)."""
+    intermediate size, the hidden size (output rows of o_proj and down) and
+    the vocabulary; the ``*_sizes`` are every rank's slice lengths, in rank
+    order (the gathers need them): attention outputs (query heads x
+    head_dim), intermediate, hidden, vocab."""
 
     rank: int
     world_size: int
     q_heads: Range
     kv_heads: Range
     inter: Range
+    hidden: Range
     vocab: Range
+    attn_sizes: tuple[int, ...]
+    inter_sizes: tuple[int, ...]
+    hidden_sizes: tuple[int, ...]
     vocab_sizes: tuple[int, ...]
 
     @property
@@ -54,7 +66,8 @@ class Shard:
     def describe(self) -> str:
         return (f"rank {self.rank}: query heads {self.q_heads[0]}-{self.q_heads[1] - 1}, "
                 f"KV heads {self.kv_heads[0]}-{self.kv_heads[1] - 1}, "
-                f"intermediate {self.inter[0]}:{self.inter[1]}, vocab {self.vocab[0]}:{self.vocab[1]}")
+                f"intermediate {self.inter[0]}:{self.inter[1]}, hidden {self.hidden[0]}:{self.hidden[1]}, "
+                f"vocab {self.vocab[0]}:{self.vocab[1]}")
 
 
 def split_even(n: int, parts: int) -> list[Range]:
@@ -103,9 +116,12 @@ def plan_shards(config: ModelConfig, world_size: int) -> list[Shard]:
         raise ValueError(f"tensor_parallel_size: expected a positive integer, got {world_size!r}")
     heads = split_heads(config.num_heads, config.num_kv_heads, world_size)
     inter = split_intermediate(config.intermediate_size, world_size)
+    hidden = split_even(config.hidden_size, world_size)
     vocab = split_even(config.vocab_size, world_size)
-    sizes = tuple(b - a for a, b in vocab)
-    return [Shard(r, world_size, heads[r][0], heads[r][1], inter[r], vocab[r], sizes) for r in range(world_size)]
+    lengths = lambda ranges, unit=1: tuple((b - a) * unit for a, b in ranges)  # noqa: E731
+    sizes = (lengths([q for q, _ in heads], config.head_dim), lengths(inter), lengths(hidden), lengths(vocab))
+    return [Shard(r, world_size, heads[r][0], heads[r][1], inter[r], hidden[r], vocab[r], *sizes)
+            for r in range(world_size)]
 
 
 def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
@@ -123,21 +139,11 @@ def rows(t, start: int, end: int):
     return t[start:end].contiguous()
 
 
-def cols(t, start: int, end: int):
-    """Columns [start, end) of a dense or packed matrix; a packed one whose
-    range cuts a quantization block is dequantized (float32) first."""
-    if isinstance(t, PackedBlocks):
-        if start % QUANT_BLOCK == 0 and end % QUANT_BLOCK == 0:
-            return t.column_blocks(start // QUANT_BLOCK, end // QUANT_BLOCK)
-        t = t.dequantize(torch.float32)
-    return t[:, start:end].contiguous()
-
-
 def shard_weights(weights: dict, config: ModelConfig, shard: Shard) -> dict:
     """HF-named weights -> the same names holding ``shard``'s slices; tensors
     the rank keeps whole (norms, rope_freqs) are passed through."""
     d = config.head_dim
-    q, kv, (i0, i1), (v0, v1) = shard.q_heads, shard.kv_heads, shard.inter, shard.vocab
+    q, kv, (i0, i1), (h0, h1), (v0, v1) = shard.q_heads, shard.kv_heads, shard.inter, shard.hidden, shard.vocab
     out = dict(weights)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         if name in weights:
@@ -149,8 +155,8 @@ def shard_weights(weights: dict, config: ModelConfig, shard: Shard) -> dict:
                 out[a + "q_proj." + part] = rows(weights[a + "q_proj." + part], q[0] * d, q[1] * d)
                 for n in ("k_proj.", "v_proj."):
                     out[a + n + part] = rows(weights[a + n + part], kv[0] * d, kv[1] * d)
-        out[a + "o_proj.weight"] = cols(weights[a + "o_proj.weight"], q[0] * d, q[1] * d)
+        out[a + "o_proj.weight"] = rows(weights[a + "o_proj.weight"], h0, h1)
         for n in ("gate_proj.weight", "up_proj.weight"):
             out[m + n] = rows(weights[m + n], i0, i1)
-        out[m + "down_proj.weight"] = cols(weights[m + "down_proj.weight"], i0, i1)
+        out[m + "down_proj.weight"] = rows(weights[m + "down_proj.weight"], h0, h1)
     return out

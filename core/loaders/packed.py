@@ -47,16 +47,6 @@ class PackedBlocks:
         row permutation or concatenation)."""
         return PackedBlocks(self.qtype, blocks.contiguous(), (blocks.shape[0], self.shape[1]))
 
-    def column_blocks(self, start: int, end: int) -> "PackedBlocks":
-        """Columns of quantization blocks [start, end) (values start*32 to
-        end*32): a tensor-parallel rank's slice of a row-parallel matrix."""
-        n, k = self.shape
-        _, type_size = GGML_QUANT_SIZES[self.qtype]
-        if not 0 <= start < end <= k // QUANT_BLOCK:
-            raise ValueError(f"column blocks: expected 0 <= start < end <= {k // QUANT_BLOCK}, got {start}:{end}")
-        b = self.blocks.view(n, k // QUANT_BLOCK, type_size)[:, start:end]
-        return PackedBlocks(self.qtype, b.reshape(n, -1).contiguous(), (n, (end - start) * QUANT_BLOCK))
-
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(qs, d, m) in the layout of ``_C_cpu.quant_linear``: qs uint8
         [N, K/2] (q4) or int8 [N, K] (q8), d and m float32 [N, K/32]

@@ -120,9 +120,13 @@ class SingleDevice:
     sharded: nothing to reduce or gather. A sharded model gets
     core/distributed/parallel_ops.py's TensorParallelOps instead."""
 
-    def reduce(self, t: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of a row-parallel matmul's partial output."""
-        return t
+    def output_projection(self, x: torch.Tensor, weight, part: str, **linear_options) -> torch.Tensor:
+        """linear(x, weight) for a block's output projection (``part``:
+        "attention" for o_proj, "mlp" for down). A sharded model's ``x``
+        holds this rank's slice of the input features and ``weight`` its
+        slice of the output rows; the result is the full output on every
+        rank."""
+        return linear(x, weight, **linear_options)
 
     def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Embedding rows of ``input_ids`` from this rank's vocab slice."""

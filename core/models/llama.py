@@ -132,11 +132,12 @@ class LlamaDecoderLayer(nn.Module):
         qkv = linear(x, self.qkv, self.qkv_bias, first_prompt_row=prompt, kv_projection=True)
         q, k, v = ops.rope_split_qkv(qkv, rope, rope_in, self.num_heads, self.num_kv_heads, self.head_dim)
         attn = self.attn_backend.forward(q, k, v, kv_cache, meta)
-        hidden = self.parallel.reduce(linear(attn.view(q.shape[0], self.q_size), self.o_proj, first_prompt_row=prompt))
+        hidden = self.parallel.output_projection(attn.view(q.shape[0], self.q_size), self.o_proj, "attention",
+                                                 first_prompt_row=prompt)
 
         x, residual = ops.add_rms_norm(hidden, residual, self.post_norm, self.eps)
         gate_up = linear(x, self.gate_up, first_prompt_row=prompt)
-        hidden = self.parallel.reduce(linear(ops.silu_and_mul(gate_up), self.down, first_prompt_row=prompt))
+        hidden = self.parallel.output_projection(ops.silu_and_mul(gate_up), self.down, "mlp", first_prompt_row=prompt)
         return hidden, residual
 
 
@@ -148,7 +149,7 @@ class LlamaForCausalLM(nn.Module):
         (e.g. backends.cpu.quant_linear.CpuPackedLinear); without it they are
         dequantized to ``dtype``. A tensor-parallel rank passes its shard's
         config and weights and ``parallel`` (core/distributed/parallel_ops.py):
-        the all-reduce after o_proj and down, the vocab-parallel embedding and
+        the gathers around o_proj and down, the vocab-parallel embedding and
         the logits gather."""
         super().__init__()
         self.parallel = parallel or SingleDevice()
