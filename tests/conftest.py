@@ -86,6 +86,7 @@ def load_benchmark(name: str):
     try:
         spec = importlib.util.spec_from_file_location(f"paged_benchmarks_{name}", BENCHMARKS / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # while it runs: dataclasses look their module up there
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(BENCHMARKS))

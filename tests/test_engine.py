@@ -1,8 +1,13 @@
-"""The Engine end to end on the CPU backend with the real default model.
+"""The Engine end to end on the CPU backend with the real default model, on
+the default path (auto) and on float32 activations (--linear-activations
+float32, whose prompt chunks of PAGED_DENSE_PREFILL_ROWS rows and more run
+as a dense GEMM), each at every ISA level this CPU has.
 
 The oracle for batching, chunked prefill, preemption and prefix caching is
-the same engine running each prompt alone: the CPU kernels are batch
-invariant, so every schedule must give identical tokens.
+the same engine running each prompt alone: the default path is bitwise batch
+invariant, the float32 path equal to float32 rounding (docs/kernels.md,
+"Batch invariance, per CPU path"), so every schedule must give identical
+greedy tokens on these prompts.
 """
 
 import os
@@ -26,14 +31,14 @@ def one_cpu() -> str:
     return str(min(os.sched_getaffinity(0)))
 
 
-@pytest.fixture(scope="module")
-def engine(default_model_path, isa_level):
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def engine(request, default_model_path, isa_level):
     # 16-token blocks (not the CPU default of 128): these short prompts then
     # span several blocks, so preemption, prefix hits and block reuse are
     # exercised. test_engine_parity runs the default block size.
     return Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32", max_model_len=512,
                                max_num_seqs=16, max_num_batched_tokens=256, kv_cache_memory="128MiB",
-                               block_size=16, cpu_threads_bind=one_cpu()))
+                               block_size=16, cpu_threads_bind=one_cpu(), linear_activations=request.param))
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +80,16 @@ def test_tiny_chunked_prefill_budget_equals_alone(llm, engine, alone):
     assert tokens(outs) == alone + [ref]
 
 
-def test_long_prompt_in_one_chunk_equals_small_chunks(llm, engine):
-    """A prompt prefilled in one large chunk (packed weights run as a dense
-    GEMM from PAGED_DENSE_PREFILL_ROWS rows, backends/cpu/quant_linear.py) and
-    in 32-token chunks (the packed kernel) gives the same greedy tokens."""
+def test_long_prompt_in_one_chunk_equals_small_chunks(llm, engine, monkeypatch):
+    """A prompt prefilled in one large chunk and in 32-token chunks gives the
+    same greedy tokens. On float32 activations the large chunk runs the
+    packed weights as a dense GEMM (PAGED_DENSE_PREFILL_ROWS rows and more,
+    backends/cpu/quant_linear.py), the small ones the packed kernel."""
     from paged.backends.cpu import quant_linear
+
+    dense_calls = []
+    monkeypatch.setattr(quant_linear.CpuPackedLinear, "_dequantized",
+                        lambda self, f=quant_linear.CpuPackedLinear._dequantized: dense_calls.append(1) or f(self))
 
     long_prompt = " ".join(PROMPTS * 6)
     n = len(engine.tokenizer.encode(long_prompt))
@@ -96,6 +106,7 @@ def test_long_prompt_in_one_chunk_equals_small_chunks(llm, engine):
         sched.max_num_batched_tokens = saved
         kv.enable_prefix_caching = True
     assert one_chunk == chunked
+    assert bool(dense_calls) == (engine.linear_activations == "float32")  # the dense branch ran where it exists
 
 
 def test_forced_preemption_equals_alone(llm, engine, alone):

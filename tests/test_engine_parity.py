@@ -4,13 +4,16 @@ transformers' on the same GGUF, token for token, on three paths:
 - exact: float32 activations and cache (--linear-activations float32),
 - int8x2: two-term int8 activations, float32 cache,
 - auto: the default (mixed activations, float16 cache; docs/kernels.md,
-  "Choosing the CPU path"), whose prompt rows are int8 outside QKV.
+  "Choosing the CPU path"): one int8 term in the middle layers' O, gate/up
+  and down projections.
 
 Where the engine picks a different token, HF's logit for it must trail HF's
 choice by less than the path's NEAR_TIE (a near-tie that a different but
 correct summation order, or the path's documented rounding, can flip); the
 rest of that prompt is then not compared. The largest logprob difference
-over the compared steps is printed (pytest -s) and bounded per path.
+over the compared steps is printed (pytest -s) and bounded per path, and so
+is the number of tokens compared; the bounds tell the paths apart (int8
+everywhere fails auto's). The held-out measure is tests/test_accuracy_gate.py.
 """
 
 import os
@@ -36,27 +39,27 @@ PROMPTS = [
     "In a hole in the ground there lived",
 ]
 NEW_TOKENS = 32
-# path: (engine options, NEAR_TIE: the largest HF top-2 margin a divergence may have, logprob bound)
-PATHS = {"exact": (dict(linear_activations="float32"), 1e-3, 1e-2),
+# path: (engine options, NEAR_TIE: the largest HF top-2 margin a divergence may have, logprob bound,
+# tokens that must be compared before the first divergences, of 8 x 32)
+PATHS = {"exact": (dict(linear_activations="float32"), 1e-3, 1e-2, 240),
          # 16-bit activation codes: a divergence seen at a margin of 0.0024 (prompt 7, step 31)
-         "int8x2": (dict(linear_activations="int8x2", kv_cache_dtype="float32"), 1e-2, 1e-2),
-         # int8 prompt rows: a last-bit change upstream can flip an int8 code, and the logits move by up to
-         # ~0.1-0.2 (measured 2026-12-01, Zen 4: a divergence where HF's logit for our token trailed by 0.17,
-         # max |logprob diff| 0.37 over the top-5 entries); a broken path misses by nats. The accuracy gate
-         # (benchmarks/accuracy_gate.py) is this path's measure of faithfulness
-         "auto": (dict(), 0.4, 0.75)}
+         "int8x2": (dict(linear_activations="int8x2", kv_cache_dtype="float32"), 1e-2, 1e-2, 240),
+         # one int8 term in the middle layers' O, gate/up and down: measured 2026-12-04 on Zen 3, divergences at
+         # HF margins up to 0.054, max |logprob diff| 0.27, 219 tokens compared. int8 everywhere (below the
+         # accuracy contract, docs/accuracy.md) measured 0.22, 0.48 and 184 here: these bounds fail it
+         "auto": (dict(), 0.15, 0.4, 200)}
 
 
 @pytest.fixture(scope="module", params=list(PATHS))
 def ours(request, default_model_path, isa_level):
-    options, near_tie, lp_bound = PATHS[request.param]
+    options, near_tie, lp_bound, min_compared = PATHS[request.param]
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
                                  max_model_len=256, max_num_seqs=8, kv_cache_memory="64MiB",
                                  cpu_threads_bind=str(min(os.sched_getaffinity(0))), **options))
     llm = LLM.from_engine(engine)
     ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     outs = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5))
-    return ids, [o.outputs[0] for o in outs], near_tie, lp_bound
+    return ids, [o.outputs[0] for o in outs], near_tie, lp_bound, min_compared
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +86,7 @@ def hf_greedy(model, ids):
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
 def test_greedy_tokens_equal_hf(ours, hf_model):
-    ids, completions, near_tie, lp_bound = ours
+    ids, completions, near_tie, lp_bound, min_compared = ours
     max_lp_diff, near_ties, compared = 0.0, [], 0
     for p, (prompt_ids, comp) in enumerate(zip(ids, completions)):
         ref_tokens, ref_logits = hf_greedy(hf_model, prompt_ids)
@@ -103,4 +106,4 @@ def test_greedy_tokens_equal_hf(ours, hf_model):
     print(f"\nengine vs HF float32: {compared} greedy tokens compared, max |logprob diff| over the top-5 = "
           f"{max_lp_diff:.3g}, near-ties: {near_ties or 'none'}")
     assert max_lp_diff < lp_bound
-    assert compared >= len(PROMPTS) * NEW_TOKENS // 2
+    assert compared >= min_compared

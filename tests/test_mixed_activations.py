@@ -1,18 +1,18 @@
-"""CPU "mixed" linear activations: int8x2 for rows that generate a token
-(decodes, speculative verify rows) and in every QKV projection, int8 for the
-other matrices' prompt rows (docs/kernels.md, "Mixed activations").
-
-In the middle layers (one_term_layers) the O, gate/up and down projections
-take one int8 term for every row, generating rows included.
+"""CPU "mixed" linear activations: one int8 term for every row of the O,
+gate/up and down projections of the middle layers (one_term_layers), two
+int8 terms (int8x2) for every other matrix, the QKV projections included
+(docs/kernels.md, "Mixed activations"). A row's arithmetic depends on its
+layer and matrix, never on its role (prompt or generating); the marked
+prompt rows only pick their attention kernel.
 
 Oracles: the pure modes, each tested against its own arithmetic in
-test_quant_linear_int8*.py. A split call (quant_linear's two_term_rows) must
-be bitwise the two pure calls concatenated, in every build; a model with
-"mixed" must be bitwise the same model with per-matrix pure modes (QKV int8x2,
-the rest int8) when every row is a prompt row, the int8x2 model when none is
-marked, and the C++ layer stack must equal the Python layers on a step that
-mixes decodes and a prompt chunk. The model runner marks the first prompt row
-after decodes and verify rows.
+test_quant_linear_int8*.py. A split call (quant_linear's two_term_rows,
+which mixed-bf16 and the one-term layers use) must be bitwise the two pure
+calls concatenated, in every build; a "mixed" model must be bitwise the same
+model with per-matrix pure modes (int8 in the middle layers' O, gate/up and
+down, int8x2 elsewhere) on every kind of step, marked or not, and the C++
+layer stack must equal the Python layers. The model runner marks the first
+prompt row after decodes and verify rows.
 """
 
 from __future__ import annotations
@@ -87,51 +87,10 @@ def model_with(activations, config, weights, per_matrix=None):
     return model, backend
 
 
-def forward(model, backend, ids, pos, meta, stack: bool, monkeypatch):
-    monkeypatch.setenv("PAGED_LAYER_STACK", "1" if stack else "0")
-    caches = backend.allocate_kv_cache(len(model.layers), len(LENGTHS) * MAX_BLOCKS)
-    return model(ids, pos, caches, meta), caches
-
-
 @pytest.fixture(scope="module")
 def tiny():
     config = tiny_config()
     return config, tiny_weights(config)
-
-
-def prompt_step(first_prompt_row):
-    rng = np.random.default_rng(3)
-    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    ids, pos, meta = step(tokens, [(0, 0, 3), (1, 0, 17), (3, 0, 20)], 0)
-    meta.first_prompt_row = first_prompt_row
-    return ids, pos, meta
-
-
-def test_all_prompt_rows_are_qkv_int8x2_and_the_rest_int8(tiny, monkeypatch):
-    config, weights = tiny
-    ids, pos, meta = prompt_step(0)
-    mixed, backend = model_with("mixed", config, weights)
-    assert mixed.layer_stack is not None
-    oracle, ob = model_with("int8", config, weights, per_matrix={"qkv": "int8x2"})
-    assert oracle.layer_stack is None  # per-matrix modes: the Python layers
-    ob.prompt_attention = backend.prompt_attention  # mixed's prompt rows attend on their own kernel
-    want, _ = forward(oracle, ob, ids, pos, meta, False, monkeypatch)
-    for stack in (False, True):
-        got, _ = forward(mixed, backend, ids, pos, meta, stack, monkeypatch)
-        assert torch.equal(got, want), f"stack={stack}"
-    # and the mark matters: the all-int8x2 model differs on these rows
-    int8x2, xb = model_with("int8x2", config, weights)
-    assert not torch.equal(forward(int8x2, xb, ids, pos, meta, False, monkeypatch)[0], want)
-
-
-def test_unmarked_rows_are_int8x2(tiny, monkeypatch):
-    config, weights = tiny
-    ids, pos, meta = prompt_step(None)
-    mixed, backend = model_with("mixed", config, weights)
-    int8x2, xb = model_with("int8x2", config, weights)
-    want, _ = forward(int8x2, xb, ids, pos, meta, True, monkeypatch)
-    for stack in (False, True):
-        assert torch.equal(forward(mixed, backend, ids, pos, meta, stack, monkeypatch)[0], want)
 
 
 def assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch) -> None:
@@ -156,8 +115,9 @@ def assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatc
             assert torch.equal(k1, k0) and torch.equal(v1, v0)
 
 
-def test_stack_equals_python_layers_on_a_mixed_step(tiny, monkeypatch):
-    config, weights = tiny
+def test_stack_equals_python_layers_on_a_mixed_step(monkeypatch):
+    config = tiny_config(num_layers=5)
+    weights = tiny_weights(config)
     model, backend = model_with("mixed", config, weights)
     assert_stack_equals_python_on_mixed_steps(model, backend, config, monkeypatch)
 
@@ -205,9 +165,10 @@ def test_one_term_layers_are_the_middle_three_fifths():
             assert middle.start == n - middle.stop  # as many outer layers at each end
 
 
-def run_steps(model, backend, config, monkeypatch, stack: bool) -> list[torch.Tensor]:
-    """The hidden states of three marked steps (prompts alone, decodes beside
-    a prompt chunk, decodes alone) on a fresh cache."""
+def run_steps(model, backend, config, monkeypatch, stack: bool, marked: bool = True) -> list[torch.Tensor]:
+    """The hidden states of four steps (prompts alone, decodes beside a
+    prompt chunk, decodes alone, a prompt chunk alone) on a fresh cache,
+    prompt rows marked as the runner marks them, or not marked at all."""
     monkeypatch.setenv("PAGED_LAYER_STACK", "1" if stack else "0")
     rng = np.random.default_rng(11)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
@@ -215,50 +176,60 @@ def run_steps(model, backend, config, monkeypatch, stack: bool) -> list[torch.Te
     outs = []
     for work, nd in ([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0), \
                     ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4), \
-                    ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5):
+                    ([(0, 4, 1), (1, 18, 1), (2, 10, 1), (3, 30, 1), (4, 6, 1)], 5), \
+                    ([(1, 19, 6)], 0):
         ids, pos, meta = step(tokens, work, nd)
-        meta.first_prompt_row = int(meta.query_start_loc[nd])
+        meta.first_prompt_row = int(meta.query_start_loc[nd]) if marked else None
         outs.append(model(ids, pos, caches, meta))
     return outs
 
 
-def test_middle_layers_compute_generating_rows_on_one_term(monkeypatch):
-    """A five-layer "mixed" model computes layers 1-3's O, gate/up and down on
-    one term for every row, decode rows included: bitwise the model whose
-    middle matrices are plain int8 (the Python layers, per-matrix modes),
-    from the stack and from the Python layers alike."""
-    config = tiny_config(num_layers=5)
-    weights = tiny_weights(config)
-    mixed, backend = model_with("mixed", config, weights)
-    assert mixed.layer_stack is not None
-    assert [layer.o_proj.one_term_generating for layer in mixed.layers] == [False, True, True, True, False]
-    assert not any(layer.qkv.one_term_generating for layer in mixed.layers)  # cached K/V: two terms
-
+def per_matrix_oracle(config, weights, prompt_attention: str):
+    """The model with plain int8 in the middle layers' O, gate/up and down
+    and int8x2 everywhere else (the Python layers: per-matrix modes)."""
     ob = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
-    oracle = build_model(config, weights, torch.float32, "cpu", ob, lambda t: CpuPackedLinear(t, activations="mixed"))
+    oracle = build_model(config, weights, torch.float32, "cpu", ob, lambda t: CpuPackedLinear(t, activations="int8x2"))
     for i in one_term_layers(config.num_layers):
         for w in (oracle.layers[i].o_proj, oracle.layers[i].gate_up, oracle.layers[i].down):
             w.activations = "int8"
     prepare_model(oracle)
-    assert oracle.layer_stack is None  # per-matrix modes: the Python layers
-    ob.prompt_attention = backend.prompt_attention  # mixed's prompt rows attend on their own kernel
-    want = run_steps(oracle, ob, config, monkeypatch, stack=False)
-    for stack in (False, True):
-        got = run_steps(mixed, backend, config, monkeypatch, stack)
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert torch.equal(g, w), f"stack={stack}, step {i}"
+    assert oracle.layer_stack is None
+    ob.prompt_attention = prompt_attention  # mixed's prompt rows attend on their own kernel
+    return oracle, ob
 
-    # and the setting matters: with two terms for generating rows everywhere
-    # the decode steps differ
+
+def test_every_row_takes_its_layers_arithmetic(monkeypatch):
+    """A five-layer "mixed" model computes layers 1-3's O, gate/up and down on
+    one term and everything else on two, for every row whatever its role:
+    bitwise the per-matrix oracle on steps of prompt rows, decodes beside a
+    prompt chunk and decodes alone, from the stack and from the Python layers,
+    with the prompt rows marked or not."""
+    config = tiny_config(num_layers=5)
+    weights = tiny_weights(config)
+    mixed, backend = model_with("mixed", config, weights)
+    assert mixed.layer_stack is not None
+    assert [layer.o_proj.one_term for layer in mixed.layers] == [False, True, True, True, False]
+    assert not any(layer.qkv.one_term for layer in mixed.layers)  # cached K/V: two terms
+    oracle, ob = per_matrix_oracle(config, weights, backend.prompt_attention)
+    for marked in (True, False):
+        want = run_steps(oracle, ob, config, monkeypatch, stack=False, marked=marked)
+        for stack in (False, True):
+            got = run_steps(mixed, backend, config, monkeypatch, stack, marked)
+            for i, (g, w) in enumerate(zip(got, want)):
+                assert torch.equal(g, w), f"marked={marked}, stack={stack}, step {i}"
+
+    # and the setting matters: without it every step is the all-int8x2 model's
     for layer in mixed.layers:
         for w in (layer.o_proj, layer.gate_up, layer.down):
-            w.one_term_generating = False
+            w.one_term = False
     two_terms = run_steps(mixed, backend, config, monkeypatch, stack=False)
-    assert torch.equal(two_terms[0], want[0])  # prompt rows: one term in those matrices either way
-    assert not torch.equal(two_terms[1], want[1]) and not torch.equal(two_terms[2], want[2])
+    int8x2, xb = model_with("int8x2", config, weights)
+    xb.prompt_attention = backend.prompt_attention
+    assert all(torch.equal(a, b) for a, b in zip(two_terms, run_steps(int8x2, xb, config, monkeypatch, False)))
+    assert not any(torch.equal(a, b) for a, b in zip(two_terms, want))
 
 
-def test_one_term_generating_needs_mixed():
+def test_one_term_needs_mixed():
     from torch.utils.dlpack import to_dlpack as dl
 
     config = tiny_config()
@@ -266,7 +237,7 @@ def test_one_term_generating_needs_mixed():
     native = model.layer_stack._native
     layer = model.layers[0]
     mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
-    with pytest.raises(ValueError, match=r"one_term_generating: expected false unless the stack's activations "
+    with pytest.raises(ValueError, match=r"one_term: expected false unless the stack's activations "
                                          r"are 'mixed', got true with activations 'int8x2'"):
         native.add_layer(dl(layer.input_norm.detach()), dl(layer.post_norm.detach()), mat(layer.qkv), None,
                          mat(layer.o_proj), mat(layer.gate_up), mat(layer.down), [], True)

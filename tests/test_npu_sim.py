@@ -222,7 +222,8 @@ def test_greedy_bf16_matches_the_cpu_float32_engine(suite):
     _, llm = suite
     n = 16
     got = llm.generate(PROMPTS, SamplingParams(max_tokens=n, temperature=0.0))
-    cpu = LLM(model=None, device="cpu", dtype="float32", seed=0, kv_cache_memory="256MiB", max_model_len=2048)
+    cpu = LLM(model=None, device="cpu", dtype="float32", linear_activations="float32", seed=0,
+              kv_cache_memory="256MiB", max_model_len=2048)  # float32 activations, as the docstring says
     want = cpu.generate(PROMPTS, SamplingParams(max_tokens=n, temperature=0.0, logprobs=2))
     compared = 0
     for prompt, g, w in zip(PROMPTS, got, want):

@@ -4,12 +4,12 @@ proposer removed), i.e. plain one-token-a-step decoding, and for the prefix
 cache a full recompute (prompt_logprobs requests skip the cache).
 
 What holds (docs/speculative.md): a verified row runs through the varlen
-prefill attention path, a plain decode row through the decode path; docs/
-kernels.md's bitwise guarantee (int8 / int8x2 paths) covers rows of one kind
-only. On the float32 and int8x2 (auto) paths and the reference backend greedy
-tokens are equal except where the plain run's top-2 logit margin is below
-0.01 (checked through its logprobs); on the int8 path only up to its
-rounding (0.5).
+prefill attention path, a plain decode row through the decode path, and on
+the CPU the two compute a row's attention alike. On the default path (auto)
+speculation is bitwise invisible (tokens and logprobs); on the float32 and
+int8x2 paths and the reference backend greedy tokens are equal except where
+the plain run's top-2 logit margin is below 0.01 (checked through its
+logprobs); on the int8 path only up to its rounding (0.5).
 """
 
 from __future__ import annotations
@@ -234,9 +234,24 @@ def test_constrained_and_penalised_requests_do_not_speculate(llm):
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
 
 
+def test_default_path_equals_plain_decoding_bitwise(default_model_path):
+    """The default path (auto: mixed activations, float16 cache; prefix
+    caching on): verify rows are rows that generate a token, with a decode
+    row's linear arithmetic, and the prefill attention kernel computes each
+    of them as the decode kernel does, so speculation changes nothing: the
+    same tokens and the same logprobs, bit for bit."""
+    llm = make(default_model_path, linear_activations="auto")
+    plain = run(llm, PROMPTS, GREEDY, spec=False)
+    spec = run(llm, PROMPTS * 2, GREEDY, spec=True)
+    assert spec_counts(llm)[1] > 16, "the repetitive prompts must accept drafts"
+    for s, p in zip(spec, plain * 2):
+        assert s.outputs[0].token_ids == p.outputs[0].token_ids, p.prompt[:30]
+        assert s.outputs[0].logprobs == p.outputs[0].logprobs, p.prompt[:30]
+
+
 @pytest.mark.parametrize("activations, margin", [("int8x2", 0.01), ("int8", 0.5)])
 def test_int8_paths_equal_tokens_up_to_their_rounding(default_model_path, activations, margin):
-    """int8 / int8x2 activations (int8x2 is the CPU's auto): bitwise batch
+    """int8 / int8x2 activations: bitwise batch
     invariant for rows of one kind, but a verified row takes the prefill
     attention path and a decode row the decode path, whose last-bit
     differences the per-32-block rounding of activations amplifies (as a

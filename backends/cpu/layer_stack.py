@@ -90,7 +90,7 @@ class LayerStack:
                     or not (layer.qkv_bias is None or _dense_f32(layer.qkv_bias))):
                 return None
             activations.update(w.activations for w in mats)
-            if len({w.one_term_generating for w in mats[1:]}) != 1:  # one setting for O, gate/up and down
+            if len({w.one_term for w in mats[1:]}) != 1:  # one setting for O, gate/up and down
                 return None
         if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
             return None
@@ -102,7 +102,7 @@ class LayerStack:
             mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term_generating)
+                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term)
         return cls(native)
 
     @staticmethod

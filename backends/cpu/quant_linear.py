@@ -67,11 +67,10 @@ PANEL_MAX_PACKED_BYTES = 1 << 30
 log = logging.getLogger(__name__)
 
 #: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s
-#: ``activations``), "mixed": int8x2 for rows that generate a token, int8
-#: for prompt rows where the caller marks them (``first_prompt_row``) except
-#: in the K/V projection (and for every marked step's rows in the O, gate/up
-#: and down projections of ``one_term_layers``), and "mixed-bf16": int8x2 for rows that generate a
-#: token, bfloat16 on AMX tiles for every prompt row (``quant_linear``'s
+#: ``activations``), "mixed": int8 for every row of the O, gate/up and down
+#: projections of ``one_term_layers``, int8x2 for every other matrix (QKV
+#: and the LM head included); and "mixed-bf16": int8x2 for rows that generate
+#: a token, bfloat16 on AMX tiles for every prompt row (``quant_linear``'s
 #: ``prompt_rows="bf16"``, tiles made from the int8 panels: no bfloat16 copy;
 #: CPUs with AMX-BF16 only).
 ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
@@ -118,12 +117,11 @@ def resolve_activations(setting: str) -> str:
 
 def one_term_layers(num_layers: int) -> range:
     """The decoder layers whose O, gate/up and down projections "mixed"
-    computes on one int8 term for every row, generating rows included: all
-    but the first and last fifth (rounded up). Greedy output is most
-    sensitive to the outer layers: on the default model's gate, one term
-    there in all 30 layers agreed on 1245 tokens (llama.cpp 1278), in
-    layers 6-23 on 1587, for ~60% of the saving (docs/kernels.md, "Mixed
-    activations")."""
+    computes on one int8 term, every row: all but the first and last fifth
+    (rounded up). Chosen on the accuracy gate's tuning half
+    (docs/accuracy.md): greedy output and perplexity are most sensitive to
+    the outer layers, and a row's role (prompt or generating) does not
+    change its arithmetic."""
     edge = -(-num_layers // 5)
     return range(edge, max(edge, num_layers - edge))
 
@@ -152,9 +150,9 @@ class CpuPackedLinear:
         self.out_features, self.in_features = packed.shape
         self.nbytes = packed.nbytes
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
-        # "mixed" only: rows that generate a token take one int8 term here too
-        # (the O, gate/up and down projections of one_term_layers)
-        self.one_term_generating = False
+        # "mixed" only: every row takes one int8 term here, else two (the O,
+        # gate/up and down projections of one_term_layers)
+        self.one_term = False
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
 
@@ -184,10 +182,11 @@ class CpuPackedLinear:
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                first_prompt_row: int | None = None, kv_projection: bool = False) -> torch.Tensor:
         """x @ W^T + bias. ``first_prompt_row``: the rows from there on are
-        prompt rows (their tokens are known), which "mixed" computes with one
-        int8 term unless ``kv_projection`` (the outputs are cached K/V, read by
-        every later token) and "mixed-bf16" in bfloat16; None: every row
-        generates (or the caller does not say)."""
+        prompt rows (their tokens are known), which "mixed-bf16" computes in
+        bfloat16; None: every row generates (or the caller does not say).
+        "mixed" computes every row alike: one int8 term where ``one_term``
+        (never for ``kv_projection``, whose outputs are the cached K/V), two
+        elsewhere."""
         from paged import _C_cpu
 
         lead = x.shape[:-1]
@@ -202,12 +201,8 @@ class CpuPackedLinear:
             split = -1 if first_prompt_row is None else min(first_prompt_row, rows)
             if self.activations == "mixed-bf16":  # prompt rows in bfloat16, QKV's too
                 self._packed(x2, out, "int8x2", split, "bf16")
-            elif self.activations == "mixed":  # prompt rows on one int8 term, but not the cached K/V
-                if kv_projection:
-                    split = -1
-                elif self.one_term_generating and split >= 0:
-                    split = 0
-                self._packed(x2, out, "int8x2", split)
+            elif self.activations == "mixed":  # two_term_rows 0: every row on one term, as "int8"
+                self._packed(x2, out, "int8x2", 0 if self.one_term and not kv_projection else -1)
             else:
                 self._packed(x2, out, self.activations, -1)
             if bias is not None:

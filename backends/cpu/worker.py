@@ -62,13 +62,13 @@ def set_prompt_attention(model) -> None:
 def set_one_term_layers(model, middle=None) -> None:
     """A "mixed" model's middle layers (``middle``, default one_term_layers)
     compute every row on one int8 term outside QKV (their matrices'
-    one_term_generating; a layer stack built afterwards follows it)."""
+    one_term; a layer stack built afterwards follows it)."""
     layers = model.decoder_stack().layers
     middle = set(one_term_layers(len(layers)) if middle is None else middle)
     for i, layer in enumerate(layers):
         for w in (layer.o_proj, layer.gate_up, layer.down):
             if getattr(w, "activations", None) == "mixed":
-                w.one_term_generating = i in middle
+                w.one_term = i in middle
 
 
 def decoder_matrices(model) -> list:

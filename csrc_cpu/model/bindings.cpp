@@ -18,19 +18,19 @@ void register_model(nb::module_& m) {
                          "one call per step with the kernels and arguments of the Python path (bitwise "
                          "identical). Single-threaded: one engine thread per stack. activations: the packed "
                          "linear's 'float32', 'int8' or 'int8x2' (quant_linear's argument) for every matrix, or 'mixed' "
-                         "(int8x2 for rows before run()'s first_prompt_row and in QKV, int8 for the other prompt rows and, in "
-                         "layers added with one_term_generating, for every row outside QKV) or "
+                         "(int8 for every row of the O, gate/up and down projections of layers added with one_term, "
+                         "int8x2 elsewhere; run()'s prompt rows attend on their own kernel) or "
                          "'mixed-bf16' (int8x2 for rows before first_prompt_row, bfloat16 on AMX tiles for the prompt rows).")
       .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array, std::string>(),
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
       .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
            "o_proj"_a, "gate_up"_a, "down"_a, "panels"_a = std::vector<std::optional<model::Array>>{},
-           "one_term_generating"_a = false,
+           "one_term"_a = false,
            "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
            "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
-           "it matches the active linear ISA). one_term_generating ('mixed' only): rows that generate a token "
-           "take one int8 term in this layer's O, gate/up and down projections too.")
+           "it matches the active linear ISA). one_term ('mixed' only): every row takes one int8 term in "
+           "this layer's O, gate/up and down projections.")
       .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
            "One (key_cache, value_cache) per layer, used by the following run() calls.")
       .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,

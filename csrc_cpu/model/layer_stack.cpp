@@ -54,7 +54,7 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
            sliding_window},
       final_norm_(std::move(final_norm)),
       activations_(std::move(activations)) {
-  if (activations_ == "mixed" || activations_ == "mixed-bf16") {  // int8x2 for rows that generate a token (header)
+  if (activations_ == "mixed" || activations_ == "mixed-bf16") {  // int8x2 but where a layer says one term (header)
     linear_activations_ = "int8x2";
     if (activations_ == "mixed-bf16") prompt_rows_ = "bf16";
   } else if (activations_ == "float32" || activations_ == "int8" || activations_ == "int8x2") {
@@ -70,10 +70,9 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                           std::vector<std::optional<Array>> panels, bool one_term_generating) {
-  if (one_term_generating && activations_ != "mixed")
-    fail("one_term_generating", "false unless the stack's activations are 'mixed'",
-         "true with activations '" + activations_ + "'");
+                           std::vector<std::optional<Array>> panels, bool one_term) {
+  if (one_term && activations_ != "mixed")
+    fail("one_term", "false unless the stack's activations are 'mixed'", "true with activations '" + activations_ + "'");
   f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
   f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
   if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
@@ -82,7 +81,7 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, 
   panels.resize(4);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
                           {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
-                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term_generating});
+                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -195,12 +194,11 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     fail("query_start_loc[-1]", "T = " + str(tokens) + " (the step's tokens)", starts[ns]);
   if (first_prompt_row < -1 || first_prompt_row > tokens)
     fail("first_prompt_row", "-1 (no prompt rows marked) or in [0, T = " + str(tokens) + "]", first_prompt_row);
-  // "mixed": prompt rows take one int8 term except in the QKV projection,
-  // whose K/V outputs are cached and read by every later token; "mixed-bf16":
-  // prompt rows in bfloat16 everywhere.
+  // The marked prompt rows: "mixed" attends them on its own kernel, "mixed-bf16"
+  // also computes them in bfloat16 in every matrix.
   const bool marks = (activations_ == "mixed" || activations_ == "mixed-bf16") && first_prompt_row >= 0;
   const int64_t split = marks ? first_prompt_row : -1;
-  const int64_t qkv_split = activations_ == "mixed-bf16" ? split : -1;
+  const int64_t bf16_split = activations_ == "mixed-bf16" ? split : -1;
   if (tokens == 0) return;
   if (num_decodes < ns) {  // meta.prefill_part's query_start_loc
     prefill_starts_.assign(starts + num_decodes, starts + ns + 1);
@@ -228,7 +226,7 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     else
       ops::fused_add_rms_norm(x_rows, hidden, l.input_norm, c.eps);
 
-    linear(l.qkv, x, tokens, c.hidden_size, qkv_.data(), qkv_w, qkv_split);
+    linear(l.qkv, x, tokens, c.hidden_size, qkv_.data(), qkv_w, bf16_split);
     if (l.qkv_bias) {  // torch's `out += bias`: one float32 add per element
       const auto* b = static_cast<const float*>(l.qkv_bias->data());
       for (size_t r = 0; r < t; ++r) {
@@ -241,8 +239,8 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
     ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
     attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
-    // a middle layer of "mixed": every marked step's rows on one term here
-    const int64_t rest_split = l.one_term_generating && split >= 0 ? 0 : split;
+    // a middle layer of "mixed": every row on one term here (two_term_rows 0)
+    const int64_t rest_split = l.one_term ? 0 : bf16_split;
     linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, rest_split);
 
     ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, c.eps);

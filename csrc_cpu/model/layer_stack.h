@@ -10,12 +10,11 @@
 // `activations` is the packed linear's setting for every matrix of the stack
 // ("float32", "int8" or "int8x2", linear/quant_linear.h), the same the Python
 // path's CpuPackedLinear objects carry, so the two stay bitwise equal in every
-// mode; or "mixed": int8x2 for the rows before run()'s first_prompt_row (the
-// rows that generate a token) and in every QKV projection, int8 for prompt
-// rows in the other matrices (docs/kernels.md, "Mixed activations"), and
-// int8 for every row of the O, gate/up and down projections of the layers
-// added with one_term_generating (the middle layers: backends/cpu/
-// quant_linear.py one_term_layers); or
+// mode; or "mixed": int8 for every row of the O, gate/up and down
+// projections of the layers added with one_term (the middle layers:
+// backends/cpu/quant_linear.py one_term_layers), int8x2 everywhere else, QKV
+// included (docs/kernels.md, "Mixed activations"); a row's arithmetic
+// depends on its layer and matrix only, not on its role; or
 // "mixed-bf16": int8x2 for the rows that generate a token, bfloat16 on AMX
 // tiles (linear/bf16_prompt.h) for every prompt row, QKV's included
 // (quant_linear's prompt_rows "bf16").
@@ -71,11 +70,11 @@ class LayerStack {
   // the bias, which this class adds itself, is checked here). panels: none,
   // or one per matrix (qkv, o_proj, gate_up, down; each None or
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
-  // one_term_generating ("mixed" only): the rows that generate a token take
-  // one int8 term in this layer's O, gate/up and down projections too.
+  // one_term ("mixed" only): every row takes one int8 term in this layer's
+  // O, gate/up and down projections (else two).
   void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                 std::vector<std::optional<Array>> panels = {}, bool one_term_generating = false);
+                 std::vector<std::optional<Array>> panels = {}, bool one_term = false);
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -96,7 +95,7 @@ class LayerStack {
     Array input_norm, post_norm;
     StackMatrix qkv, o_proj, gate_up, down;
     std::optional<Array> qkv_bias;
-    bool one_term_generating = false;
+    bool one_term = false;
   };
 
   void linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
