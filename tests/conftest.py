@@ -81,7 +81,7 @@ def load_benchmark(name: str):
     imports) and those siblings leave sys.modules again: left on the path it
     would shadow installed packages for the rest of the session (a benchmarks/
     kernels.py hid the ``kernels`` package transformers imports)."""
-    before = set(sys.modules)
+    before, path = set(sys.modules), list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))
     try:
         spec = importlib.util.spec_from_file_location(f"paged_benchmarks_{name}", BENCHMARKS / f"{name}.py")
@@ -89,7 +89,7 @@ def load_benchmark(name: str):
         sys.modules[spec.name] = module  # while it runs: dataclasses look their module up there
         spec.loader.exec_module(module)
     finally:
-        sys.path.remove(str(BENCHMARKS))
+        sys.path[:] = path  # the folder (and any copy the module itself added) leaves the path
         for added in set(sys.modules) - before:
             if in_benchmarks(getattr(sys.modules[added], "__file__", None)):
                 del sys.modules[added]
