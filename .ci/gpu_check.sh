@@ -54,7 +54,7 @@ grep -E "^(PASS|FAIL)" "$OUT/e2e.log" | tee -a "$S"
 [ $e2e_rc -eq 0 ] || tail -15 "$OUT/e2e.log" | tee -a "$S"
 
 stage conformance
-timeout 45 $PY -m paged.core.cli conformance --device cuda --quick > "$OUT/conformance.txt" 2>&1
+timeout 45 $PY -m paged.core.entrypoints.cli conformance --device cuda --quick > "$OUT/conformance.txt" 2>&1
 conf_rc=$?
 tail -4 "$OUT/conformance.txt" | tee -a "$S"
 

@@ -46,7 +46,7 @@ from typing import Optional
 
 import torch
 
-from paged.backends.arg_checks import fail
+from paged.core.argcheck import fail
 
 #: bytes of the float32 scale that ends each row of an int8 / fp8 KV cache
 KV_INT8_SCALE_BYTES = 4

@@ -134,10 +134,10 @@ def nats(ours: list[list[float]], passages: list[dict]) -> tuple[float, float]:
 
 def run_path(model_path: str, name: str, reference: dict, prompts: list[dict], passages: list[dict]) -> PathScore:
     """Greedy tokens and corpus log-probabilities of one path, scored."""
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     longest = max(len(p["ids"]) for p in passages + prompts) + reference["new_tokens"] + 1
     # batches fixed by the token budget alone (no step-time target) and threads pinned to every allowed CPU:
@@ -228,7 +228,7 @@ def gate(names: list[str], half: str = "check", quick: bool = False, model: str 
     """Scores every path (and llama.cpp) on the half, or its quick subset,
     against floors.json: {"rows": {name: score dict}, "skipped": {name:
     why}, "failed": {name: [misses]}, "auto_floor": int}."""
-    from paged.core.model_files import resolve_model
+    from paged.core.models.files import resolve_model
 
     reference, floors = load_data()
     section = floors["quick"] if quick else floors

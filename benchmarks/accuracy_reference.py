@@ -99,8 +99,8 @@ def main() -> int:
     ap.add_argument("--llama-server", default=None, metavar="URL")
     ap.add_argument("--out", default=str(DATA / "reference.json"))
     args = ap.parse_args()
-    from paged.core.loaders import load_model_files
-    from paged.core.model_files import resolve_model
+    from paged.core.models.loaders import load_model_files
+    from paged.core.models.files import resolve_model
 
     path = str(resolve_model(args.model, quiet=True))
     loaded = load_model_files(path, torch.float32, quiet=True, keep_packed=True)

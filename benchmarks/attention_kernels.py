@@ -41,8 +41,8 @@ import time
 import torch
 from timing import best_time
 
-from paged.backends.cpu import CpuBackend, ops
-from paged.backends.reference import ReferenceBackend
+from paged.backends.cpu.attention import CpuBackend, ops
+from paged.backends.reference.attention import ReferenceBackend
 from paged.platforms.cpu import CpuPlatform
 
 ROTATE_BYTES = 768 << 20  # total cache memory cycled through (>> L3)
@@ -215,8 +215,8 @@ def kv_accuracy(quick: bool) -> dict:
     the default model, through accuracy_gate.py's prompts, corpus and runner."""
     import accuracy_gate as gate
 
-    from paged.core.loaders import load_model_files
-    from paged.core.model_files import resolve_model
+    from paged.core.models.loaders import load_model_files
+    from paged.core.models.files import resolve_model
 
     model_path = str(resolve_model(None, quiet=True))
     tok = load_model_files(model_path, torch.float32, quiet=True, keep_packed=True).tokenizer

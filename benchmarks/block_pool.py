@@ -1,5 +1,5 @@
 """Block pool speed: C++ BlockPool (paged._C_cpu) vs the pure-Python model of
-the same rules (core/block_pool_model.py), side by side in one run.
+the same rules (core/engine/block_pool_spec.py), side by side in one run.
 
     python benchmarks/block_pool.py [--blocks 1000000] [--json out.json]
 
@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from paged.core.block_pool_model import BlockPoolModel
+from paged.core.engine.block_pool_spec import BlockPoolModel
 
 POOL_SIZE = 8192
 

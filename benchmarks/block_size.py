@@ -20,8 +20,8 @@ from timing import emit_json
 
 
 def decode_tok_s(block_size: int, prompts: list[list[int]], output_len: int) -> float:
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     llm = LLM(dtype="float32", block_size=block_size)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)

@@ -59,8 +59,8 @@ def decode_rate(llm, params) -> float:
 
 def worker(args) -> dict:
     """One measurement in this process: a fresh engine under one condition."""
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     if args.nice:
         set_niceness(args.nice)

@@ -35,10 +35,10 @@ import torch
 from timing import best_time, positive_int
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.worker import prepare_model
-from paged.core.loaders import load_model_files
-from paged.core.model_files import default_model_path
+from paged.core.models.loaders import load_model_files
+from paged.core.models.files import default_model_path
 from paged.core.models import build_model
 from paged.core.models import llama
 from paged.core.models.layers import TorchLayerOps, linear

@@ -141,7 +141,7 @@ def stream_completion(model_dir: Path, port: int, timeout_s: float = 180.0, devi
     """Starts ``paged --device cuda serve``, streams one completion, stops it."""
     import httpx
 
-    cmd = [sys.executable, "-m", "paged.core.cli", "--device", device, "serve", "--model", str(model_dir),
+    cmd = [sys.executable, "-m", "paged.core.entrypoints.cli", "--device", device, "serve", "--model", str(model_dir),
            "--port", str(port), "--gpu-memory-utilization", "0.3", "--max-model-len", "2048",
            "--kv-cache-memory", "1GiB"]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -42,8 +42,8 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
 
 
 def decode_case(batch, seq_len, heads, kv_heads, head_size, block_size, dtype, quick):
-    from paged.backends.cuda import CudaBackend
-    from paged.backends.reference import ReferenceBackend
+    from paged.backends.cuda.attention import CudaBackend
+    from paged.backends.reference.attention import ReferenceBackend
 
     args = (heads, kv_heads, head_size, block_size, dtype, "cuda:0")
     cuda, ref = CudaBackend(*args, check_ids=False), ReferenceBackend(*args)
@@ -69,7 +69,7 @@ def decode_case(batch, seq_len, heads, kv_heads, head_size, block_size, dtype, q
 
 def prefill_case(num_seqs, q_len, heads, kv_heads, head_size, dtype, quick, block_size=16):
     """Fresh causal prompts of q_len tokens each (no cached prefix)."""
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     cuda = CudaBackend(heads, kv_heads, head_size, block_size, dtype, "cuda:0", check_ids=False)
     blocks_per_seq = math.ceil(q_len / block_size)

@@ -43,7 +43,7 @@ from gguf import GGMLQuantizationType as Q
 from paged import _C_cpu as C
 from paged.backends.cpu import quant_linear as packed_linear
 from paged.backends.cpu.quant_linear import CpuPackedLinear
-from paged.core.loaders.packed import PackedBlocks
+from paged.core.models.loaders.packed import PackedBlocks
 
 LAYERS = 30
 ROTATE_MAX_ROWS = 16  # up to this M, each layer has its own weights

@@ -33,12 +33,12 @@ import torch
 from timing import emit_json, positive_int
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.quant_linear import CpuPackedLinear, resolve_activations
 from paged.backends.cpu.layer_stack import LayerStack
 from paged.backends.cpu.worker import prepare_model, set_one_term_layers
-from paged.core.loaders import load_model_files
-from paged.core.model_files import default_model_path
+from paged.core.models.loaders import load_model_files
+from paged.core.models.files import default_model_path
 from paged.core.models import build_model
 from paged.platforms.cpu import CpuPlatform
 

@@ -34,10 +34,10 @@ def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[in
 
 # -- paged -----------------------------------------------------------------------
 def bench_paged(model_path: str, dtype: str, prompts, output_len: int, threads_bind: str) -> dict:
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     engine = Engine(EngineConfig(model=model_path, device="cpu", dtype=dtype, cpu_threads_bind=threads_bind,
                                  max_model_len=max(len(p) for p in prompts) + output_len + 16,
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
-    from paged.core.model_files import resolve_model
+    from paged.core.models.files import resolve_model
 
     model_path = str(resolve_model(args.model))
     prompts = make_prompts(args.num_prompts, args.input_len, 49152)

@@ -1,5 +1,5 @@
 """Steps carrying decodes and prompts under the time-targeted prefill budget
-(--itl-target-ms, core/prefill_budget.py) and under a fixed token cap,
+(--itl-target-ms, core/engine/prefill_budget.py) and under a fixed token cap,
 through the engine, with the default model: what the engine learned, the
 budget it chose, and how long mixed steps took.
 
@@ -20,9 +20,9 @@ import os
 import statistics
 import time
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.engine.sampling_params import SamplingParams
 
 LONG = "Tell me a story about a lighthouse keeper and a storm at sea. " * 22  # ~300 tokens
 ARRIVALS = (8, 20, 32, 44)

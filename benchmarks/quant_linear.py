@@ -32,7 +32,7 @@ import torch
 from timing import best_time
 import torch.nn.functional as F
 
-from paged.backends.cpu import dl
+from paged.backends.cpu.attention import dl
 
 C = None  # the extension under test, set by load_extension()
 

@@ -35,7 +35,7 @@ import asyncio
 import statistics
 import sys
 
-from paged.core import bench_serve
+from paged.core.bench import serve as bench_serve
 from timing import emit_json
 
 

@@ -157,10 +157,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the JSON report here")
     args = ap.parse_args()
 
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
             "prompt_lookup_min": args.lookup_min}

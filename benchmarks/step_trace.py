@@ -1,5 +1,5 @@
 """Where an engine's time went, from a step trace (PAGED_STEP_TRACE=PATH,
-core/step_trace.py): steps by kind (decode-only, mixed, prompt-only), their
+core/engine/step_trace.py): steps by kind (decode-only, mixed, prompt-only), their
 total and median time, rows per step, the time between steps, and a
 per-row cost fit (t = a + c_d * decode_rows + c_p * prompt_rows, least
 squares over the steps).

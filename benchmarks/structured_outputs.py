@@ -32,11 +32,11 @@ import time
 import torch
 from timing import best_time, emit_json
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.request import Request
-from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
-from paged.core.structured.params import JSON_LAYOUT
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.engine.request import Request
+from paged.core.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from paged.core.engine.structured.params import JSON_LAYOUT
 
 ROW = {"type": "object", "properties": {
     "id": {"type": "integer"},

@@ -14,7 +14,7 @@ the best of --rounds runs (the least disturbed on a shared machine).
 The estimate: decode of a small model is memory-bound, so N sockets each
 streaming 1/N of the weights from their own memory take ~1/N of the -tp 1
 step, plus 4 * layers + 2 collectives (an all-gather of the input and one
-of the output rows around each o_proj and down, core/distributed/
+of the output rows around each o_proj and down, core/engine/distributed/
 sharding.py; the embedding's all-reduce; the logits gather), each costing
 at least the bare latency measured here:  step_N ~= step_1 / N + calls *
 latency.  On a machine with fewer cores than a socket, -tp N only splits
@@ -35,9 +35,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from timing import emit_json
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.engine.sampling_params import SamplingParams
 
 
 def bind_lists(tp: int) -> str:

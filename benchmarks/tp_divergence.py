@@ -4,7 +4,7 @@ step, both on the Python layer path.
 
     .venv/bin/python benchmarks/tp_divergence.py [--tp 2] [--activations mixed] [--steps 8] [--json PATH]
 
-The ranks are threads taking turns (core/distributed/local_group.py) running
+The ranks are threads taking turns (core/engine/distributed/local_group.py) running
 the real sharding and TensorParallelOps; rank 0's layer outputs are compared
 with the single process's. One prompt is prefilled, then --steps tokens are
 decoded greedily from the single process's choices (so both see the same
@@ -29,7 +29,7 @@ PROMPT = "Tensor parallel ranks must compute the same bits as one process, or a 
 
 
 def build(config, weights, activations: str, parallel=None):
-    from paged.backends.cpu import CpuBackend
+    from paged.backends.cpu.attention import CpuBackend
     from paged.backends.cpu.quant_linear import CpuPackedLinear
     from paged.backends.cpu.worker import prepare_model
     from paged.core.models import build_model
@@ -87,11 +87,11 @@ def main() -> int:
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
 
-    from paged.core.distributed.local_group import ThreadRanks
-    from paged.core.distributed.parallel_ops import TensorParallelOps
-    from paged.core.distributed.sharding import local_config, plan_shards, shard_weights
-    from paged.core.loaders import load_model_files
-    from paged.core.model_files import resolve_model
+    from paged.core.engine.distributed.local_group import ThreadRanks
+    from paged.core.engine.distributed.parallel_ops import TensorParallelOps
+    from paged.core.engine.distributed.sharding import local_config, plan_shards, shard_weights
+    from paged.core.models.loaders import load_model_files
+    from paged.core.models.files import resolve_model
 
     loaded = load_model_files(str(resolve_model(args.model, quiet=True)), torch.float32, quiet=True,
                               keep_packed=True)

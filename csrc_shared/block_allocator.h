@@ -5,7 +5,7 @@
 // Python dependency; each platform module binds it (block_pool_bindings.h)
 // and decides where the block memory itself lives.
 //
-// Rules (docs/block-pool.md is the long form, core/block_pool_model.py the
+// Rules (docs/block-pool.md is the long form, core/engine/block_pool_spec.py the
 // executable one):
 //  * allocate takes blocks from the head of the free queue; a block that
 //    still holds a cached hash loses it there (eviction on reuse).

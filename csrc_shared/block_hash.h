@@ -1,7 +1,7 @@
 // Content hash of one full KV block for automatic prefix caching:
 // hash(parent block hash, the block's token ids, optional extra key such as a
 // cache salt). 64-bit, no per-process seed, so equal prefixes hash equal in
-// every process; core/block_pool_model.py re-implements it in pure Python and
+// every process; core/engine/block_pool_spec.py re-implements it in pure Python and
 // the tests check both agree bit for bit.
 #pragma once
 

@@ -114,7 +114,7 @@ class Platform(abc.ABC):
     default_kv_cache_fraction: float = 0.25
 
     def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None) -> int:
-        """Bytes for the KV cache (the Worker's sizing asks, core/worker.py):
+        """Bytes for the KV cache (the Worker's sizing asks, core/engine/worker.py):
         ``requested`` (--kv-cache-memory, bytes, parsed once by EngineConfig)
         if it fits, else ``default_kv_cache_fraction`` of available memory.
         ``profiled_peak_bytes``: a worst-case step's peak where the worker
@@ -135,10 +135,10 @@ class Platform(abc.ABC):
 
     # -- the worker and kernels ---------------------------------------------
     def worker_cls(self):
-        """The Worker subclass (core/worker.py) that runs models here: loads
+        """The Worker subclass (core/engine/worker.py) that runs models here: loads
         the model, picks its layer ops, sizes and allocates the KV memory and
         runs steps. The default runs the plain torch model."""
-        from paged.core.worker import Worker
+        from paged.core.engine.worker import Worker
 
         return Worker
 
@@ -178,7 +178,7 @@ class Platform(abc.ABC):
         """The attention backend class for --attention-backend ``choice``:
         None = this platform's own, "reference" = the pure-torch oracle."""
         if choice == "reference":
-            from paged.backends.reference import ReferenceBackend
+            from paged.backends.reference.attention import ReferenceBackend
 
             return ReferenceBackend
         return self.attention_backend_cls()
@@ -219,7 +219,7 @@ class Platform(abc.ABC):
         try:
             from paged._C_cpu import BlockPool
         except ImportError:
-            from paged.core.block_pool_model import BlockPoolModel as BlockPool
+            from paged.core.engine.block_pool_spec import BlockPoolModel as BlockPool
         return BlockPool
 
     def block_hash_fn(self):
@@ -227,7 +227,7 @@ class Platform(abc.ABC):
         try:
             from paged._C_cpu import hash_block
         except ImportError:
-            from paged.core.block_pool_model import hash_block
+            from paged.core.engine.block_pool_spec import hash_block
         return hash_block
 
     # -- reporting ---------------------------------------------------------

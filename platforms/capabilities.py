@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paged.backends.arg_checks import fail
+from paged.core.argcheck import fail
 
 #: the paths whose batch invariance a platform may guarantee, per dtype:
 #: decode / prefill = the attention kernels, bitwise, a sequence alone vs in

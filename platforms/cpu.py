@@ -2,7 +2,7 @@
 
 Pinning and the memory policy happen inside the C++ runtime (paged._C_cpu,
 csrc_cpu/runtime/); this module decides *what* to bind from the sysfs
-topology (platforms/topology.py). See docs/platforms.md.
+topology (backends/cpu/host/topology.py). See docs/platforms.md.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from paged.platforms import cpu_isa
+from paged.backends.cpu.host import isa as cpu_isa
 from paged.platforms.base import Availability, MemoryInfo, Platform
-from paged.platforms.cpu_load import LoadWatch
-from paged.platforms.cpulist import format_cpulist, parse_cpulist
-from paged.platforms.topology import (Topology, can_pin_threads, process_cpus, read_topology, set_thread_cpus,
+from paged.backends.cpu.host.load import LoadWatch
+from paged.backends.cpu.host.cpulist import format_cpulist, parse_cpulist
+from paged.backends.cpu.host.topology import (Topology, can_pin_threads, process_cpus, read_topology, set_thread_cpus,
                                       system_memory)
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class CpuPlatform(Platform):
         Under ``auto`` it is also where the team adapts (the engine calls it
         before every step): a core other processes keep busy would make every
         parallel region wait for its thread, so LoadWatch drops it, and
-        restores it once free (platforms/cpu_load.py)."""
+        restores it once free (backends/cpu/host/load.py)."""
         if self.plan is None or not self.plan.cpus:
             return
         tid = threading.get_native_id()
@@ -249,7 +249,7 @@ class CpuPlatform(Platform):
         return dtypes
 
     def kernel_builds(self) -> dict[str, str]:
-        """Kernel family -> the SIMD build it runs (platforms/cpu_isa.py)."""
+        """Kernel family -> the SIMD build it runs (backends/cpu/host/isa.py)."""
         return cpu_isa.active_builds()
 
     def startup_summary(self) -> str:
@@ -298,7 +298,7 @@ class CpuPlatform(Platform):
         return CpuWorker
 
     def attention_backend_cls(self):
-        from paged.backends.cpu import CpuBackend
+        from paged.backends.cpu.attention import CpuBackend
 
         return CpuBackend
 

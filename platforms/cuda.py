@@ -144,7 +144,7 @@ class CudaPlatform(Platform):
     def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None,
                               utilization: float | None = None) -> int:
         """See kv_cache_budget(); ``profiled_peak_bytes`` (the Worker's
-        profiling, core/worker.py) defaults to used_after_profiling_bytes(),
+        profiling, core/engine/worker.py) defaults to used_after_profiling_bytes(),
         ``utilization`` to --gpu-memory-utilization. Logs the numbers."""
         used = self.used_after_profiling_bytes() if profiled_peak_bytes is None else int(profiled_peak_bytes)
         utilization = self.gpu_memory_utilization if utilization is None else utilization
@@ -166,7 +166,7 @@ class CudaPlatform(Platform):
         at start. Batch invariance: decode (split-K by each sequence's own
         length) and prefill (tiles within one sequence) in every dtype; not
         the engine path, whose GEMMs cuBLAS may run differently per batch size."""
-        from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+        from paged.backends.cuda.attention import SUPPORTED_HEAD_SIZES
         from paged.platforms.capabilities import Capabilities, dtype_name
 
         dtypes = tuple(self.supported_dtypes())
@@ -180,7 +180,7 @@ class CudaPlatform(Platform):
         return CudaWorker
 
     def attention_backend_cls(self):
-        from paged.backends.cuda import CudaBackend
+        from paged.backends.cuda.attention import CudaBackend
 
         return CudaBackend
 

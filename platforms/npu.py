@@ -129,7 +129,7 @@ class NpuPlatform(Platform):
                             max_head_size=layout.MAX_HEAD_SIZE, batch_invariant={})
 
     def attention_backend_cls(self):
-        from paged.backends.npu import NpuBackend
+        from paged.backends.npu.attention import NpuBackend
 
         return NpuBackend
 

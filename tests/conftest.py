@@ -1,5 +1,5 @@
 """Shared fixtures. ``default_model_path`` fetches the default GGUF once (into
-the user cache, see core/model_files.py) and skips when it cannot."""
+the user cache, see core/models/files.py) and skips when it cannot."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.fixture(scope="session")
 def default_model_path():
-    from paged.core.model_files import ModelFetchError, default_model_path as fetch
+    from paged.core.models.files import ModelFetchError, default_model_path as fetch
 
     try:
         return fetch(quiet=True)
@@ -27,7 +27,7 @@ def default_model_fp32(default_model_path):
     """The default model's LoadedModel in float32 (config, weights, tokenizer), loaded once."""
     import torch
 
-    from paged.core.loaders import load_model_files
+    from paged.core.models.loaders import load_model_files
 
     return load_model_files(default_model_path, torch.float32, quiet=True)
 
@@ -43,7 +43,7 @@ ENGINE_LEVELS = ("avx512", "avx2")
 
 
 def skip_unless_level(level: str) -> None:
-    from paged.platforms import cpu_isa
+    from paged.backends.cpu.host import isa as cpu_isa
 
     if level not in cpu_isa.supported_levels():
         pytest.skip(f"this CPU (as PAGED_CPU_HIDE leaves it) cannot run the {level} kernels")
@@ -52,7 +52,7 @@ def skip_unless_level(level: str) -> None:
 @pytest.fixture(scope="module", params=ENGINE_LEVELS)
 def isa_level(request):
     """Every CPU kernel family capped at one level for the module's tests."""
-    from paged.platforms import cpu_isa
+    from paged.backends.cpu.host import isa as cpu_isa
 
     skip_unless_level(request.param)
     with cpu_isa.use_level(request.param):
@@ -62,7 +62,7 @@ def isa_level(request):
 def step_until_idle(engine) -> tuple[dict, dict]:
     """Steps an Engine until idle: (finished outputs, failures), by request id.
     A step that fails some requests (StepFailed) still yields the others'."""
-    from paged.core.engine import StepFailed
+    from paged.core.engine.engine import StepFailed
 
     final, failures = {}, {}
     while engine.has_unfinished_requests():

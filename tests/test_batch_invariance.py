@@ -20,10 +20,10 @@ import os
 
 import pytest
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time", "List three colors:",
            "1, 2, 3, 4,", "The quick brown fox", "Water boils at", "In 1492, Columbus",

@@ -16,7 +16,7 @@ import pytest
 
 from test_server import metrics, shared_server
 
-from paged.core import bench_serve
+from paged.core.bench import serve as bench_serve
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def server():
 def test_bench_serve_counts_match_server(server, tmp_path):
     before = metrics(server.url)
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, "-c", "import sys; from paged.core.cli import main; sys.exit(main())", "bench", "serve",
+    cmd = [sys.executable, "-c", "import sys; from paged.core.entrypoints.cli import main; sys.exit(main())", "bench", "serve",
            "--base-url", server.url, "--num-prompts", "4", "--input-len", "24", "--output-len", "6",
            "--max-concurrency", "1,4", "--ignore-eos", "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -57,7 +57,7 @@ def test_text_prompts_have_exact_length(server):
 
 
 def test_bad_arguments_are_one_line_errors():
-    proc = subprocess.run([sys.executable, "-m", "paged.core.bench_serve", "--max-concurrency", "0,x"],
+    proc = subprocess.run([sys.executable, "-m", "paged.core.bench.serve", "--max-concurrency", "0,x"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--max-concurrency" in proc.stderr and "Traceback" not in proc.stderr
 

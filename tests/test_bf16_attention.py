@@ -23,7 +23,7 @@ from paged import _C_cpu as C
 from test_layer_stack import LENGTHS, MAX_BLOCKS, step, tiny_config, tiny_weights
 from test_mixed_activations import assert_stack_equals_python_on_mixed_steps, model_with
 
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu import quant_linear as ql
 from paged.core.conformance import kernel_checks as kc
 

@@ -30,7 +30,7 @@ from test_mixed_activations import assert_stack_equals_python_on_mixed_steps, mo
 
 from paged.backends.cpu import quant_linear as ql
 from paged.backends.cpu.quant_linear import CpuPackedLinear
-from paged.platforms import cpu_isa
+from paged.backends.cpu.host import isa as cpu_isa
 
 pytestmark = pytest.mark.skipif(not C.bf16_prompt_supported(),
                                 reason="this CPU (or its OS, or PAGED_CPU_HIDE) offers no AMX-BF16 tiles")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from paged.core.block_pool_model import BlockPoolModel, hash_block as py_hash_block
+from paged.core.engine.block_pool_spec import BlockPoolModel, hash_block as py_hash_block
 
 C = pytest.importorskip("paged._C_cpu")
 
@@ -144,7 +144,7 @@ def test_threads_share_one_pool():
 
 
 def test_numa_zeros_uses_host_arena():
-    from paged.backends.cpu_memory import last_allocation, numa_zeros
+    from paged.backends.cpu.host.memory import last_allocation, numa_zeros
 
     t = numa_zeros((5, 16, 2, 8), torch.bfloat16)
     info = last_allocation()
@@ -180,7 +180,7 @@ def test_numa_zeros_populates_pages_up_front():
     """The KV cache's pages are faulted in when it is allocated (by the
     thread team), not by the first decode step that writes a block; and
     populate=False leaves them to first use."""
-    from paged.backends.cpu_memory import numa_zeros
+    from paged.backends.cpu.host.memory import numa_zeros
 
     eager = numa_zeros((24 << 20,), torch.uint8)  # 24 MiB: several huge pages, odd ones out
     resident, total = _resident_pages(eager)
@@ -194,7 +194,7 @@ def test_numa_zeros_populates_pages_up_front():
 
 
 def test_numa_zeros_reports_fallbacks():
-    from paged.backends.cpu_memory import last_allocation, numa_zeros
+    from paged.backends.cpu.host.memory import last_allocation, numa_zeros
 
     numa_zeros((2, 3), torch.float16, node=1000)  # no such node: memory still comes, policy not applied
     info = last_allocation()

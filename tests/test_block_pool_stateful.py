@@ -9,7 +9,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from paged.core.block_pool_model import BlockPoolModel
+from paged.core.engine.block_pool_spec import BlockPoolModel
 
 C = pytest.importorskip("paged._C_cpu")
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-FETCH = "from paged.core.model_files import default_model_path; print(default_model_path(quiet=True))"
+FETCH = "from paged.core.models.files import default_model_path; print(default_model_path(quiet=True))"
 
 
 def test_a_waiting_process_takes_the_file_the_lock_holder_wrote(tmp_path, default_model_path):

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from paged.core import cli
+from paged.core.entrypoints import cli
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("paged")
 
 
 def paged(*args, script=False, **kwargs):
-    cmd = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "paged.core.cli"]
+    cmd = [str(CONSOLE_SCRIPT)] if script else [sys.executable, "-m", "paged.core.entrypoints.cli"]
     env = {k: v for k, v in os.environ.items() if k != "PAGED_DEVICE"}
     return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=120, env=env, **kwargs)
 

@@ -12,8 +12,8 @@ import entry_point_site
 import pytest
 import torch
 
-from paged.backends.reference import ReferenceBackend
-from paged.core.block_pool_model import BlockPoolModel
+from paged.backends.reference.attention import ReferenceBackend
+from paged.core.engine.block_pool_spec import BlockPoolModel
 from paged.core.conformance import e2e_checks, kernel_checks, pool_checks
 from paged.core.conformance.runner import FAIL, PASS, SKIP, Check, Context, Measured, Report, Skip, run_check
 from paged.platforms.base import Availability, MemoryInfo, Platform

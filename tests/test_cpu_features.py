@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from paged import _C_cpu
-from paged.platforms import cpu_isa
+from paged.backends.cpu.host import isa as cpu_isa
 
 # our feature name -> the Linux /proc/cpuinfo flag, per architecture
 ARM_CPUINFO_FLAG = {"asimd": "asimd", "fp16": "asimdhp", "dotprod": "asimddp", "i8mm": "i8mm", "bf16": "bf16",
@@ -43,7 +43,7 @@ def child(code: str, hide: str | None, *argv: str) -> subprocess.CompletedProces
                           timeout=120)
 
 
-REPORT = ("import json; from paged import _C_cpu as C; from paged.platforms import cpu_isa; "
+REPORT = ("import json; from paged import _C_cpu as C; from paged.backends.cpu.host import isa as cpu_isa; "
           "print(json.dumps({'features': C.cpu_features(), 'hidden': C.hidden_cpu_features(), "
           "'builds': cpu_isa.active_builds(), 'levels': cpu_isa.supported_levels()}))")
 
@@ -122,7 +122,7 @@ def test_use_level_sets_and_restores_every_family():
 
 def test_env_shows_the_builds_next_to_the_flags():
     level = "avx2" if "avx2" in cpu_isa.supported_levels() else "scalar"
-    out = child("import sys; from paged.core.cli import main; sys.exit(main())",
+    out = child("import sys; from paged.core.entrypoints.cli import main; sys.exit(main())",
                 cpu_isa.hide_env(level)["PAGED_CPU_HIDE"], "--device", "cpu", "env")
     assert out.returncode == 0, out.stderr
     builds = cpu_isa.builds_for_level(level)

@@ -1,4 +1,4 @@
-"""The CPU platform's contention rule (platforms/cpu_load.py) on synthetic
+"""The CPU platform's contention rule (backends/cpu/host/load.py) on synthetic
 /proc readings: which waits and ticks count, which cores are dropped, taken
 back and tried again, what is logged; and, on the real runtime, that the
 OpenMP team follows the decision. Timing itself is benchmarks/cpu_contention.py."""
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from paged.platforms.cpu import CpuPlatform
-from paged.platforms.cpu_load import (PROBE_S, LoadWatch, Reading, busy_shares, choose_cpus,
+from paged.backends.cpu.host.load import (PROBE_S, LoadWatch, Reading, busy_shares, choose_cpus,
                                       parse_proc_stat, pinned_cpu, read_proc, wait_shares)
 
 PROC_STAT = """cpu  300 0 100 500 0 0 0 0 0 0

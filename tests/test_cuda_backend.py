@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.reference import ReferenceBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.platforms import PlatformUnavailable, get_platform
 from paged.platforms.cuda import CudaPlatform, kv_cache_budget
 
@@ -62,7 +62,7 @@ def test_no_gpu_is_reported_not_raised():
 
 
 def test_head_sizes_agree_with_the_compiled_kernels():
-    from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+    from paged.backends.cuda.attention import SUPPORTED_HEAD_SIZES
 
     assert tuple(_ops().head_sizes) == SUPPORTED_HEAD_SIZES == tuple(HEAD_SIZES)
 
@@ -70,7 +70,7 @@ def test_head_sizes_agree_with_the_compiled_kernels():
 def test_platform_attributes():
     p = CudaPlatform()
     assert (p.name, p.device_type, p.dist_backend) == ("cuda", "cuda", "nccl")
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     assert p.attention_backend_cls() is CudaBackend
 
@@ -157,7 +157,7 @@ def test_kv_cache_budget_arithmetic():
 def test_backend_takes_every_argument_of_the_base_constructor():
     # the worker builds backends with the base's keywords (a new one once broke CUDA unnoticed)
     from paged.backends.base import AttentionBackend
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     base = inspect.signature(AttentionBackend.__init__).parameters
     ours = inspect.signature(CudaBackend.__init__).parameters
@@ -165,7 +165,7 @@ def test_backend_takes_every_argument_of_the_base_constructor():
 
 
 def test_backend_rejects_unsupported_shapes():
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     with pytest.raises(ValueError, match=r"head_size \(cuda\): expected one of 64, 80, 96, 112, 128, 256, got 72"):
         CudaBackend(8, 2, 72, 16, torch.float16, "cuda")
@@ -178,7 +178,7 @@ def test_backend_rejects_unsupported_shapes():
 
 # -- on a GPU: against the reference backend -------------------------------------
 def _pair(dtype, head_size=128, block_size=16, heads=(8, 2), window=0, check_ids=True):
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     args = (heads[0], heads[1], head_size, block_size, dtype, "cuda:0")
     return CudaBackend(*args, sliding_window=window, check_ids=check_ids), ReferenceBackend(*args, sliding_window=window)
@@ -338,7 +338,7 @@ def _kernel_checks():
     reason="core/conformance/kernel_checks.py is not there yet"))])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shared_kernel_checks(name, fn, dtype):
-    from paged.backends.cuda import CudaBackend
+    from paged.backends.cuda.attention import CudaBackend
 
     params = inspect.signature(fn).parameters
     for head_size in (64, 128) if "head_size" in params else (None,):

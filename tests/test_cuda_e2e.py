@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import load_benchmark
-from paged.core.loaders import load_model_files
+from paged.core.models.loaders import load_model_files
 
 e2e = load_benchmark("gpu_e2e")
 
@@ -27,7 +27,7 @@ def test_generated_model_is_deterministic_gqa_and_head_size_80(tmp_path):
     assert _digest(a) != _digest(e2e.write_tiny_llama(tmp_path / "c", seed=1))
     cfg = load_model_files(a, quiet=True).config
     assert (cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers) == (80, 8, 2, 4)
-    from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+    from paged.backends.cuda.attention import SUPPORTED_HEAD_SIZES
 
     assert cfg.head_dim in SUPPORTED_HEAD_SIZES
 

@@ -12,7 +12,7 @@ import pytest
 
 from paged.backends.cuda.graphs import capture_sizes, padded_size
 from paged.backends.cuda.worker import profile_seq_lens
-from paged.core.engine_config import EngineConfig, add_engine_args, engine_config_from_args
+from paged.core.engine.config import EngineConfig, add_engine_args, engine_config_from_args
 from paged.platforms.cuda import device_used_bytes, kv_budget_line, kv_cache_budget
 
 GiB = 2**30
@@ -82,7 +82,7 @@ def test_decode_graph_sizes_and_padding():
 def test_capabilities_cover_every_kernel_head_size():
     import torch
 
-    from paged.backends.cuda import SUPPORTED_HEAD_SIZES
+    from paged.backends.cuda.attention import SUPPORTED_HEAD_SIZES
     from paged.platforms.cuda import CudaPlatform
 
     class NoGpuToAsk(CudaPlatform):  # the dtype list a GPU of sm_80+ reports

@@ -13,11 +13,11 @@ import pytest
 
 from conftest import step_until_idle
 
-from paged.core.async_engine import AsyncEngine, EngineStepError
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams
+from paged.core.entrypoints.async_engine import AsyncEngine, EngineStepError
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 

@@ -21,10 +21,10 @@ import os
 import pytest
 import torch
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,11 +9,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from paged.backends.reference import ReferenceBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.core.conformance import kernel_checks as kc
 
 C = pytest.importorskip("paged._C_cpu", reason="the CPU extension is not built")
-from paged.backends.cpu import CpuBackend  # noqa: E402
+from paged.backends.cpu.attention import CpuBackend  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 ISAS = C.supported_attention_isas()

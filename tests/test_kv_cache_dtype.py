@@ -19,14 +19,14 @@ import pytest
 import torch
 
 from paged import _C_cpu as C
-from paged.backends.cpu import CpuBackend
-from paged.backends.reference import ReferenceBackend
+from paged.backends.cpu.attention import CpuBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.backends.reference.kv_quant import dequantize, quantize_fp8, quantize_int8
 from paged.core.conformance import kernel_checks as kc
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 ISAS = C.supported_attention_isas()

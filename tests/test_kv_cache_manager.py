@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from paged.core.block_pool_model import BlockPoolModel
-from paged.core.kv_cache_manager import KVCacheManager
-from paged.core.worker import blocks_for_budget as num_blocks_for_budget
+from paged.core.engine.block_pool_spec import BlockPoolModel
+from paged.core.engine.kv_cache_manager import KVCacheManager
+from paged.core.engine.worker import blocks_for_budget as num_blocks_for_budget
 
 C = pytest.importorskip("paged._C_cpu")
 BS = 4
@@ -127,7 +127,7 @@ def test_bad_arguments_name_the_value(mgr):
 
 
 def test_capacity_math():
-    from paged.backends.reference import ReferenceBackend
+    from paged.backends.reference.attention import ReferenceBackend
 
     backend = ReferenceBackend(8, 2, 64, 16, torch.bfloat16, "cpu")
     per_block = backend.bytes_per_block(num_layers=24)

@@ -19,7 +19,7 @@ from paged import _C_cpu as C
 from test_bf16_attention import CASES, check_prompt_attention_route, prefill_through, reference
 from test_layer_stack import tiny_config
 
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.core.conformance import kernel_checks as kc
 
 pytestmark = pytest.mark.skipif(not C.lanes_prompt_attention_supported(),

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from paged.core.config import ModelConfig
-from paged.core.loaders.packed import PackedBlocks
+from paged.core.models.config import ModelConfig
+from paged.core.models.loaders.packed import PackedBlocks
 from paged.core.models import build_model
 
 _C = pytest.importorskip("paged._C_cpu")
 gguf_quants = pytest.importorskip("gguf.quants")
 from gguf import GGMLQuantizationType  # noqa: E402
 
-from paged.backends.cpu import CpuBackend  # noqa: E402
+from paged.backends.cpu.attention import CpuBackend  # noqa: E402
 from paged.backends.cpu.quant_linear import CpuPackedLinear, available  # noqa: E402
 from paged.backends.cpu.worker import prepare_model  # noqa: E402
 from step_inputs import BLOCK, LENGTHS, MAX_BLOCKS, SCENARIO, step  # noqa: E402
@@ -102,7 +102,7 @@ def test_tiny_model_bitwise_equal_to_python_layers(overrides, monkeypatch, isa_l
 
 @pytest.fixture(scope="module")
 def default_packed_model(default_model_path):
-    from paged.core.loaders import load_model_files
+    from paged.core.models.loaders import load_model_files
 
     loaded = load_model_files(default_model_path, torch.float32, quiet=True, keep_packed=True)
     return make_model(loaded.config, loaded.weights), loaded.config
@@ -114,10 +114,10 @@ def test_default_model_bitwise_equal_to_python_layers(default_packed_model, monk
 
 
 def test_engine_greedy_tokens_same_with_and_without_stack(default_model_path, monkeypatch, isa_level):
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32", max_model_len=128,
                                  max_num_seqs=4, kv_cache_memory="32MiB"))

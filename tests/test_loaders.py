@@ -12,12 +12,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from paged.core.config import ModelConfig, resolve_dtype
-from paged.core.loaders import ModelLoadError, load_model_files
-from paged.core.loaders.dequant import SUPPORTED_TYPES, dequantize
-from paged.core.loaders.gguf_loader import read_gguf, unpermute_qk
-from paged.core.model_files import ModelFetchError, default_model_path, resolve_model
-from paged.core.progress import ProgressBar
+from paged.core.models.config import ModelConfig, resolve_dtype
+from paged.core.models.loaders import ModelLoadError, load_model_files
+from paged.core.models.loaders.dequant import SUPPORTED_TYPES, dequantize
+from paged.core.models.loaders.gguf_loader import read_gguf, unpermute_qk
+from paged.core.models.files import ModelFetchError, default_model_path, resolve_model
+from paged.core.models.progress import ProgressBar
 
 
 # -- the real file ---------------------------------------------------------------

@@ -26,7 +26,7 @@ from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, step, tiny_config, tiny
 from test_quant_linear import QTYPES, random_weight
 from test_quant_linear_int8 import SUPPORTED, run
 
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.quant_linear import CpuPackedLinear, one_term_layers
 from paged.backends.cpu.worker import prepare_model
 from paged.core.models import build_model
@@ -125,8 +125,8 @@ def test_stack_equals_python_layers_on_a_mixed_step(monkeypatch):
 def test_runner_marks_prompt_rows_after_decodes_and_verifies(default_model_path):
     """Through the engine: a step with decodes, an n-gram verify and a prompt
     chunk; the first prompt row is the first row of the prompt chunk."""
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
 
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", max_model_len=256, max_num_seqs=4,
                                  kv_cache_memory="32MiB", linear_activations="mixed",
@@ -143,8 +143,8 @@ def test_runner_marks_prompt_rows_after_decodes_and_verifies(default_model_path)
         return inp
 
     runner.build_inputs = spy
-    from paged.core.sampling_params import SamplingParams
-    from paged.core.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
+    from paged.core.entrypoints.llm import LLM
 
     llm = LLM.from_engine(engine)
     repetitive = "one two three four one two three four one two three four one two"

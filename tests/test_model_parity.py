@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.reference import ReferenceBackend
-from paged.core.loaders import load_model_files
+from paged.backends.reference.attention import ReferenceBackend
+from paged.core.models.loaders import load_model_files
 from paged.core.models import build_model
 
 transformers = pytest.importorskip("transformers")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from paged.backends.npu import NpuBackend, layout
-from paged.backends.reference import ReferenceBackend
+from paged.backends.npu.attention import NpuBackend, layout
+from paged.backends.reference.attention import ReferenceBackend
 from paged.platforms.npu import NpuPlatform
 
 WHEEL_DIR = Path.home() / ".cache/paged/torch-npu-2.13.0"  # csrc_ascend/fetch_torch_npu_headers.sh

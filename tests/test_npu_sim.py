@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.npu import NpuBackend, layout
-from paged.backends.reference import ReferenceBackend
+from paged.backends.npu.attention import NpuBackend, layout
+from paged.backends.reference.attention import ReferenceBackend
 from paged.core.conformance import kernel_checks as kc
 
 SIM_DIR = Path(__file__).parent / "npu_sim"

@@ -33,7 +33,7 @@ class ToyPlatform(Platform):
         return [torch.float32]
 
     def attention_backend_cls(self):
-        from paged.backends.reference import ReferenceBackend
+        from paged.backends.reference.attention import ReferenceBackend
         return ReferenceBackend
 
 

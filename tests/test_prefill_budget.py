@@ -1,4 +1,4 @@
-"""The time-targeted prefill budget (core/prefill_budget.py).
+"""The time-targeted prefill budget (core/engine/prefill_budget.py).
 
 Unit part, no model: observations come from a known linear cost model
 t = a + c_d * n_d + c_p * n_p with 5% Gaussian noise and 3% of steps 3x
@@ -18,11 +18,11 @@ import random
 
 import pytest
 
-from paged.core.kv_cache_manager import KVCacheManager
-from paged.core.prefill_budget import FLOOR_SHARE, MIN_OBSERVATIONS, MIN_TOKENS, UNTRAINED_TOKENS, PrefillBudget
-from paged.core.request import Request
-from paged.core.sampling_params import SamplingParams
-from paged.core.scheduler import Scheduler
+from paged.core.engine.kv_cache_manager import KVCacheManager
+from paged.core.engine.prefill_budget import FLOOR_SHARE, MIN_OBSERVATIONS, MIN_TOKENS, UNTRAINED_TOKENS, PrefillBudget
+from paged.core.engine.request import Request
+from paged.core.engine.sampling_params import SamplingParams
+from paged.core.engine.scheduler import Scheduler
 
 # a, c_d, c_p in seconds: ~2-core Zen 4 (16 decodes ~37 ms, ~1 ms a prompt token), 4x dearer, cheaper
 COSTS = (0.005, 0.002, 0.001)
@@ -145,7 +145,7 @@ def exported_metrics(stats: dict) -> dict[str, float]:
     """The server's /metrics text for these engine stats, parsed by prometheus_client."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from paged.core.server.metrics import ServerMetrics
+    from paged.core.entrypoints.server.metrics import ServerMetrics
 
     text = ServerMetrics("m").render(stats, 0)
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if "le" not in s.labels}
@@ -188,8 +188,8 @@ def test_engine_steps_stay_within_the_budget_and_outputs_are_unchanged(default_m
     """The real engine: each step with decodes carries at most the prompt
     tokens the budget allowed at that step (a 1 ms target: the floor binds,
     chunks get small), and greedy tokens equal the budget-off run's."""
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
 
     engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32",
                                  linear_activations="int8x2", max_model_len=512, max_num_seqs=8,
@@ -244,7 +244,7 @@ def test_engine_steps_stay_within_the_budget_and_outputs_are_unchanged(default_m
 def test_itl_target_option():
     import argparse
 
-    from paged.core.engine_config import EngineConfig, add_engine_args, engine_config_from_args
+    from paged.core.engine.config import EngineConfig, add_engine_args, engine_config_from_args
 
     assert EngineConfig().itl_target_ms == 60.0 and EngineConfig().max_prefill_tokens_with_decodes == 512
     assert EngineConfig(itl_target_ms=0).itl_target_ms is None
@@ -258,7 +258,7 @@ def test_itl_target_option():
 
 
 def test_offline_llm_is_throughput_first_unless_asked(default_model_path):
-    from paged.core.llm import LLM
+    from paged.core.entrypoints.llm import LLM
 
     small = dict(device="cpu", max_model_len=128, max_num_seqs=2, kv_cache_memory="16MiB")
     assert LLM(str(default_model_path), **small).engine.scheduler.prefill_budget is None

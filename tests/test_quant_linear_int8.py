@@ -336,7 +336,7 @@ def test_hiding_vnni_falls_back_to_avx2():
 # -- the whole-stack runner and the Python layers in int8 mode -------------------------
 
 def int8_model(config, weights):
-    from paged.backends.cpu import CpuBackend
+    from paged.backends.cpu.attention import CpuBackend
     from paged.backends.cpu.quant_linear import CpuPackedLinear
     from paged.backends.cpu.worker import prepare_model
     from paged.core.models import build_model

@@ -126,7 +126,7 @@ def test_zero_tiny_clamped_and_nonfinite(build, qtype):
 def test_layer_stack_int8x2_bitwise_equal_to_python_layers(monkeypatch):
     """The whole-stack runner takes "int8x2" and stays bitwise equal to the
     Python layers; its hidden states are within ~1e-4 of float32's."""
-    from paged.backends.cpu import CpuBackend
+    from paged.backends.cpu.attention import CpuBackend
     from paged.backends.cpu.quant_linear import CpuPackedLinear
     from paged.backends.cpu.worker import prepare_model
     from paged.core.models import build_model

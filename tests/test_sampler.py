@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from paged.core.request import Request
-from paged.core.sampler import Sampler
-from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
+from paged.core.engine.request import Request
+from paged.core.engine.sampler import Sampler
+from paged.core.engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 V = 12
 EOS = 3
@@ -215,7 +215,7 @@ def test_a_row_that_raises_fails_alone():
 
 @pytest.fixture(scope="module")
 def grammars(default_model_fp32):
-    from paged.core.structured.compiler import GrammarCompiler
+    from paged.core.engine.structured.compiler import GrammarCompiler
 
     return GrammarCompiler(default_model_fp32.tokenizer, default_model_fp32.config.vocab_size, [2])
 

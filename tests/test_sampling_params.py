@@ -2,7 +2,7 @@
 
 import pytest
 
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("field,value", [

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from paged.core.kv_cache_manager import KVCacheManager
-from paged.core.request import Request
-from paged.core.sampling_params import SamplingParams
-from paged.core.scheduler import Scheduler, WaitingQueueFull
+from paged.core.engine.kv_cache_manager import KVCacheManager
+from paged.core.engine.request import Request
+from paged.core.engine.sampling_params import SamplingParams
+from paged.core.engine.scheduler import Scheduler, WaitingQueueFull
 
 BS = 4
 
@@ -261,7 +261,7 @@ def test_recompute_chunks_end_at_the_prompt_and_generated_rows_come_first():
     """After a preemption, a chunk never spans the original prompt's end, and
     chunks of recomputed generated tokens come before prompt chunks (the rows
     that generate tokens keep their place; AttentionMetadata.first_prompt_row)."""
-    from paged.core.scheduler import prompt_chunk
+    from paged.core.engine.scheduler import prompt_chunk
 
     kv, sched = make(budget=64, prefix=False)  # no prefix hits: the recompute starts at 0
     a = add(sched, "a", list(range(10)), 8).seqs[0]

@@ -44,7 +44,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="paged-serve-", suffix=".log", delete=False)
         model = os.environ.get("PAGED_TEST_MODEL")
-        cmd = [sys.executable, "-c", "import sys; from paged.core.cli import main; sys.exit(main())",
+        cmd = [sys.executable, "-c", "import sys; from paged.core.entrypoints.cli import main; sys.exit(main())",
                "--device", "cpu", "serve", "--port", str(self.port), *BASE_ARGS, *extra]
         if model:
             cmd += ["--model", model]
@@ -95,7 +95,7 @@ _SHARED: dict[tuple, ServerProcess] = {}
 def shared_server(*extra: str, level: str | None = None) -> ServerProcess:
     """One server per argument set (and ISA level: None = all this CPU has)
     for the whole pytest run (modules share it)."""
-    from paged.platforms import cpu_isa
+    from paged.backends.cpu.host import isa as cpu_isa
 
     key = (extra, level)
     if key not in _SHARED:
@@ -133,7 +133,7 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
 @pytest.fixture(scope="module", params=ENGINE_LEVELS)
 def server(request):
     """The server at each ISA level this CPU runs (conftest.ENGINE_LEVELS)."""
-    from paged.platforms import cpu_isa
+    from paged.backends.cpu.host import isa as cpu_isa
 
     skip_unless_level(request.param)
     best = request.param == cpu_isa.supported_levels()[0]  # that one is shared with other modules

@@ -97,16 +97,16 @@ class GatedTokenizer:
 
 @pytest.fixture(scope="module")
 def engine(default_model_path):
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
 
     return Engine(EngineConfig(model=str(default_model_path), device="cpu", max_model_len=256,
                                kv_cache_memory="32MiB", cpu_threads_bind=str(min(os.sched_getaffinity(0)))))
 
 
 def test_item2_health_answers_while_a_tokenization_runs(engine):
-    from paged.core.async_engine import AsyncEngine
-    from paged.core.server.app import ServerConfig, create_app
+    from paged.core.entrypoints.async_engine import AsyncEngine
+    from paged.core.entrypoints.server.app import ServerConfig, create_app
 
     prompt = "word " * 1000
     gated = GatedTokenizer(engine.tokenizer)

@@ -18,10 +18,10 @@ import os
 
 import pytest
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams, StructuredOutputsParams
 from conftest import step_until_idle
 
 CODE = '''def binary_search(items, target):
@@ -115,7 +115,7 @@ def test_metrics_expose_acceptance_and_tokens_per_step(llm):
     """/metrics' rendering of the engine's stats, parsed by prometheus_client;
     the figures follow from the raw counters."""
     parser = pytest.importorskip("prometheus_client.parser")
-    from paged.core.server.metrics import ServerMetrics
+    from paged.core.entrypoints.server.metrics import ServerMetrics
 
     run(llm, PROMPTS[:2], GREEDY, spec=True)
     stats = llm.engine.stats()

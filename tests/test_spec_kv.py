@@ -1,4 +1,4 @@
-"""Speculative decoding's KV rules (core/kv_cache_manager.py): rejected drafts
+"""Speculative decoding's KV rules (core/engine/kv_cache_manager.py): rejected drafts
 leave no trace. A toy KV cache keeps one token id per slot; draft tokens are
 written into their slots like the forward would, the rejected ones are rolled
 back with ``truncate``, and every request (including later ones whose prompt
@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from paged.core.block_pool_model import BlockPoolModel
-from paged.core.kv_cache_manager import KVCacheManager
+from paged.core.engine.block_pool_spec import BlockPoolModel
+from paged.core.engine.kv_cache_manager import KVCacheManager
 
 C = pytest.importorskip("paged._C_cpu")
 BS = 4

@@ -1,7 +1,7 @@
-"""Rejection sampling of n-gram drafts (core/sampler.py, step 7) follows the
+"""Rejection sampling of n-gram drafts (core/engine/sampler.py, step 7) follows the
 target distribution. Oracle: the distribution p itself, computed
 independently here (softmax of the logits / temperature, top-k / top-p /
-min-p applied by hand), and the accept() walk of core/spec_decode.py.
+min-p applied by hand), and the accept() walk of core/engine/spec_decode.py.
 
 A row verifying draft d must give token t with probability p(t) whatever d
 is, and give d back (accept) with probability p(d). Each case draws 20000
@@ -16,10 +16,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.core.request import Request
-from paged.core.sampler import Sampler
-from paged.core.sampling_params import SamplingParams
-from paged.core.spec_decode import accept
+from paged.core.engine.request import Request
+from paged.core.engine.sampler import Sampler
+from paged.core.engine.sampling_params import SamplingParams
+from paged.core.engine.spec_decode import accept
 
 N = 20000
 LOGITS = torch.tensor([2.0, 1.5, 0.3, -0.5, 1.0, -2.0])

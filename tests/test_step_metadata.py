@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from paged.backends.base import AttentionMetadata
-from paged.backends.cpu import CpuBackend
-from paged.backends.npu import NpuBackend, layout
+from paged.backends.cpu.attention import CpuBackend
+from paged.backends.npu.attention import NpuBackend, layout
 from paged.backends.npu.metadata import NpuMetadata
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.engine.sampling_params import SamplingParams
 from paged.platforms.cpu import CpuPlatform
 
 

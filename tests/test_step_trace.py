@@ -1,4 +1,4 @@
-"""PAGED_STEP_TRACE (core/step_trace.py) and its summary
+"""PAGED_STEP_TRACE (core/engine/step_trace.py) and its summary
 (benchmarks/step_trace.py) on a real engine: one line per step that ran
 work, whose rows add up to what the requests asked for (their prompt
 tokens, and one generated token per decode row), read back by the summary."""
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from paged.core import step_trace
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine import step_trace
+from paged.core.engine.sampling_params import SamplingParams
 
 from conftest import BENCHMARKS, in_benchmarks, load_benchmark, step_until_idle
 
@@ -31,8 +31,8 @@ def test_loading_the_summary_leaves_benchmarks_off_sys_path():
 
 
 def small_engine(model_path):
-    from paged.core.engine import Engine
-    from paged.core.engine_config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.config import EngineConfig
 
     return Engine(EngineConfig(model=str(model_path), device="cpu", max_model_len=256, max_num_seqs=4,
                                max_num_batched_tokens=64, enable_prefix_caching=False, kv_cache_memory="32MiB",

@@ -19,11 +19,11 @@ import pytest
 
 from conftest import step_until_idle
 
-from paged.core.engine import Engine
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams, StructuredOutputsParams
-from paged.core.structured.compiler import GrammarError
+from paged.core.engine.engine import Engine
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from paged.core.engine.structured.compiler import GrammarError
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1, "maxLength": 20},

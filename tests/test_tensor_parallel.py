@@ -5,7 +5,7 @@ Oracle: the same engine at -tp 1. The default path's greedy output of the
 default model (9 query heads, 3 KV heads) at -tp 2 (an uneven 2 + 1 KV-group
 split) and -tp 3 (even) must equal it bit for bit: the same tokens, the same
 logprobs of every prompt and generated token (the output projections compute
-every value as one process does: core/distributed/sharding.py). Killing a
+every value as one process does: core/engine/distributed/sharding.py). Killing a
 rank must end the group with an error naming it, within seconds.
 """
 
@@ -18,11 +18,11 @@ import time
 import pytest
 
 from paged.backends.cpu.quant_linear import resolve_activations
-from paged.core.distributed.layout import RankFailed
-from paged.core.engine import Engine, StepFailed
-from paged.core.engine_config import EngineConfig
-from paged.core.llm import LLM
-from paged.core.sampling_params import SamplingParams
+from paged.core.engine.distributed.layout import RankFailed
+from paged.core.engine.engine import Engine, StepFailed
+from paged.core.engine.config import EngineConfig
+from paged.core.entrypoints.llm import LLM
+from paged.core.engine.sampling_params import SamplingParams
 
 PROMPTS = [
     "The capital of France is",
@@ -80,7 +80,7 @@ class _Child:
 def test_join_waits_for_every_rank_and_names_the_missing_one(monkeypatch, exitcode, message):
     import torch.distributed as dist
 
-    from paged.core.distributed import group as g
+    from paged.core.engine.distributed import group as g
 
     store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
     store.set("paged/joined/2", "1")  # rank 2 joined, rank 1 never does

@@ -1,7 +1,7 @@
 """A tensor-parallel model computes the single process's bits.
 
-The real sharding (core/distributed/sharding.py) and TensorParallelOps run
-with the ranks as threads taking turns (core/distributed/local_group.py), on
+The real sharding (core/engine/distributed/sharding.py) and TensorParallelOps run
+with the ranks as threads taking turns (core/engine/distributed/local_group.py), on
 the default model, through a scenario of chunked prefill on a cached prefix,
 decodes beside prompt rows and decode batches (tests/step_inputs.py, prompt
 rows marked as the runner marks them). Oracle: the unsharded model on the
@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import torch
 
-from paged.core.distributed.local_group import ThreadRanks
-from paged.core.distributed.parallel_ops import TensorParallelOps
-from paged.core.distributed.sharding import local_config, plan_shards, shard_weights
+from paged.core.engine.distributed.local_group import ThreadRanks
+from paged.core.engine.distributed.parallel_ops import TensorParallelOps
+from paged.core.engine.distributed.sharding import local_config, plan_shards, shard_weights
 from paged.core.models import build_model
 
 pytest.importorskip("paged._C_cpu")
-from paged.backends.cpu import CpuBackend  # noqa: E402
+from paged.backends.cpu.attention import CpuBackend  # noqa: E402
 from paged.backends.cpu.quant_linear import CpuPackedLinear, resolve_activations  # noqa: E402
 from paged.backends.cpu.worker import prepare_model  # noqa: E402
 from step_inputs import BLOCK, LENGTHS, MAX_BLOCKS, SCENARIO, step  # noqa: E402
@@ -34,7 +34,7 @@ from step_inputs import BLOCK, LENGTHS, MAX_BLOCKS, SCENARIO, step  # noqa: E402
 
 @pytest.fixture(scope="module")
 def default_packed(default_model_path):
-    from paged.core.loaders import load_model_files
+    from paged.core.models.loaders import load_model_files
 
     loaded = load_model_files(default_model_path, torch.float32, quiet=True, keep_packed=True)
     return loaded.config, loaded.weights

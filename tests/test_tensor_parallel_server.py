@@ -2,7 +2,7 @@
 serve -tp 2` server (streamed completions, a client disconnect storm that
 must free every block, a killed rank that must stop the server with one
 error naming it) and the torchrun path on one machine (`torchrun --nnodes 1
---nproc-per-node 2 -m paged.core.cli generate`), whose greedy text must equal
+--nproc-per-node 2 -m paged.core.entrypoints.cli generate`), whose greedy text must equal
 the spawned -tp 2 and the -tp 1 runs'.
 
 Slow (each starts two model-loading processes): .ci/run runs it after the
@@ -85,10 +85,10 @@ def test_torchrun_on_one_machine_equals_spawned_ranks():
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this Python")
-    paged = [sys.executable, "-m", "paged.core.cli"]
+    paged = [sys.executable, "-m", "paged.core.entrypoints.cli"]
     t0 = time.monotonic()
     launched = generate(torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--standalone",
-                        "-m", "paged.core.cli", tp="2")
+                        "-m", "paged.core.entrypoints.cli", tp="2")
     spawned = generate(*paged, tp="2")
     assert launched == spawned and launched.strip(), (launched, spawned)
     assert time.monotonic() - t0 < 240

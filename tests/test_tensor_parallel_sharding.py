@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding math (core/distributed/sharding.py), checked
+"""Tensor-parallel sharding math (core/engine/distributed/sharding.py), checked
 against the unsharded model's matmuls: every rank's output rows of every
 projection (QKV, gate/up, and o_proj / down over the gathered full input)
 concatenate to the full output, the vocab-parallel embedding's per-rank
@@ -16,10 +16,10 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import quants as gguf_quants
 
-from paged.core.config import ModelConfig
-from paged.core.distributed.parallel_ops import TensorParallelOps
-from paged.core.distributed.sharding import local_config, plan_shards, rows, shard_weights, split_even, split_heads
-from paged.core.loaders.packed import PackedBlocks
+from paged.core.models.config import ModelConfig
+from paged.core.engine.distributed.parallel_ops import TensorParallelOps
+from paged.core.engine.distributed.sharding import local_config, plan_shards, rows, shard_weights, split_even, split_heads
+from paged.core.models.loaders.packed import PackedBlocks
 
 
 def tiny_config(**kw) -> ModelConfig:
@@ -178,7 +178,7 @@ def test_plan_rejects_bad_sizes():
 # -- CPU placement of ranks (platforms/cpu.py plan_binding under -tp) ---------------
 
 def _topology(node_cpus: dict[int, list[int]]):
-    from paged.platforms.topology import NumaNode, Topology
+    from paged.backends.cpu.host.topology import NumaNode, Topology
 
     nodes = tuple(NumaNode(i, tuple(cpus), tuple((c,) for c in cpus), None, None) for i, cpus in node_cpus.items())
     every = tuple(c for cpus in node_cpus.values() for c in cpus)
@@ -199,7 +199,7 @@ def test_auto_binding_gives_each_rank_its_numa_node_or_a_share_of_one():
 
 
 def test_paged_env_reports_the_parallel_layout():
-    from paged.core.cli import format_env, parallel_layout
+    from paged.core.entrypoints.cli import format_env, parallel_layout
     from paged.platforms.cpu import CpuPlatform
 
     platform = CpuPlatform(allowed=[0, 1])

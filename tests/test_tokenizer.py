@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from paged.core.tokenizer import IncrementalDetokenizer
+from paged.core.models.tokenizer import IncrementalDetokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -72,7 +72,7 @@ def test_chat_template_errors(ours):
 
 
 def test_chat_template_is_sandboxed(default_model_fp32):
-    from paged.core.tokenizer import Tokenizer
+    from paged.core.models.tokenizer import Tokenizer
 
     evil = Tokenizer(default_model_fp32.tokenizer.backend, bos_token_id=None, eos_token_id=2,
                      chat_template="{{ messages.__class__.__mro__[1].__subclasses__() }}")

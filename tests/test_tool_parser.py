@@ -1,5 +1,5 @@
-"""The Hermes tool-call parser and the tool prompt helpers (core/tool_parser.py,
-core/tools.py).
+"""The Hermes tool-call parser and the tool prompt helpers (core/entrypoints/tool_parser.py,
+core/entrypoints/tools.py).
 
 Oracle for streaming: for every way of splitting a text into chunks, the
 deltas ToolCallStream sends add up to the parse of the whole text; for the
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paged.core.sampling_params import StructuredOutputsParams
-from paged.core.structured.compiler import GrammarCompiler
-from paged.core.tool_parser import ToolCallStream, parse_tool_calls
-from paged.core.tools import Tool, fallback_messages, forced_call_grammar, template_renders_tools
+from paged.core.engine.sampling_params import StructuredOutputsParams
+from paged.core.engine.structured.compiler import GrammarCompiler
+from paged.core.entrypoints.tool_parser import ToolCallStream, parse_tool_calls
+from paged.core.entrypoints.tools import Tool, fallback_messages, forced_call_grammar, template_renders_tools
 
 NAMES = {"get_weather", "get_time"}
 CALL_W = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "odd": "a}b\\"c{"}}\n</tool_call>'

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from paged.platforms.cpu import CpuPlatform, plan_binding
-from paged.platforms.cpulist import format_cpulist, parse_cpulist
+from paged.backends.cpu.host.cpulist import format_cpulist, parse_cpulist
 from paged.platforms.sizes import parse_size
-from paged.platforms.topology import read_topology
+from paged.backends.cpu.host.topology import read_topology
 
 
 def make_sysfs(root, nodes, siblings, online, mem_kb=None):
@@ -113,7 +113,7 @@ def test_platform_memory_on_one_node_is_the_machines(tmp_path):
     make_sysfs(tmp_path, {0: "0-3"}, [[0], [1], [2], [3]], "0-3", mem_kb={0: (1000, 100)})
     platform = CpuPlatform(sysfs_root=tmp_path, allowed={0, 1, 2, 3})
     from paged.platforms.cpu import BindingPlan
-    from paged.platforms.topology import system_memory
+    from paged.backends.cpu.host.topology import system_memory
 
     platform.plan = BindingPlan("0-3", [0, 1, 2, 3], 0)
     before = system_memory()
@@ -205,7 +205,7 @@ def test_env_says_threads_are_not_pinned_where_the_os_cannot(monkeypatch):
     """Where the OS has no affinity API (macOS; simulated here by making
     can_pin_threads answer False) `paged env` says nothing is pinned."""
     import paged.platforms.cpu as cpu_mod
-    from paged.core.cli import env_report, format_env
+    from paged.core.entrypoints.cli import env_report, format_env
 
     assert "pinning" not in CpuPlatform().env_report()  # Linux pins
     monkeypatch.setattr(cpu_mod, "can_pin_threads", lambda: False)

@@ -16,7 +16,7 @@ from test_layer_stack import BLOCK, LENGTHS, MAX_BLOCKS, step, tiny_config, tiny
 from test_quant_linear import QTYPES, random_weight
 
 from paged import _C_cpu as C
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu import quant_linear as ql
 from paged.backends.cpu.worker import prepare_model
 from paged.core.models import build_model
@@ -181,8 +181,8 @@ def test_plan_policy(avx512, monkeypatch):
 
 def test_engine_greedy_output_is_the_same_with_and_without_panels(avx512, default_model_path, monkeypatch):
     """Ten sequences decode together (10 rows per step: the panel path)."""
-    from paged.core.llm import LLM
-    from paged.core.sampling_params import SamplingParams
+    from paged.core.entrypoints.llm import LLM
+    from paged.core.engine.sampling_params import SamplingParams
 
     prompts = [f"Question {i}: what is {i} plus {i + 3}? Answer:" for i in range(10)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -9,7 +9,7 @@ import os
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from paged.backends.cpu import ops as compiled_ops
+from paged.backends.cpu.attention import ops as compiled_ops
 from paged.core.models.layers import TorchLayerOps
 
 __all__ = ["CpuFusedLayerOps", "fused_layer_ops"]

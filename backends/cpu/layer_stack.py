@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from paged.backends.cpu import CpuBackend, dl
+from paged.backends.cpu.attention import CpuBackend, dl
 from paged.backends.cpu import quant_linear as packed_linear
 from paged.backends.cpu.layer_ops import CpuFusedLayerOps
 from paged.backends.cpu.quant_linear import CpuPackedLinear

@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from paged.backends.cpu import dl
+from paged.backends.cpu.attention import dl
 
 if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
-    from paged.core.loaders.packed import PackedBlocks
+    from paged.core.models.loaders.packed import PackedBlocks
 
 
 #: Row count from which a call dequantizes the matrix into a scratch buffer and
@@ -92,7 +92,7 @@ def check_activations(activations: str) -> str:
 def bf16_prompt_supported() -> bool:
     """Whether "mixed-bf16" runs here: AMX-BF16 tiles granted by the OS, not
     hidden by PAGED_CPU_HIDE, and the linear kernels at the avx512 level (a
-    process capped at an older level, platforms/cpu_isa.py use_level, runs
+    process capped at an older level, backends/cpu/host/isa.py use_level, runs
     what that generation would)."""
     from paged import _C_cpu
 

@@ -1,4 +1,4 @@
-"""The CPU worker: the generic Worker (core/worker.py) with the CPU's fast
+"""The CPU worker: the generic Worker (core/engine/worker.py) with the CPU's fast
 paths chosen here, not in the model.
 
 - layer ops: the fused C++ passes of csrc_cpu/ops (backends/cpu/layer_ops.py)
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from paged.backends.cpu import CpuBackend
+from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
 from paged.backends.cpu.quant_linear import one_term_layers, plan_weight_panels
 from paged.core.models.layers import TorchLayerOps
-from paged.core.worker import Worker
+from paged.core.engine.worker import Worker
 
 __all__ = ["CpuWorker", "prepare_model"]
 

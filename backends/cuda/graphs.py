@@ -30,7 +30,7 @@ import torch
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cuda.metadata import CudaMetadata
-from paged.core.model_runner import ModelRunner, StepInputs
+from paged.core.engine.model_runner import ModelRunner, StepInputs
 
 log = logging.getLogger("paged.engine")
 

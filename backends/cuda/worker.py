@@ -1,4 +1,4 @@
-"""The CUDA worker: the generic Worker (core/worker.py) with the GPU's
+"""The CUDA worker: the generic Worker (core/engine/worker.py) with the GPU's
 profiling and CUDA graphs.
 
 - profiling (``profile_peak_bytes``): a worst-case step, every token of
@@ -22,11 +22,11 @@ import logging
 import torch
 
 from paged.backends.cuda.graphs import CudaGraphRunner
-from paged.core.model_runner import ModelRunner
-from paged.core.request import Request
-from paged.core.sampling_params import SamplingParams
-from paged.core.scheduler import ScheduledSeq, SchedulerOutput
-from paged.core.worker import Worker
+from paged.core.engine.model_runner import ModelRunner
+from paged.core.engine.request import Request
+from paged.core.engine.sampling_params import SamplingParams
+from paged.core.engine.scheduler import ScheduledSeq, SchedulerOutput
+from paged.core.engine.worker import Worker
 from paged.platforms.sizes import format_size
 
 __all__ = ["CudaWorker", "profile_seq_lens"]

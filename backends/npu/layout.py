@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from paged.backends.arg_checks import check_choice, fail
+from paged.core.argcheck import check_choice, fail
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 # Paged attention with more than one query token (prefill, chunked prefill,
 # prefix-cache hits) needs block_size a multiple of 128 in [128, 512].

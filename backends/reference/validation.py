@@ -2,7 +2,7 @@
 
 The reference backend runs these once per call so that it rejects exactly
 the inputs a compiled backend rejects (the conformance suite checks both the
-same way). Messages come from backends/arg_checks.py:
+same way). Messages come from core/argcheck.py:
 ``name: expected X, got Y``, naming the argument and the offending value.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from paged.backends.arg_checks import fail, fail_index, fail_type
+from paged.core.argcheck import fail, fail_index, fail_type
 
 INDEX_DTYPES = {"slot_mapping": torch.int64, "block_tables": torch.int32,
                 "seq_lens": torch.int32, "query_start_loc": torch.int32,

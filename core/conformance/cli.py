@@ -1,7 +1,7 @@
 """``paged conformance --device X [--quick] [--json report.json]``.
 
 Exit status: 0 when the platform conforms (no required check failed and at
-least one passed), 1 when it does not; the dispatcher (core/cli.py) exits 2
+least one passed), 1 when it does not; the dispatcher (core/entrypoints/cli.py) exits 2
 with one line when the platform itself is unavailable.
 """
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from paged.backends.reference import ReferenceBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.core.conformance.kernel_checks import measured_result
 from paged.core.conformance.runner import Check, Context, Measured, Skip
 

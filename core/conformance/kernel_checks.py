@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from paged.backends.reference import ReferenceBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.platforms.capabilities import Capabilities
 
 #: accepts every size and guarantees invariance: the checks' cases unchanged

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from paged.backends.reference import ReferenceBackend
+from paged.backends.reference.attention import ReferenceBackend
 from paged.core.conformance import kernel_checks as kc
 from paged.core.conformance.runner import Check, Context, Measured, Skip
 

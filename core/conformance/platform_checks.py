@@ -91,7 +91,7 @@ def _capabilities(ctx: Context):
     """The declaration is coherent (its dtypes are the supported ones, it
     accepts the default block size) and binding: the engine refuses, at
     start and before loading a model, a block size it does not accept."""
-    from paged.core.engine import Engine, EngineConfig
+    from paged.core.engine.engine import Engine, EngineConfig
 
     p, caps = ctx.platform, ctx.caps
     assert list(caps.dtypes) == list(p.supported_dtypes()), \

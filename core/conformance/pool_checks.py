@@ -1,12 +1,12 @@
 """Block pool semantics: the platform's block pool class driven through a
 seeded random sequence of operations, step by step against the pure-Python
-model (core/block_pool_model.py), plus the bad-use errors."""
+model (core/engine/block_pool_spec.py), plus the bad-use errors."""
 
 from __future__ import annotations
 
 import random
 
-from paged.core.block_pool_model import BlockPoolModel
+from paged.core.engine.block_pool_spec import BlockPoolModel
 from paged.core.conformance.runner import Check, Context
 
 

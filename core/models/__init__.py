@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from paged.core.config import ModelConfig
+from paged.core.models.config import ModelConfig
 from paged.core.models.llama import LlamaForCausalLM, expected_weight_shapes
 
 #: architecture name -> model class (all share the Llama decoder; qkv bias and

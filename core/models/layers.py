@@ -118,7 +118,7 @@ class RotaryTable:
 class SingleDevice:
     """The points where tensor-parallel ranks meet, for a model that is not
     sharded: nothing to reduce or gather. A sharded model gets
-    core/distributed/parallel_ops.py's TensorParallelOps instead."""
+    core/engine/distributed/parallel_ops.py's TensorParallelOps instead."""
 
     def output_projection(self, x: torch.Tensor, weight, part: str, **linear_options) -> torch.Tensor:
         """linear(x, weight) for a block's output projection (``part``:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from paged.core.config import ModelConfig
-from paged.core.loaders.packed import PackedBlocks, cat_rows
+from paged.core.models.config import ModelConfig
+from paged.core.models.loaders.packed import PackedBlocks, cat_rows
 from paged.core.models.layers import RotaryTable, SingleDevice, TorchLayerOps, linear
 
 
@@ -148,7 +148,7 @@ class LlamaForCausalLM(nn.Module):
         ``packed_linear`` turns one into the platform's packed weight object
         (e.g. backends.cpu.quant_linear.CpuPackedLinear); without it they are
         dequantized to ``dtype``. A tensor-parallel rank passes its shard's
-        config and weights and ``parallel`` (core/distributed/parallel_ops.py):
+        config and weights and ``parallel`` (core/engine/distributed/parallel_ops.py):
         the gathers around o_proj and down, the vocab-parallel embedding and
         the logits gather."""
         super().__init__()
@@ -189,7 +189,7 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryTable(config.head_dim, config.max_position_embeddings, config.rope_theta,
                                 config.rope_scaling, dtype, self.device, weights.get("rope_freqs"))
         # elementwise ops of every layer and the whole-stack runner: the
-        # platform's Worker replaces them (core/worker.py prepare_model)
+        # platform's Worker replaces them (core/engine/worker.py prepare_model)
         self.ops: TorchLayerOps = TorchLayerOps()
         self.layer_stack = None
 

@@ -9,8 +9,8 @@ initialises a device runtime.
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LLM": "paged.core.llm",
-    "SamplingParams": "paged.core.sampling_params",
+    "LLM": "paged.core.entrypoints.llm",
+    "SamplingParams": "paged.core.engine.sampling_params",
 }
 
 

@@ -51,14 +51,14 @@ class ReferenceCpuPlatform(Platform):
                             max_block_size=512, batch_invariant={})
 
     def attention_backend_cls(self):
-        from paged.backends.reference import ReferenceBackend
+        from paged.backends.reference.attention import ReferenceBackend
 
         return ReferenceBackend
 
     def worker_cls(self):
         # the generic Worker: torch layer ops, no stack runner, no profiling;
         # a device with fused ops or a memory peak to measure subclasses it
-        from paged.core.worker import Worker
+        from paged.core.engine.worker import Worker
 
         return Worker
 

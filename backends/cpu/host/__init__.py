@@ -1,0 +1,1 @@
+"""The CPU host: topology, CPU lists and load, thread pinning plans, NUMA memory, ISA levels."""

@@ -1,0 +1,1 @@
+"""The benchmark client (`paged bench serve`)."""

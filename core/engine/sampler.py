@@ -1,0 +1,235 @@
+"""Turns the logits of the sequences that sample this step into tokens.
+
+Vectorised over the batch; every step is a row-wise operation, so a row's
+result does not depend on what else is in the batch. Order of processing:
+
+1. logprobs (when requested) are taken from the raw model logits;
+2. repetition / presence / frequency penalties (OpenAI / vLLM semantics:
+   repetition over prompt + output, presence / frequency over the output);
+3. EOS and stop_token_ids are masked while fewer than min_tokens were generated;
+4. logit_bias is added (OpenAI semantics: before sampling, so greedy rows see it too);
+5. structured output: tokens the row's grammar does not allow are set to -inf,
+   all constrained rows in one pass (core/engine/structured/mask.py), last, so no
+   bias or penalty can bring a forbidden token back;
+6. temperature 0 rows (and below 1e-5, as vLLM: dividing by such a
+   temperature overflows float32 into NaN) take the argmax; the others are divided by their
+   temperature, filtered by top_k, top_p, min_p and sampled with the
+   exponential-race trick (argmax of p / Exp(1)), drawing the noise from the
+   sequence's own torch.Generator when it has a seed, so a seeded request
+   gives the same tokens alone or batched;
+7. speculative decoding (core/engine/spec_decode.py): a row given a draft token d
+   verifies it. Greedy rows take the argmax as always (the caller compares).
+   Sampled rows use rejection sampling with the n-gram proposer's point-mass
+   draft distribution: d is accepted with probability p(d) (p: the row's
+   distribution after step 6's filters); otherwise the token is drawn from p
+   with d removed, renormalised. Either way the row's token follows p exactly.
+
+A row that cannot be sampled must not take the batch down with it:
+sample_isolated() falls back to one row at a time and reports the rows
+that raise, and every per-row generator exists before any noise is drawn,
+so a failing row leaves the other rows' seeded streams untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from paged.core.engine.outputs import TokenLogprobs
+from paged.core.engine.request import Sequence
+from paged.core.engine.structured.mask import GrammarMasker, check_allowed
+
+
+#: temperatures below this sample greedily (1 / 1e-5 keeps float32 logits finite)
+MIN_TEMPERATURE = 1e-5
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[Optional[int]]  # None only for the failed rows of sample_isolated()
+    logprobs: list[Optional[TokenLogprobs]]  # per row: top-k + chosen, or None when not requested
+    chosen_logprobs: list[Optional[float]]
+
+
+def top_logprobs(logprobs_row: torch.Tensor, k: int, chosen: Optional[int]) -> TokenLogprobs:
+    """{token_id: logprob} for the k most likely tokens plus the chosen one."""
+    out: TokenLogprobs = {}
+    if k:
+        vals, ids = logprobs_row.topk(k)
+        out = dict(zip(ids.tolist(), vals.tolist()))
+    if chosen is not None and chosen not in out:
+        out[chosen] = float(logprobs_row[chosen])
+    return out
+
+
+class Sampler:
+    def __init__(self, eos_token_ids: list[int], seed: Optional[int] = None,
+                 argmax: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        self.eos_token_ids = list(eos_token_ids)  # the model's end-of-generation ids
+        # logits [N, V] -> int64 [N], torch.argmax's answer: the platform's (Platform.argmax)
+        self.argmax = argmax or (lambda t: t.argmax(dim=-1))
+        self.generator = torch.Generator()
+        self.generator.manual_seed(seed if seed is not None else torch.seed())
+        self._masker: Optional[GrammarMasker] = None  # made on the first constrained row
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence],
+                 drafts: Optional[list[Optional[int]]] = None) -> SamplerOutput:
+        """logits: float32 [N, V], row i for seqs[i] (rows may be shared by the
+        samples of an n > 1 request: pass them expanded). drafts[i]: the
+        draft token row i verifies, or None (step 7)."""
+        n = len(seqs)
+        params = [s.params for s in seqs]
+        want_lp = [p.logprobs is not None for p in params]
+        logprobs = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        penalise = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
+        masked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        if penalise or masked or biased or constrained:
+            logits = logits.clone()  # edited in place below; the caller's logits stay as they were
+        if penalise:
+            self._apply_penalties(logits, seqs)
+        self._mask_until_min_tokens(logits, [seqs[i] for i in masked], masked)
+        for i in biased:
+            bias = params[i].logit_bias
+            logits[i, list(bias)] += torch.tensor(list(bias.values()), dtype=logits.dtype)
+        bitmask = None
+        if constrained:
+            bitmask = self._grammar_mask(logits).apply(logits, constrained, [seqs[i].matcher for i in constrained])
+
+        temps = [p.temperature for p in params]
+        rand_rows = [i for i in range(n) if temps[i] >= MIN_TEMPERATURE]
+        rand_drafts = [drafts[i] for i in rand_rows] if drafts else None
+        if len(rand_rows) == n:  # no greedy row: no argmax of the raw logits
+            tokens = self._sample_random(logits, seqs, rand_drafts)
+        else:
+            tokens = self.argmax(logits)  # the sampled rows' entries are overwritten
+            if rand_rows:
+                tokens[rand_rows] = self._sample_random(logits[rand_rows], [seqs[i] for i in rand_rows], rand_drafts)
+        token_list = tokens.tolist()
+        if bitmask is not None:
+            check_allowed(bitmask, [token_list[i] for i in constrained])
+
+        lp_out: list[Optional[TokenLogprobs]] = [None] * n
+        chosen: list[Optional[float]] = [None] * n
+        for i in range(n):
+            if want_lp[i]:
+                lp_out[i] = top_logprobs(logprobs[i], params[i].logprobs, token_list[i])
+                chosen[i] = lp_out[i][token_list[i]]
+        return SamplerOutput(token_list, lp_out, chosen)
+
+    def sample_isolated(self, logits: torch.Tensor, seqs: list[Sequence],
+                        drafts: Optional[list[Optional[int]]] = None) -> tuple[SamplerOutput, dict[int, Exception]]:
+        """Like calling the sampler, but a row that raises fails alone: the
+        batch is then sampled row by row (rows are independent) and the
+        failing rows come back as {row: exception}, their token None."""
+        try:
+            return self(logits, seqs, drafts), {}
+        except Exception:  # noqa: BLE001 - find the rows at fault below
+            pass
+        out = SamplerOutput([None] * len(seqs), [None] * len(seqs), [None] * len(seqs))
+        errors: dict[int, Exception] = {}
+        for i in range(len(seqs)):
+            try:
+                row = self(logits[i:i + 1], seqs[i:i + 1], drafts[i:i + 1] if drafts else None)
+            except Exception as exc:  # noqa: BLE001 - reported to this row's request only
+                errors[i] = exc
+                continue
+            out.token_ids[i], out.logprobs[i], out.chosen_logprobs[i] = \
+                row.token_ids[0], row.logprobs[0], row.chosen_logprobs[0]
+        return out, errors
+
+    # -- logits processors ---------------------------------------------------------
+    @staticmethod
+    def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        n, vocab = logits.shape
+        rep = torch.tensor([s.params.repetition_penalty for s in seqs], dtype=logits.dtype)
+        pres = torch.tensor([s.params.presence_penalty for s in seqs], dtype=logits.dtype)
+        freq = torch.tensor([s.params.frequency_penalty for s in seqs], dtype=logits.dtype)
+        counts = torch.zeros(n, vocab, dtype=logits.dtype)
+        seen = torch.zeros(n, vocab, dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            out = s.output_token_ids
+            if out:
+                counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=logits.dtype))
+            if s.params.repetition_penalty != 1.0:
+                seen[i, torch.tensor(s.token_ids)] = True
+        seen |= counts > 0
+        penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits.copy_(torch.where(seen, penalised, logits))
+        logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+
+    def _grammar_mask(self, logits: torch.Tensor) -> GrammarMasker:
+        if self._masker is None:
+            self._masker = GrammarMasker(logits.shape[1])
+        return self._masker
+
+    def _mask_until_min_tokens(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> None:
+        """Forbid stop tokens (and EOS unless ignored) in `rows`, whose
+        sequences (`seqs`, same order) have not reached min_tokens."""
+        for i, s in zip(rows, seqs):
+            p = s.params
+            ids = list(p.stop_token_ids)
+            if not p.ignore_eos:
+                ids += self.eos_token_ids
+            if ids:
+                logits[i, ids] = float("-inf")
+
+    def _sample_random(self, logits: torch.Tensor, seqs: list[Sequence],
+                       drafts: Optional[list[Optional[int]]] = None) -> torch.Tensor:
+        params = [s.params for s in seqs]
+        logits = logits / torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
+        vocab = logits.shape[1]
+        filt = [i for i, p in enumerate(params) if (0 < p.top_k < vocab) or p.top_p < 1.0]
+        if filt:
+            logits[filt] = self._top_k_top_p(logits[filt], [params[i] for i in filt])
+        probs = torch.softmax(logits, dim=-1)
+        min_ps = [p.min_p for p in params]
+        if any(min_ps):
+            thresh = torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < thresh, 0.0)
+        generators = [self._generator_for(s) for s in seqs]  # all made before any draw
+        drafts = drafts or [None] * len(seqs)
+        noise = torch.empty_like(probs)
+        u = torch.empty(len(seqs), dtype=probs.dtype)
+        for i, (gen, d) in enumerate(zip(generators, drafts)):
+            if d is not None:
+                u[i:i + 1].uniform_(generator=gen)
+            noise[i].exponential_(generator=gen)
+        rows = [i for i, d in enumerate(drafts) if d is not None]
+        if not rows:
+            return self.argmax(probs / noise)
+        # step 7: accept d with probability p(d) (probs may be unnormalised after min_p), else drop it from p
+        r, d = torch.tensor(rows), torch.tensor([drafts[i] for i in rows])
+        ok = u[r] * probs[r].sum(dim=-1) < probs[r, d]
+        probs[r[~ok], d[~ok]] = 0.0
+        tokens = self.argmax(probs / noise)
+        tokens[r[ok]] = d[ok]
+        return tokens
+
+    @staticmethod
+    def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+        vocab = logits.shape[1]
+        ks = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+        ps = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], dtype=logits.dtype)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        ranks = torch.arange(vocab)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= ks[:, None], float("-inf"))
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        # keep the smallest prefix whose mass reaches top_p, and always the first
+        # token (a top_p that underflows float32 to 0 would otherwise drop them all)
+        sorted_logits = sorted_logits.masked_fill((mass_before >= ps[:, None]) & (ranks > 0), float("-inf"))
+        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+    def _generator_for(self, seq: Sequence) -> torch.Generator:
+        seed = seq.params.seed
+        if seed is None:
+            return self.generator
+        if seq.generator is None:
+            seq.generator = torch.Generator()
+            # sample i of an n > 1 request: seed + i, wrapped into the 64 bits torch takes
+            seq.generator.manual_seed((seed + seq.index) % 2**64)
+        return seq.generator

@@ -1,0 +1,1 @@
+"""Entry points: the CLI, the OpenAI-compatible server, the offline LLM API."""
