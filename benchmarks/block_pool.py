@@ -1,4 +1,4 @@
-"""Block pool speed: C++ BlockPool (paged._C_cpu) vs the pure-Python model of
+"""Block pool speed: C++ BlockPool (paged._C_blocks) vs the pure-Python model of
 the same rules (core/engine/block_pool_spec.py), side by side in one run.
 
     python benchmarks/block_pool.py [--blocks 1000000] [--json out.json]
@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
-    from paged._C_cpu import BlockPool
+    from paged._C_blocks import BlockPool
 
     impls = {"cpp": BlockPool, "python": BlockPoolModel}
     results: dict = {"blocks": args.blocks, "pool_size": POOL_SIZE, "batches": {}, "per_call_us": {},

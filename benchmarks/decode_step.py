@@ -36,7 +36,7 @@ from timing import best_time, positive_int
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu.attention import CpuBackend
-from paged.backends.cpu.worker import prepare_model
+from paged.backends.cpu.worker import CpuWorker, prepare_model
 from paged.core.models.loaders import load_model_files
 from paged.core.models.files import default_model_path
 from paged.core.models import build_model
@@ -159,11 +159,12 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
 
-    platform_ = CpuPlatform()
-    packed_linear = platform_.packed_linear_cls() if args.weights == "packed" else None
+    worker = CpuWorker(CpuPlatform())
+    mode = worker.linear_activations() if args.weights == "packed" else None
+    packed_linear = None if mode is None else worker.packed_linear(mode)
     loaded = load_model_files(str(default_model_path()), dtype, keep_packed=packed_linear is not None)
     c = loaded.config
-    kv_dtype = (platform_.auto_kv_cache_dtype(dtype, platform_.linear_activations() if packed_linear else None)
+    kv_dtype = (worker.auto_kv_cache_dtype(dtype, mode)
                 if args.kv_cache_dtype == "auto" else getattr(torch, args.kv_cache_dtype))
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, args.block_size, dtype, "cpu",
                          sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)

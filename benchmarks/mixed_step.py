@@ -9,16 +9,14 @@ machine.
     python benchmarks/mixed_step.py [--modes mixed,mixed-bf16] [--decodes 16] [--context 320]
         [--prompt-rows 0 8 16 32 64 128 256] [--block-size N] [--rounds 8] [--json PATH]
 
-`--modes mixed,mixed/two-term` prices mixed's one-term middle layers: the
-second is mixed with the rows that generate a token on two int8 terms in
-every layer, as before 2026-12-04 (docs/kernels.md, "Mixed activations").
+`--modes mixed,int8x2` prices mixed's one-term middle layers (int8x2 is
+mixed with two terms in every layer; docs/kernels.md, "Mixed activations").
 
 The cache has the CPU platform's block size (128) unless --block-size says
 otherwise, so the decodes read K/V in the runs the engine's cache has.
 
 What it shows: how a mode's cost grows with the prompt rows a step carries
-(mixed's one-term int8 prompt rows ride along the decode rows' sweep of the
-weight panels; mixed-bf16 makes every matrix's bfloat16 tiles from the
+(every mode's rows ride along one sweep of the weight panels; mixed-bf16 makes every matrix's bfloat16 tiles from the
 panels whatever their number, and its prompt rows attend on the tile unit:
 docs/kernels.md, "bfloat16 prompt rows" and "bfloat16 prompt attention").
 """
@@ -35,26 +33,15 @@ from timing import emit_json, positive_int
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.quant_linear import CpuPackedLinear, resolve_activations
-from paged.backends.cpu.layer_stack import LayerStack
-from paged.backends.cpu.worker import prepare_model, set_one_term_layers
+from paged.backends.cpu.worker import CpuWorker, prepare_model
 from paged.core.models.loaders import load_model_files
 from paged.core.models.files import default_model_path
 from paged.core.models import build_model
 from paged.platforms.cpu import CpuPlatform
 
-#: a --modes entry: mixed with generating rows on two terms in every layer
-#: (what mixed computed before its middle layers took one term, 2026-12-04)
-TWO_TERM = "mixed/two-term"
-
-
 def build(mode: str, loaded, block: int):
-    if mode == TWO_TERM:
-        model, backend = build("mixed", loaded, block)
-        set_one_term_layers(model, middle=())
-        model.layer_stack = LayerStack.for_model(model)
-        return model, backend
     c = loaded.config
-    kv_dtype = CpuPlatform().auto_kv_cache_dtype(torch.float32, mode)
+    kv_dtype = CpuWorker(CpuPlatform()).auto_kv_cache_dtype(torch.float32, mode)
     backend = CpuBackend(c.num_heads, c.num_kv_heads, c.head_dim, block, torch.float32, "cpu",
                          sliding_window=c.sliding_window, kv_cache_dtype=kv_dtype)
     model = build_model(c, loaded.weights, torch.float32, "cpu", backend,
@@ -88,8 +75,7 @@ def step_inputs(c, backend, decodes: int, context: int, k: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", default="mixed,mixed-bf16",
-                    help="--linear-activations values, comma separated (those this CPU cannot run are left out); "
-                         f"{TWO_TERM}: mixed with generating rows on two terms in every layer")
+                    help="--linear-activations values, comma separated (those this CPU cannot run are left out)")
     ap.add_argument("--decodes", type=int, default=16)
     ap.add_argument("--context", type=int, default=320)
     ap.add_argument("--prompt-rows", type=int, nargs="+", default=[0, 8, 16, 32, 64, 128, 256])
@@ -101,7 +87,7 @@ def main() -> None:
     modes = []
     for mode in args.modes.split(","):
         try:
-            modes.append(mode if mode == TWO_TERM else resolve_activations(mode))
+            modes.append(resolve_activations(mode))
         except ValueError as exc:
             print(f"left out: {exc}")
     loaded = load_model_files(str(default_model_path()), torch.float32, keep_packed=True)

@@ -1,9 +1,9 @@
 #include "module.h"
 
 NB_MODULE(_C_cpu, m) {
-  m.doc() = "paged CPU runtime, block pool and attention kernels";
+  m.doc() = "paged CPU runtime (topology, pinning, NUMA memory) and kernels (block accounting: paged._C_blocks)";
   paged::cpu::register_runtime(m);
-  paged::cpu::register_block_pool(m);
+  paged::cpu::register_host_arena(m);
   paged::cpu::register_attention(m);
   paged::cpu::register_linear(m);
   paged::cpu::register_ops(m);

@@ -5,7 +5,7 @@
 
 namespace paged::cpu {
 void register_runtime(nanobind::module_& m);     // runtime/: topology, pinning, NUMA memory
-void register_block_pool(nanobind::module_& m);  // block_pool/: shared accounting + host arena
+void register_host_arena(nanobind::module_& m);  // runtime/host_arena.cpp: the NUMA host arena of the KV cache
 void register_attention(nanobind::module_& m);   // attention/: paged attention + cache ops
 void register_linear(nanobind::module_& m);      // linear/: linear layers on quantized weights
 void register_ops(nanobind::module_& m);         // ops/: fused elementwise ops of the Llama layer

@@ -1,8 +1,12 @@
-"""The Platform interface: everything core/ needs to know about a device.
+"""The Platform interface: what a device is and what it can do.
 
-core/ never imports a device library (torch.cuda, torch_npu) itself; it asks
-the current platform. Built-ins: cpu, cuda, npu; third-party platforms
-register through the ``paged.platforms`` entry-point group.
+A Platform detects its device (with the reason when it cannot run), reports
+its memory, dtypes and capabilities, places processes (threads, device
+indices), and says which Worker runs models on it (``worker_cls``); the
+Worker (core/engine/worker.py) holds everything else device-specific.
+core/ never imports a device library (torch.cuda, torch_npu) itself.
+Built-ins: cpu, cuda, npu; third-party platforms register through the
+``paged.platforms`` entry-point group (docs/adding-a-platform.md).
 """
 
 from __future__ import annotations
@@ -135,107 +139,20 @@ class Platform(abc.ABC):
 
     # -- the worker and kernels ---------------------------------------------
     def worker_cls(self):
-        """The Worker subclass (core/engine/worker.py) that runs models here: loads
-        the model, picks its layer ops, sizes and allocates the KV memory and
-        runs steps. The default runs the plain torch model."""
+        """The Worker subclass (core/engine/worker.py) that runs models here:
+        everything device-specific the engine needs (attention backend,
+        packed-weight linears, KV cache dtype, layer ops, argmax) and the
+        model, its KV memory and its steps. The default runs the plain torch
+        model with the pure-torch reference attention."""
         from paged.core.engine.worker import Worker
 
         return Worker
 
-    #: --kv-cache-dtype names the kernels store besides the model dtype
-    #: (torch dtype names, or "fp8_e4m3" for float8_e4m3fn; "int8" and
-    #: "fp8_e4m3": backends/base.py's quantized rows). Other
-    #: platforms refuse them at start until their kernels implement them.
-    extra_kv_cache_dtypes: tuple = ()
-
-    def resolve_kv_cache_dtype(self, choice: str | None, model_dtype, linear_activations: str | None = None):
-        """The torch dtype the KV cache stores for --kv-cache-dtype ``choice``
-        (auto / None: ``auto_kv_cache_dtype``); ValueError, one line, for one
-        this platform does not run. ``linear_activations``: the resolved
-        packed-linear mode (None: weights not packed)."""
-        import torch
-
-        if choice in (None, "auto"):
-            return self.auto_kv_cache_dtype(model_dtype, linear_activations)
-        # fp8_e4m3 names torch.float8_e4m3fn (rows with a scale, like int8)
-        dtype = torch.float8_e4m3fn if choice == "fp8_e4m3" else getattr(torch, str(choice), None)
-        if dtype == model_dtype:
-            return dtype
-        if not isinstance(dtype, torch.dtype) or str(choice) not in self.extra_kv_cache_dtypes:
-            from paged.platforms.capabilities import dtype_name
-
-            model = dtype_name(model_dtype)
-            allowed = ", ".join(["auto", model, *(d for d in self.extra_kv_cache_dtypes if d != model)])
-            raise ValueError(f"--kv-cache-dtype on {self.name}: expected one of {allowed} "
-                             f"(the {model} model's own dtype or what its kernels implement), got {choice!r}")
-        return dtype
-
-    def auto_kv_cache_dtype(self, model_dtype, linear_activations: str | None = None):
-        """--kv-cache-dtype auto: the model dtype unless the platform knows better."""
-        return model_dtype
-
-    def select_attention_backend(self, choice: str | None = None):
-        """The attention backend class for --attention-backend ``choice``:
-        None = this platform's own, "reference" = the pure-torch oracle."""
-        if choice == "reference":
-            from paged.backends.reference.attention import ReferenceBackend
-
-            return ReferenceBackend
-        return self.attention_backend_cls()
-
-    @abc.abstractmethod
-    def attention_backend_cls(self):
-        """The AttentionBackend subclass (backends/base.py) for this device."""
-
     def ops_module(self):
-        """The compiled ops module (e.g. paged._C_cpu), or None."""
+        """The platform's compiled ops module (e.g. paged._C_cpu), or None."""
         return None
-
-    def argmax(self, logits):
-        """Greedy tokens: int64 [N], the first index of each row's maximum
-        of ``logits`` [N, V], exactly as torch.argmax (a NaN counts as the
-        maximum). The sampler's argmax; a platform with a faster kernel
-        overrides it."""
-        return logits.argmax(dim=-1)
-
-    def packed_linear_cls(self, activations: str = "auto"):
-        """A callable wrapping a loader's PackedBlocks (GGUF Q4_0/Q4_1/Q8_0)
-        as a weight with ``linear(x, bias)`` whose activations are
-        ``activations`` (--linear-activations: auto picks the platform's
-        choice), or None when this platform has no kernels for packed weights
-        (they are then dequantized at load)."""
-        return None
-
-    def linear_activations(self, setting: str = "auto") -> str | None:
-        """What --linear-activations ``setting`` runs here ("float32",
-        "int8", "int8x2"), or None without packed-weight kernels."""
-        return None
-
-    def block_pool_cls(self):
-        """The block accounting (ids, ref counts, LRU, prefix hashes): one
-        class for every platform, since block ids never touch device memory
-        (docs/architecture.md, "Block accounting"). The C++ pool of _C_cpu,
-        or its pure-Python twin where the extension is not built."""
-        try:
-            from paged._C_cpu import BlockPool
-        except ImportError:
-            from paged.core.engine.block_pool_spec import BlockPoolModel as BlockPool
-        return BlockPool
-
-    def block_hash_fn(self):
-        """hash_block(parent, tokens, extra=None) -> int, matching block_pool_cls."""
-        try:
-            from paged._C_cpu import hash_block
-        except ImportError:
-            from paged.core.engine.block_pool_spec import hash_block
-        return hash_block
 
     # -- reporting ---------------------------------------------------------
-    def startup_summary(self) -> str:
-        """One line for the engine's start-up log: threads, devices and the
-        kernel builds in use (empty when there is nothing to add)."""
-        return ""
-
     def env_report(self) -> dict:
         """What ``paged env`` prints for this platform (JSON-serialisable)."""
         a = self.is_available()

@@ -7,73 +7,20 @@ topology (backends/cpu/host/topology.py). See docs/platforms.md.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from paged.backends.cpu.host import isa as cpu_isa
-from paged.platforms.base import Availability, MemoryInfo, Platform
+from paged.backends.cpu.host.binding import BindingPlan, plan_binding
+from paged.backends.cpu.host.cpulist import format_cpulist
 from paged.backends.cpu.host.load import LoadWatch
-from paged.backends.cpu.host.cpulist import format_cpulist, parse_cpulist
 from paged.backends.cpu.host.topology import (Topology, can_pin_threads, process_cpus, read_topology, set_thread_cpus,
-                                      system_memory)
+                                              system_memory)
+from paged.platforms.base import Availability, MemoryInfo, Platform
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BindingPlan:
-    """What ``--cpu-threads-bind`` resolved to for this process."""
-
-    spec: str
-    cpus: list[int] = field(default_factory=list)  # OpenMP thread i -> cpus[i]; empty: no pinning
-    node: int | None = None  # NUMA node for memory; None: default policy
-    memory_method: str | None = None  # "libnuma" / "set_mempolicy" once applied, or why it failed
-
-    def to_dict(self) -> dict:
-        return {"spec": self.spec, "cpus": format_cpulist(self.cpus), "threads": len(self.cpus),
-                "node": self.node, "memory_method": self.memory_method}
-
-
-def plan_binding(spec: str, topology: Topology, rank: int = 0, world_size: int = 1) -> BindingPlan:
-    """Resolve ``auto | none | <cpulist>[|<cpulist>...]`` (one list per rank).
-
-    auto: one thread per physical core of the node with the most usable
-    cores; under tensor parallelism (``world_size`` ranks) rank r takes node
-    r when there are as many nodes with cores as ranks, else a contiguous
-    share of the best node's cores. A CPU list: exactly those CPUs, memory
-    on the node holding most.
-    """
-    spec = (spec or "").strip()
-    if spec == "none":
-        return BindingPlan(spec)
-    if spec == "auto":
-        return _auto_plan(topology, rank, world_size)
-    lists = spec.split("|")
-    if rank >= len(lists):
-        raise ValueError(f"--cpu-threads-bind {spec!r} has {len(lists)} CPU list(s), none for rank {rank}")
-    try:
-        cpus = parse_cpulist(lists[rank], allowed=topology.usable)
-    except ValueError as e:
-        raise ValueError(f"--cpu-threads-bind: {e} (use auto, none or a CPU list like 0-3)") from None
-    return BindingPlan(spec, cpus, topology.node_of(cpus))
-
-
-def _auto_plan(topology: Topology, rank: int, world_size: int) -> BindingPlan:
-    nodes = [n for n in topology.nodes if n.cores]
-    if world_size > 1 and len(nodes) >= world_size:
-        node = nodes[rank]
-        return BindingPlan("auto", topology.one_thread_per_core(node), node.id)
-    node = topology.best_node()
-    cores = topology.one_thread_per_core(node)
-    if world_size > len(cores):
-        raise ValueError(f"--tensor-parallel-size {world_size}: expected at most the {len(cores)} physical "
-                         f"core(s) of NUMA node {node.id} for --cpu-threads-bind auto, got more ranks")
-    share = len(cores) // world_size
-    return BindingPlan("auto", cores[rank * share:(rank + 1) * share], node.id)
 
 
 class CpuPlatform(Platform):
@@ -88,7 +35,6 @@ class CpuPlatform(Platform):
     default_block_size = 128
     # the attention kernels read any of these under any model dtype (int8,
     # fp8_e4m3: per-token scales, dequantized in registers; docs/kernels.md)
-    extra_kv_cache_dtypes = ("float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 
     def __init__(self, sysfs_root: str | os.PathLike = "/sys", allowed: list[int] | set[int] | None = None):
         self._sysfs_root = sysfs_root
@@ -252,73 +198,15 @@ class CpuPlatform(Platform):
         """Kernel family -> the SIMD build it runs (backends/cpu/host/isa.py)."""
         return cpu_isa.active_builds()
 
-    def startup_summary(self) -> str:
-        import torch
-
-        plan = self.plan
-        if plan is None or not plan.cpus:
-            threads = f"{torch.get_num_threads()} threads, not pinned"
-        else:
-            threads = f"{len(plan.cpus)} threads on CPUs {format_cpulist(plan.cpus)}"
-        builds = ", ".join(f"{family} {build}" for family, build in self.kernel_builds().items())
-        hidden = self.ops_module().hidden_cpu_features()
-        return f"{threads}; kernels: {builds}" + (f" (PAGED_CPU_HIDE hides {', '.join(hidden)})" if hidden else "")
-
-    # -- kernels -----------------------------------------------------------
-    def packed_linear_cls(self, activations: str = "auto"):
-        from paged.backends.cpu import quant_linear
-
-        if not quant_linear.available():
-            return None
-        return functools.partial(quant_linear.CpuPackedLinear, activations=self.linear_activations(activations))
-
-    def linear_activations(self, setting: str = "auto") -> str | None:
-        """auto = mixed (docs/kernels.md, "Choosing the CPU path")."""
-        from paged.backends.cpu import quant_linear
-
-        return quant_linear.resolve_activations(setting) if quant_linear.available() else None
-
-    def auto_kv_cache_dtype(self, model_dtype, linear_activations: str | None = None):
-        """float16 under a float32 model whose linears already quantize their
-        activations (int8 / int8x2 / mixed): decode attention reads the cache
-        and is bound by it, and float16 halves the bytes (1.8x faster decode
-        attention) at the same greedy agreement as float32 on the accuracy
-        gate (docs/kernels.md, "Choosing the CPU path"). The exact float32
-        path (--linear-activations float32, or unpacked weights) keeps a
-        float32 cache."""
-        import torch
-
-        if model_dtype == torch.float32 and linear_activations not in (None, "float32"):
-            return torch.float16
-        return model_dtype
-
     def worker_cls(self):
         from paged.backends.cpu.worker import CpuWorker
 
         return CpuWorker
 
-    def attention_backend_cls(self):
-        from paged.backends.cpu.attention import CpuBackend
-
-        return CpuBackend
-
     def ops_module(self):
         from paged import _C_cpu
 
         return _C_cpu
-
-    def argmax(self, logits):
-        """torch's CPU argmax is a scalar loop (0.65 ms for 16 x 49152
-        logits on two Zen 4 cores); _C_cpu.argmax_rows vectorises it (0.11
-        ms) with the same answer. Other tensors go to torch."""
-        import torch
-
-        if (logits.device.type != "cpu" or logits.dtype != torch.float32 or logits.dim() != 2
-                or 0 in logits.shape or not logits.is_contiguous()):
-            return super().argmax(logits)
-        out = torch.empty(logits.shape[0], dtype=torch.int64)
-        self.ops_module().argmax_rows(logits, out)
-        return out
 
     # -- reporting ---------------------------------------------------------
     def env_report(self) -> dict:
@@ -337,7 +225,10 @@ class CpuPlatform(Platform):
         report["cpu_features"] = self.cpu_features()
         report["cpu_features_hidden"] = ops.hidden_cpu_features()
         report["kernel_builds"] = self.kernel_builds()
-        report["linear_activations"] = self.linear_activations("auto")  # what --linear-activations auto runs
+        from paged.backends.cpu import quant_linear
+
+        # what --linear-activations auto runs here
+        report["linear_activations"] = quant_linear.resolve_activations("auto") if quant_linear.available() else None
         report["dtypes"] = [str(d).removeprefix("torch.") for d in self.supported_dtypes()]
         mem = self.memory_info()
         report["memory"] = {"total_bytes": mem.total_bytes, "available_bytes": mem.available_bytes}

@@ -179,11 +179,6 @@ class CudaPlatform(Platform):
 
         return CudaWorker
 
-    def attention_backend_cls(self):
-        from paged.backends.cuda.attention import CudaBackend
-
-        return CudaBackend
-
     def ops_module(self):
         try:
             from paged import _C_cuda

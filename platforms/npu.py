@@ -128,10 +128,10 @@ class NpuPlatform(Platform):
                             max_block_size=layout.MAX_BLOCK_SIZE, head_size_multiple=layout.HEAD_SIZE_ALIGN,
                             max_head_size=layout.MAX_HEAD_SIZE, batch_invariant={})
 
-    def attention_backend_cls(self):
-        from paged.backends.npu.attention import NpuBackend
+    def worker_cls(self):
+        from paged.backends.npu.worker import NpuWorker
 
-        return NpuBackend
+        return NpuWorker
 
     def env_report(self) -> dict:
         report = super().env_report()

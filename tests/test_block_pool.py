@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from paged.core.engine.block_pool_spec import BlockPoolModel, hash_block as py_hash_block
 
-C = pytest.importorskip("paged._C_cpu")
+C = pytest.importorskip("paged._C_blocks")
 
 POOLS = [C.BlockPool, BlockPoolModel]
 
@@ -144,6 +144,7 @@ def test_threads_share_one_pool():
 
 
 def test_numa_zeros_uses_host_arena():
+    from paged import _C_cpu
     from paged.backends.cpu.host.memory import last_allocation, numa_zeros
 
     t = numa_zeros((5, 16, 2, 8), torch.bfloat16)
@@ -155,7 +156,7 @@ def test_numa_zeros_uses_host_arena():
     view = t[3]
     del t
     assert view[7].eq(1.5).all() and view.sum().item() == 1.5 * 16
-    node = C.current_numa_node()
+    node = _C_cpu.current_numa_node()
     if node >= 0:
         numa_zeros((4,), torch.float32, node=node)
         assert last_allocation()["numa_policy"] == "preferred", last_allocation()

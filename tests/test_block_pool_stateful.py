@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from paged.core.engine.block_pool_spec import BlockPoolModel
 
-C = pytest.importorskip("paged._C_cpu")
+C = pytest.importorskip("paged._C_blocks")
 
 NUM_BLOCKS = 12
 HASHES = st.integers(0, 5)  # a few values, so lookups hit and registrations collide

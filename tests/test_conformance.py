@@ -14,6 +14,7 @@ import torch
 
 from paged.backends.reference.attention import ReferenceBackend
 from paged.core.engine.block_pool_spec import BlockPoolModel
+from paged.core.engine.worker import Worker
 from paged.core.conformance import e2e_checks, kernel_checks, pool_checks
 from paged.core.conformance.runner import FAIL, PASS, SKIP, Check, Context, Measured, Report, Skip, run_check
 from paged.platforms.base import Availability, MemoryInfo, Platform
@@ -48,10 +49,15 @@ def test_runner_turns_errors_and_skips_into_results():
 
 # ---- the checks catch broken implementations --------------------------------
 
+class _Worker(Worker):
+    def attention_backend_cls(self):
+        return self.platform.backend_cls
+
+
 class _Platform(Platform):
     """A minimal in-test platform whose pieces a test can swap for broken ones."""
     name, device_type, default_block_size = "test", "cpu", 16
-    backend_cls, pool_cls, caps = ReferenceBackend, BlockPoolModel, None
+    backend_cls, caps = ReferenceBackend, None
 
     def capabilities(self):
         return self.caps or super().capabilities()
@@ -68,11 +74,8 @@ class _Platform(Platform):
     def supported_dtypes(self):
         return [torch.float32]
 
-    def attention_backend_cls(self):
-        return self.backend_cls
-
-    def block_pool_cls(self):
-        return self.pool_cls
+    def worker_cls(self):
+        return _Worker
 
 
 class _LifoFreePool(BlockPoolModel):
@@ -97,8 +100,9 @@ class _BatchDependentBackend(ReferenceBackend):
 def test_pool_check_passes_the_model_and_catches_a_broken_pool():
     p = _Platform()
     assert run_check(Check("pool", pool_checks._random_sequence), Context(p, quick=True)).status == PASS
-    p.pool_cls = _LifoFreePool
-    r = run_check(Check("pool", pool_checks._random_sequence), Context(p, quick=True))
+    assert run_check(Check("pool", pool_checks._random_sequence),
+                     Context(p, quick=True, cache={"pool_cls": BlockPoolModel})).status == PASS
+    r = run_check(Check("pool", pool_checks._random_sequence), Context(p, quick=True, cache={"pool_cls": _LifoFreePool}))
     assert r.status == FAIL and "free_queue differs from the model" in r.detail
 
 
@@ -200,7 +204,7 @@ def test_plugin_passes_the_suite(plugin_env, tmp_path):
     _check_report(proc, rep, "reference-cpu")
     assert proc.returncode == 0 and rep["passed"], proc.stdout
     status = {r["name"]: r["status"] for r in rep["results"]}
-    for name in ("platform.detection", "platform.attention_backend", "platform.capabilities",
+    for name in ("platform.detection", "worker.attention_backend", "platform.capabilities",
                  "pool.random_ops_vs_model", "e2e.kernel_batch_invariance", "kernels.batch_invariance[float32]"):
         assert status[name] == PASS, proc.stdout
     # the 128-only declaration, listed; invariance measured, not asserted

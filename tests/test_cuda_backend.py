@@ -72,7 +72,7 @@ def test_platform_attributes():
     assert (p.name, p.device_type, p.dist_backend) == ("cuda", "cuda", "nccl")
     from paged.backends.cuda.attention import CudaBackend
 
-    assert p.attention_backend_cls() is CudaBackend
+    assert p.worker_cls()(p).attention_backend_cls() is CudaBackend
 
 
 def test_boundary_rejects_host_tensors_and_bad_shapes():
@@ -104,10 +104,10 @@ def test_block_pool_is_the_shared_accounting():
     """Block ids never touch device memory: CUDA keeps the host's one
     accounting (docs/architecture.md); _C_cuda binds only kernels and the arena."""
     ops = _ops()
-    from paged import _C_cpu
+    from paged import _C_blocks
+    from paged.core.engine.kv_cache_manager import shared_block_pool
 
-    assert CudaPlatform().block_pool_cls() is _C_cpu.BlockPool
-    assert CudaPlatform().block_hash_fn() is _C_cpu.hash_block
+    assert shared_block_pool() == (_C_blocks.BlockPool, _C_blocks.hash_block)
     assert not hasattr(ops, "BlockPool") and hasattr(ops, "DeviceArena")
 
 

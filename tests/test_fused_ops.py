@@ -220,7 +220,7 @@ def test_layer_ops_match_torch_ops(dtype):
 
 
 def test_argmax_rows_is_torch_argmax(isa):
-    """The sampler's argmax (CpuPlatform.argmax): first index of the maximum,
+    """The sampler's argmax (CpuWorker.argmax): first index of the maximum,
     ties, +-inf and NaN rows (the first NaN wins), lane-count tails; the
     conformance suite's cases, in each build."""
     from paged.core.conformance.platform_checks import argmax_cases
@@ -253,9 +253,10 @@ def test_argmax_rows_bad_arguments():
         C.argmax_rows(torch.randn(8, 2).t(), torch.empty(2, dtype=torch.int64))
 
 
-def test_cpu_platform_argmax_falls_back_to_torch_for_other_tensors():
+def test_cpu_worker_argmax_falls_back_to_torch_for_other_tensors():
+    from paged.backends.cpu.worker import CpuWorker
     from paged.platforms.cpu import CpuPlatform
 
-    p = CpuPlatform()
+    p = CpuWorker(CpuPlatform())
     for t in (torch.randn(3, 40).t(), torch.randn(4, 64, dtype=torch.float64), torch.randn(40), torch.empty(0, 5)):
         assert torch.equal(p.argmax(t), t.argmax(dim=-1))

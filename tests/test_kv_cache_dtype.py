@@ -237,16 +237,20 @@ def test_platforms_refuse_what_they_do_not_implement():
     from paged.platforms.cuda import CudaPlatform
     from paged.platforms.npu import NpuPlatform
 
-    cpu = CpuPlatform()
-    assert cpu.resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
-    assert cpu.resolve_kv_cache_dtype("int8", torch.float32) == torch.int8
-    assert cpu.resolve_kv_cache_dtype("fp8_e4m3", torch.float32) == FP8
+    def worker(platform):  # what runs on a device is its worker's to say
+        return platform.worker_cls()(platform)
+
+    cpu = worker(CpuPlatform())
+    assert cpu.kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert cpu.kv_cache_dtype("int8", torch.float32) == torch.int8
+    assert cpu.kv_cache_dtype("fp8_e4m3", torch.float32) == FP8
     for p in (CudaPlatform(), NpuPlatform()):
-        assert p.resolve_kv_cache_dtype("float16", torch.float16) == torch.float16  # its own dtype
+        w = worker(p)
+        assert w.kv_cache_dtype("float16", torch.float16) == torch.float16  # its own dtype
         for choice in ("int8", "fp8_e4m3"):
             with pytest.raises(ValueError, match=f"^--kv-cache-dtype on {p.name}: expected one of auto, float16 "
                                                  f"\\(.*got '{choice}'$"):
-                p.resolve_kv_cache_dtype(choice, torch.float16)
+                w.kv_cache_dtype(choice, torch.float16)
 
 
 # -- the engine ------------------------------------------------------------------

@@ -12,7 +12,7 @@ from paged.core.engine.block_pool_spec import BlockPoolModel
 from paged.core.engine.kv_cache_manager import KVCacheManager
 from paged.core.engine.worker import blocks_for_budget as num_blocks_for_budget
 
-C = pytest.importorskip("paged._C_cpu")
+C = pytest.importorskip("paged._C_blocks")
 BS = 4
 
 

@@ -123,7 +123,7 @@ def test_platform_contract_without_device():
     p = NpuPlatform()
     assert (p.name, p.device_type, p.dist_backend, p.default_block_size) == ("npu", "npu", "hccl", 128)
     assert p.supported_dtypes() == [torch.bfloat16, torch.float16]
-    assert p.attention_backend_cls() is NpuBackend
+    assert p.worker_cls()(p).attention_backend_cls() is NpuBackend
     if not p.is_available().ok:
         assert p.device_count() == 0
         rep = p.env_report()

@@ -32,10 +32,6 @@ class ToyPlatform(Platform):
         import torch
         return [torch.float32]
 
-    def attention_backend_cls(self):
-        from paged.backends.reference.attention import ReferenceBackend
-        return ReferenceBackend
-
 
 class MissingChipPlatform(ToyPlatform):
     name = "missingchip"

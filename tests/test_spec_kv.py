@@ -13,7 +13,7 @@ import torch
 from paged.core.engine.block_pool_spec import BlockPoolModel
 from paged.core.engine.kv_cache_manager import KVCacheManager
 
-C = pytest.importorskip("paged._C_cpu")
+C = pytest.importorskip("paged._C_blocks")
 BS = 4
 
 

@@ -14,12 +14,12 @@ import torch
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cpu.attention import CpuBackend
+from paged.backends.cpu.worker import CpuWorker
 from paged.backends.npu.attention import NpuBackend, layout
 from paged.backends.npu.metadata import NpuMetadata
 from paged.core.engine.engine import Engine
 from paged.core.engine.config import EngineConfig
 from paged.core.engine.sampling_params import SamplingParams
-from paged.platforms.cpu import CpuPlatform
 
 
 class CountingCpuBackend(CpuBackend):
@@ -40,7 +40,7 @@ class CountingCpuBackend(CpuBackend):
 
 @pytest.fixture
 def counting_engine(default_model_path, monkeypatch):
-    monkeypatch.setattr(CpuPlatform, "attention_backend_cls", lambda self: CountingCpuBackend)
+    monkeypatch.setattr(CpuWorker, "attention_backend_cls", lambda self: CountingCpuBackend)
     monkeypatch.setenv("PAGED_LAYER_STACK", "0")  # layer by layer, so every layer calls forward
     return Engine(EngineConfig(model=str(default_model_path), device="cpu", dtype="float32", max_model_len=256,
                                max_num_seqs=4, kv_cache_memory="64MiB", block_size=16,

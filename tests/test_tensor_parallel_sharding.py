@@ -186,7 +186,7 @@ def _topology(node_cpus: dict[int, list[int]]):
 
 
 def test_auto_binding_gives_each_rank_its_numa_node_or_a_share_of_one():
-    from paged.platforms.cpu import plan_binding
+    from paged.backends.cpu.host.binding import plan_binding
 
     two_sockets = _topology({0: [0, 1, 2, 3], 1: [4, 5, 6, 7]})
     plans = [plan_binding("auto", two_sockets, r, 2) for r in range(2)]

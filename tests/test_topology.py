@@ -12,7 +12,8 @@ import subprocess
 import pytest
 from hypothesis import given, strategies as st
 
-from paged.platforms.cpu import CpuPlatform, plan_binding
+from paged.backends.cpu.host.binding import plan_binding
+from paged.platforms.cpu import CpuPlatform
 from paged.backends.cpu.host.cpulist import format_cpulist, parse_cpulist
 from paged.platforms.sizes import parse_size
 from paged.backends.cpu.host.topology import read_topology
@@ -95,7 +96,7 @@ def test_per_rank_cpu_lists(tmp_path):
 def test_platform_memory_from_bound_node(tmp_path):
     make_sysfs(tmp_path, TWO_NODES, SMT_PAIRS, "0-7", mem_kb={0: (1000, 100), 1: (4000, 3000)})
     platform = CpuPlatform(sysfs_root=tmp_path, allowed={2, 3})
-    from paged.platforms.cpu import BindingPlan
+    from paged.backends.cpu.host.binding import BindingPlan
 
     platform.plan = BindingPlan("2-3", [2, 3], 1)  # what init() would record, without pinning this process
     mem = platform.memory_info()
@@ -112,7 +113,7 @@ def test_platform_memory_on_one_node_is_the_machines(tmp_path):
     # whose node0 leaves out hot-plugged memory) gives way to /proc/meminfo
     make_sysfs(tmp_path, {0: "0-3"}, [[0], [1], [2], [3]], "0-3", mem_kb={0: (1000, 100)})
     platform = CpuPlatform(sysfs_root=tmp_path, allowed={0, 1, 2, 3})
-    from paged.platforms.cpu import BindingPlan
+    from paged.backends.cpu.host.binding import BindingPlan
     from paged.backends.cpu.host.topology import system_memory
 
     platform.plan = BindingPlan("0-3", [0, 1, 2, 3], 0)

@@ -52,6 +52,11 @@ class CudaWorker(Worker):
     enforce_eager = False
     max_model_len: int | None = None
 
+    def attention_backend_cls(self):
+        from paged.backends.cuda.attention import CudaBackend  # imports torch.cuda only when a model loads
+
+        return CudaBackend
+
     def init_device(self, max_num_seqs: int = 64, enforce_eager: bool = False, **options) -> None:
         self.max_num_seqs, self.enforce_eager = int(max_num_seqs), bool(enforce_eager)
         super().init_device(device=self.device.index, **options)

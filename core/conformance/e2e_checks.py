@@ -41,7 +41,7 @@ def _batch_invariance(ctx: Context):
     p = ctx.platform
     dev, dtype = p.torch_device(0), p.default_dtype()
     d = ctx.caps.head_size_near(64)
-    be = p.attention_backend_cls()(8, 2, d, p.default_block_size, dtype, dev)
+    be = ctx.worker.attention_backend_cls()(8, 2, d, p.default_block_size, dtype, dev)
     gen = torch.Generator().manual_seed(ctx.seed)
     bs = be.block_size
     seq_lens = [1, bs - 1, bs + 3, 3 * bs + 5] if ctx.quick else [1, 2, bs - 1, bs, bs + 3, 3 * bs + 5, 7 * bs]
@@ -75,7 +75,7 @@ def _batch_invariance(ctx: Context):
 
 
 def _llm(ctx: Context, reference: bool):
-    if reference and ctx.platform.attention_backend_cls() is ReferenceBackend:
+    if reference and ctx.worker.attention_backend_cls() is ReferenceBackend:
         reference = False  # the platform's own backend is the oracle: one engine serves both
     key = ("llm", reference)
     if key in ctx.cache:
@@ -90,7 +90,7 @@ def _llm(ctx: Context, reference: bool):
     # a default-sized cache (GiBs) would dominate the check
     kwargs = dict(model=None, device=p.name, dtype=dtype, seed=0, kv_cache_memory="256MiB",
                   max_model_len=2048)
-    if p.linear_activations("float32") is not None:
+    if ctx.worker.linear_activations("float32") is not None:
         # packed-weight linears: their exact path, so the comparison sees the attention
         # backend alone (quantized activations turn its last bits into other codes)
         kwargs["linear_activations"] = "float32"

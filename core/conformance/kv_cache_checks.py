@@ -1,6 +1,6 @@
 """Checks of a KV cache stored in another dtype than the model's
 (--kv-cache-dtype: bfloat16, int8, fp8_e4m3), for every such dtype the platform
-declares (``Platform.extra_kv_cache_dtypes``); a platform that stores only
+declares (``Worker.extra_kv_cache_dtypes``); a platform that stores only
 the model dtype skips them with that reason.
 
 The oracle is the reference backend with the same cache dtype: it quantizes
@@ -73,7 +73,7 @@ def _write_vs_reference(ctx: Context, kv_dtype) -> float:
     p, dtype = ctx.platform, _model_dtype(ctx.platform)
     for case in _cases(ctx):
         batch = kc.make_batch(case, dtype)
-        be = _backend(p.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
+        be = _backend(ctx.worker.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
         ref = _backend(ReferenceBackend, case, "cpu", dtype, kv_dtype)
         got = kc.filled_cache(be, kc._to(batch, be.device))
         want = kc.filled_cache(ref, batch)
@@ -93,7 +93,7 @@ def _chunking_invariant(ctx: Context, kv_dtype) -> float:
     p, dtype = ctx.platform, _model_dtype(ctx.platform)
     case = _cases(ctx)[-1]
     batch = kc._to(kc.make_batch(case, dtype), p.torch_device(0))
-    be = _backend(p.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
+    be = _backend(ctx.worker.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
     whole = kc.filled_cache(be, batch)
     kcache, vcache = be.allocate_kv_cache(1, batch.num_blocks)[0]
     cuts = [0, 1, 5, 70, 71, batch.key.shape[0]]
@@ -111,7 +111,7 @@ def _attention_vs_reference(ctx: Context, kv_dtype) -> float:
     for case in _cases(ctx):
         batch = kc.make_batch(case, dtype)
         ref = kc.run_attention(_backend(ReferenceBackend, case, "cpu", dtype, kv_dtype), batch, case)
-        be = _backend(p.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
+        be = _backend(ctx.worker.attention_backend_cls(), case, p.torch_device(0), dtype, kv_dtype)
         out = kc.run_attention(be, kc._to(batch, be.device), case)
         err = kc._rel_error(out, ref)
         if not err <= KV_TOLERANCE[dtype]:
@@ -137,7 +137,7 @@ def _quantization_cost(ctx: Context, name: str) -> Measured:
 
 
 def checks(ctx: Context) -> list[Check]:
-    extra = tuple(getattr(ctx.platform, "extra_kv_cache_dtypes", ()))
+    extra = tuple(ctx.worker.extra_kv_cache_dtypes)
     names = [n for n in KV_DTYPES if n in extra]
     if not names:
         def none(_ctx):

@@ -68,9 +68,9 @@ def _attention_backend(ctx: Context):
     from paged.backends.base import AttentionBackend
 
     p = ctx.platform
-    cls = p.attention_backend_cls()
+    cls = ctx.worker.attention_backend_cls()
     assert isinstance(cls, type) and issubclass(cls, AttentionBackend), \
-        f"attention_backend_cls() returned {cls!r}, not an AttentionBackend subclass"
+        f"the worker's attention_backend_cls() returned {cls!r}, not an AttentionBackend subclass"
     bs = p.default_block_size
     assert isinstance(bs, int) and bs > 0, f"default_block_size {bs!r}"
     be = cls(8, 2, 64, bs, p.default_dtype(), p.torch_device(0))
@@ -120,7 +120,7 @@ def _refused_block_size(caps) -> int | None:
 
 
 def argmax_cases(seed: int = 0) -> list[torch.Tensor]:
-    """float32 logits (CPU) whose torch.argmax a Platform.argmax must return:
+    """float32 logits (CPU) whose torch.argmax a Worker.argmax must return:
     random rows of several widths (a vocabulary, lane-count tails, width 1),
     ties (the first index wins), rows of -inf, +inf, and NaN (the first
     NaN wins, wherever the finite maximum lies)."""
@@ -141,10 +141,10 @@ def argmax_cases(seed: int = 0) -> list[torch.Tensor]:
 
 
 def _argmax(ctx: Context):
-    """Platform.argmax, the sampler's greedy step, is torch.argmax's answer."""
+    """Worker.argmax, the sampler's greedy step, is torch.argmax's answer."""
     p = ctx.platform
     for logits in argmax_cases():
-        got = p.argmax(logits.to(p.torch_device(0)))
+        got = ctx.worker.argmax(logits.to(p.torch_device(0)))
         want = logits.argmax(dim=-1)
         assert got.dtype == torch.int64 and tuple(got.shape) == (logits.shape[0],), \
             f"argmax of {tuple(logits.shape)} gave {got.dtype} {tuple(got.shape)}"
@@ -161,5 +161,5 @@ def _env_report(ctx: Context):
 def checks(ctx: Context) -> list[Check]:
     return [Check("platform.detection", _detection), Check("platform.memory", _memory),
             Check("platform.dtypes", _dtypes), Check("platform.dist_backend", _dist_backend),
-            Check("platform.attention_backend", _attention_backend), Check("platform.capabilities", _capabilities),
-            Check("platform.argmax", _argmax), Check("platform.env_report", _env_report)]
+            Check("worker.attention_backend", _attention_backend), Check("platform.capabilities", _capabilities),
+            Check("worker.argmax", _argmax), Check("platform.env_report", _env_report)]

@@ -55,7 +55,7 @@ def _random_op(rng: random.Random, model: BlockPoolModel, hashes: list[int]) -> 
 
 
 def _random_sequence(ctx: Context):
-    pool_cls = ctx.platform.block_pool_cls()
+    pool_cls = ctx.pool_cls
     steps = 300 if ctx.quick else 3000
     for num_blocks in (1, 7, 64):
         rng = random.Random(ctx.seed * 1000 + num_blocks)
@@ -94,7 +94,7 @@ def _invariants(pool) -> None:
 
 
 def _bad_use(ctx: Context):
-    pool = ctx.platform.block_pool_cls()(4)
+    pool = ctx.pool_cls(4)
     (b,) = pool.allocate(1)
     pool.free([b])
     for call, exc, needle in ((lambda: pool.free([b]), ValueError, str(b)),

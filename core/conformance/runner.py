@@ -50,6 +50,23 @@ class Context:
             self.cache["caps"] = self.platform.capabilities()
         return self.cache["caps"]
 
+    @property
+    def pool_cls(self):
+        """The block accounting checked: the one every platform shares
+        (core/engine/kv_cache_manager.py shared_block_pool), unless a test
+        puts another in ``cache["pool_cls"]``."""
+        from paged.core.engine.kv_cache_manager import shared_block_pool
+
+        return self.cache.get("pool_cls") or shared_block_pool()[0]
+
+    @property
+    def worker(self):
+        """A Worker the platform makes (no device set-up, no model): what runs
+        on the device (attention backend, argmax, packed linears)."""
+        if "worker" not in self.cache:
+            self.cache["worker"] = self.platform.worker_cls()(self.platform)
+        return self.cache["worker"]
+
 
 @dataclass
 class Check:
@@ -188,7 +205,7 @@ def _kernel_runner(fn, params, dtype, head_size):
         extra = {"head_size": head_size, "block_size": p.default_block_size, "quick": ctx.quick, "seed": ctx.seed,
                  "caps": ctx.caps}
         kwargs = {k: v for k, v in extra.items() if k in params and v is not None}
-        result = fn(p.attention_backend_cls(), p.torch_device(0), dtype, **kwargs)
+        result = fn(ctx.worker.attention_backend_cls(), p.torch_device(0), dtype, **kwargs)
         if isinstance(result, dict) and "max_error" in result:
             result = result.get("max_error")
         return result

@@ -87,53 +87,51 @@ class Engine:
             raise error from exc  # names the rank that died
 
     def _start(self, config: EngineConfig) -> None:
+        from paged.core.engine.kv_cache_manager import KVCacheManager, shared_block_pool
         from paged.core.models.config import resolve_dtype
-        from paged.core.engine.kv_cache_manager import KVCacheManager
-        from paged.core.models.loaders import load_model_files
         from paged.core.models.files import resolve_model
+        from paged.core.models.loaders import load_model_files
 
-        # everything device-specific from here on is the worker's (core/engine/worker.py)
-        self.worker = self.platform.worker_cls()(self.platform, self.group.rank, self.group.world_size, self.group)
-        self.worker.init_device(threads_bind=config.cpu_threads_bind, max_num_seqs=config.max_num_seqs,
-                                gpu_memory_utilization=config.gpu_memory_utilization,
-                                enforce_eager=config.enforce_eager)
-        self.device = self.worker.device
+        # the platform says what it can do; everything device-specific is the worker's (core/engine/worker.py)
+        self.worker = worker = self.platform.worker_cls()(self.platform, self.group.rank, self.group.world_size,
+                                                          self.group)
+        worker.init_device(threads_bind=config.cpu_threads_bind, max_num_seqs=config.max_num_seqs,
+                           gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager)
+        self.device = worker.device
         self.dtype = resolve_dtype(config.dtype, self.platform)
         self.block_size = config.block_size or self.platform.default_block_size
         # the platform's declaration is binding: refuse what it does not accept, before loading
         caps = self.platform.capabilities()
         caps.check(self.platform.name, block_size=self.block_size, dtype=self.dtype)
-        packed_linear = self._packed_linear(config)
-        self.kv_cache_dtype = self.platform.resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype,
-                                                                   self.linear_activations)
+        self.linear_activations = self._linear_activations(config)
+        self.kv_cache_dtype = worker.kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.linear_activations)
 
         path = resolve_model(config.model)  # None: the default model, fetched once and cached
         t0 = time.perf_counter()
-        loaded = load_model_files(str(path), self.dtype, keep_packed=packed_linear is not None)
+        loaded = load_model_files(str(path), self.dtype, keep_packed=self.linear_activations is not None)
         self.model_path = str(path)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
         self.chat_template = loaded.chat_template
         caps.check(self.platform.name, head_size=mc.head_dim)  # before the model goes onto the device
         self.weight_format = describe_weights(loaded.weights, self.model_path, self.linear_activations)
-        self.worker.load_model(mc, loaded.weights, self.dtype, self.block_size, packed_linear,
-                               self.platform.select_attention_backend(config.attention_backend),
-                               kv_cache_dtype=self.kv_cache_dtype)
-        self.attn_backend = self.worker.backend
+        worker.load_model(mc, loaded.weights, self.dtype, self.block_size, self.linear_activations,
+                          config.attention_backend, kv_cache_dtype=self.kv_cache_dtype)
+        self.attn_backend = worker.backend
         del loaded
 
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"--max-model-len {self.max_model_len} exceeds the model's context length "
                              f"({mc.max_position_embeddings})")
-        num_blocks = config.num_kv_blocks or self.worker.determine_num_blocks(
+        num_blocks = config.num_kv_blocks or worker.determine_num_blocks(
             config.kv_cache_memory, self.max_model_len, config.max_num_seqs, config.max_num_batched_tokens)
         # one sequence must always fit on its own, or preemption could not make progress
         self.max_model_len = min(self.max_model_len, num_blocks * self.block_size)
-        self.worker.init_kv_cache(num_blocks)
+        worker.init_kv_cache(num_blocks)
 
         self.kv_cache_manager = KVCacheManager(num_blocks, self.block_size, config.enable_prefix_caching,
-                                               self.platform.block_pool_cls(), self.platform.block_hash_fn())
+                                               *shared_block_pool())
         prefill_budget = PrefillBudget(config.itl_target_ms / 1000, config.max_prefill_tokens_with_decodes) \
             if config.itl_target_ms else None  # learns this engine's step costs (rank 0 schedules)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -144,32 +142,30 @@ class Engine:
         self.spec_stats = SpecStats() if config.speculative_config else None
         self.stop_token_ids = set(mc.stop_token_ids or ([] if mc.eos_token_id is None else [mc.eos_token_id]))
         self.eos_token_id = mc.eos_token_id
-        self.sampler = Sampler(sorted(self.stop_token_ids), config.seed, self.platform.argmax)
+        self.sampler = Sampler(sorted(self.stop_token_ids), config.seed, worker.argmax)
         if config.warm_up:
-            self.worker.warm_up()
+            worker.warm_up()
         self._trace = step_trace.from_env()  # after the warm-up: only served steps are traced
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_finished = 0
         dtype_how = "auto" if str(config.dtype).strip().lower() == "auto" else "--dtype"
-        summary = self.platform.startup_summary()
+        summary = worker.startup_summary()
         log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %s, %d blocks x %d "
                  "tokens (%.2f GiB)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
                  str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format,
                  str(self.kv_cache_dtype).removeprefix("torch."), num_blocks,
-                 self.block_size, num_blocks * self.worker.bytes_per_block / 2**30, f"; {summary}" if summary else "")
+                 self.block_size, num_blocks * worker.bytes_per_block / 2**30, f"; {summary}" if summary else "")
 
-    def _packed_linear(self, config: EngineConfig):
-        """The platform's wrapper for weights kept packed (GGUF Q4/Q8), or None
-        (they are dequantized at load); sets ``linear_activations``."""
-        packed_linear = self.platform.packed_linear_cls(config.linear_activations) \
-            if config.quantized_weights else None
-        self.linear_activations = self.platform.linear_activations(config.linear_activations) \
-            if packed_linear is not None else None
-        if config.linear_activations != "auto" and self.linear_activations is None:
+    def _linear_activations(self, config: EngineConfig) -> str | None:
+        """What the worker's packed-weight linears multiply (GGUF blocks kept
+        packed), or None: no such kernels here, or --quantized-weights off
+        (the weights are dequantized to --dtype at load)."""
+        mode = self.worker.linear_activations(config.linear_activations) if config.quantized_weights else None
+        if config.linear_activations != "auto" and mode is None:
             raise ValueError(f"--linear-activations {config.linear_activations}: {self.platform.name} runs no "
                              "packed-weight linears here (quantized weights are dequantized to --dtype)")
-        return packed_linear
+        return mode
 
     def close(self) -> None:
         """Ends a tensor-parallel group (the other ranks stop and exit); a

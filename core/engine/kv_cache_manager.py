@@ -11,9 +11,9 @@ API (docs/interfaces.md):
     mgr.num_free_blocks, mgr.num_blocks, mgr.block_size, mgr.can_allocate(num_tokens), mgr.stats()
 
 The accounting (ref counts, LRU eviction, prefix hash map, copy-on-write)
-lives in the pool: the engine passes the platform's (``Platform.block_pool_cls``,
-the one C++ implementation); the default is its pure-Python twin with the
-same rules (core/engine/block_pool_spec.py). This module only decides
+lives in the pool: the engine passes ``shared_block_pool()``, the one C++
+implementation every platform uses (paged._C_blocks); the default is its
+pure-Python twin with the same rules (core/engine/block_pool_spec.py). This module only decides
 which blocks a request holds and which full blocks get hashed. A block is
 registered in the prefix cache as soon as a request's slots cover it fully:
 its K/V is written by the next forward before any layer reads it, so a
@@ -36,6 +36,19 @@ from typing import Hashable
 
 
 from paged.core.engine.block_pool_spec import BlockPoolModel, hash_block
+
+
+def shared_block_pool():
+    """(pool class, hash_block): the block accounting of every platform, since
+    block ids never touch device memory (docs/architecture.md, "Block
+    accounting"): the C++ pool of paged._C_blocks, or its pure-Python twin
+    where the extension is not built."""
+    try:
+        from paged._C_blocks import BlockPool
+        from paged._C_blocks import hash_block as cpp_hash_block
+    except ImportError:
+        return BlockPoolModel, hash_block
+    return BlockPool, cpp_hash_block
 
 
 def _ceil_div(a: int, b: int) -> int:

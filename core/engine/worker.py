@@ -1,11 +1,14 @@
 """The Worker: the one object between the device-agnostic engine and a device.
 
-A platform makes it (``Platform.worker_cls()``); the engine drives it through
-these calls, in this order, and nothing else:
+A platform makes it (``Platform.worker_cls()``); the engine asks the Platform
+nothing else about the device but what it can do (dtypes, capabilities,
+memory). It drives the worker through these calls, in this order:
 
     worker = platform.worker_cls()(platform, rank, world_size, group)   # group: core/engine/distributed/group.py
     worker.init_device(threads_bind=...)        # bind threads / pick the device
-    worker.load_model(config, weights, dtype, block_size, packed_linear, backend_cls)
+    mode = worker.linear_activations(setting)   # packed-weight kernels: their activations, or None
+    kv = worker.kv_cache_dtype(choice, dtype, mode)
+    worker.load_model(config, weights, dtype, block_size, mode, attention_backend, kv)
     n = worker.determine_num_blocks(requested_bytes, max_model_len, max_num_seqs, max_num_batched_tokens)
     worker.init_kv_cache(n)                     # KV memory, through the attention backend
     worker.warm_up()
@@ -13,10 +16,14 @@ these calls, in this order, and nothing else:
     worker.follow()                             # ranks > 0: run rank 0's steps until it ends
     worker.shutdown()                           # rank 0: end the group
 
-What differs per platform is a handful of hooks: ``layer_ops`` (faster
-elementwise ops for the model), ``stack_runner`` (a whole-stack runner), and
-``profile_peak_bytes`` (a worst-case step's memory, where the device can
-measure it). The sizing itself, profile -> budget -> blocks, lives here once.
+What differs per device is a handful of hooks: what runs there
+(``attention_backend_cls``, ``linear_activations`` / ``packed_linear``,
+``kv_cache_dtype``, ``argmax``, ``startup_summary``) and how the model runs
+(``layer_ops``: faster elementwise ops; ``stack_runner``: a whole-stack
+runner; ``profile_peak_bytes``: a worst-case step's memory, where the device
+can measure it). The generic worker runs the plain torch model with the
+pure-torch reference attention, on any torch device. The sizing itself,
+profile -> budget -> blocks, lives here once.
 
 Tensor parallelism (docs/distributed.md): each rank has a worker, built
 with the rank group (core/engine/distributed/group.py), its shard of the weights
@@ -29,6 +36,7 @@ tensor parallelism (the collectives sit between its layers).
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -83,12 +91,81 @@ class Worker:
         self.group = group or RankGroup(rank, world_size)
         if world_size > 1 and self.group.comm is None:
             raise ValueError(f"group: expected a joined rank group for world_size {world_size}, got none")
-        self.device = platform.torch_device(self.group.local_rank)
         self.model = self.backend = self.runner = None
         self.shard = None
         self.num_layers = 0
 
-    # -- hooks a platform's worker overrides ---------------------------------
+    @functools.cached_property
+    def device(self) -> torch.device:
+        """This rank's torch device (resolved on first use: a worker made only
+        to ask what runs on a device needs no device runtime)."""
+        return self.platform.torch_device(self.group.local_rank)
+
+    # -- what runs on this device: a platform's worker overrides these -------
+    def attention_backend_cls(self):
+        """The AttentionBackend subclass (backends/base.py) the model attends
+        with. The generic worker runs the pure-torch reference backend, so a
+        platform without kernels of its own runs on any torch device."""
+        from paged.backends.reference.attention import ReferenceBackend  # the oracle: no device library
+
+        return ReferenceBackend
+
+    def select_attention_backend(self, choice: str | None = None):
+        """--attention-backend ``choice``: None = this worker's own,
+        "reference" = the pure-torch oracle."""
+        if choice == "reference":
+            return Worker.attention_backend_cls(self)
+        return self.attention_backend_cls()
+
+    def linear_activations(self, setting: str = "auto") -> str | None:
+        """What --linear-activations ``setting`` runs here ("float32",
+        "int8", ...), or None when this device has no kernels for packed
+        weights (the loader then dequantizes them)."""
+        return None
+
+    def packed_linear(self, activations: str):
+        """A callable wrapping a loader's PackedBlocks as a weight with
+        ``linear(x, bias)`` in ``activations`` (linear_activations' answer)."""
+        raise NotImplementedError(f"{type(self).__name__} has no packed-weight kernels")
+
+    #: --kv-cache-dtype names the attention kernels store besides the model
+    #: dtype (torch dtype names, or "fp8_e4m3" for float8_e4m3fn; "int8" and
+    #: "fp8_e4m3": backends/base.py's quantized rows)
+    extra_kv_cache_dtypes: tuple = ()
+
+    def kv_cache_dtype(self, choice: str | None, model_dtype, linear_activations: str | None = None):
+        """The torch dtype the KV cache stores for --kv-cache-dtype ``choice``
+        (auto / None: ``auto_kv_cache_dtype``); ValueError, one line, for one
+        this device does not run."""
+        if choice in (None, "auto"):
+            return self.auto_kv_cache_dtype(model_dtype, linear_activations)
+        # fp8_e4m3 names torch.float8_e4m3fn (rows with a scale, like int8)
+        dtype = torch.float8_e4m3fn if choice == "fp8_e4m3" else getattr(torch, str(choice), None)
+        if dtype == model_dtype:
+            return dtype
+        if not isinstance(dtype, torch.dtype) or str(choice) not in self.extra_kv_cache_dtypes:
+            model = str(model_dtype).removeprefix("torch.")
+            allowed = ", ".join(["auto", model, *(d for d in self.extra_kv_cache_dtypes if d != model)])
+            raise ValueError(f"--kv-cache-dtype on {self.platform.name}: expected one of {allowed} "
+                             f"(the {model} model's own dtype or what its kernels implement), got {choice!r}")
+        return dtype
+
+    def auto_kv_cache_dtype(self, model_dtype, linear_activations: str | None = None):
+        """--kv-cache-dtype auto: the model dtype unless the device knows better."""
+        return model_dtype
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy tokens: int64 [N], the first index of each row's maximum of
+        ``logits`` [N, V], exactly as torch.argmax (a NaN counts as the
+        maximum): the sampler's argmax."""
+        return logits.argmax(dim=-1)
+
+    def startup_summary(self) -> str:
+        """One line for the engine's start-up log: threads, devices and the
+        kernel builds in use (empty when there is nothing to add)."""
+        return ""
+
+    # -- hooks of the model's execution ----------------------------------------
     def layer_ops(self, dtype: torch.dtype) -> TorchLayerOps:
         """The elementwise ops the model runs (same interface as TorchLayerOps)."""
         return TorchLayerOps()
@@ -119,10 +196,12 @@ class Worker:
         self.platform.init(rank=self.group.local_rank, world_size=self.group.local_world_size, **options)
 
     def load_model(self, config, weights: dict, dtype: torch.dtype, block_size: int,
-                   packed_linear=None, backend_cls=None, kv_cache_dtype: torch.dtype | None = None):
-        """Builds the attention backend and the model from loaded weights
-        (a tensor-parallel rank: its shard of them), then picks the layer
-        ops and the stack runner."""
+                   linear_activations: str | None = None, attention_backend: str | None = None,
+                   kv_cache_dtype: torch.dtype | None = None):
+        """Builds the attention backend (--attention-backend ``attention_backend``)
+        and the model from loaded weights (a tensor-parallel rank: its shard
+        of them), packed matrices in ``linear_activations`` (None: weights
+        came dense), then picks the layer ops and the stack runner."""
         from paged.core.models import build_model
 
         parallel = None
@@ -133,8 +212,8 @@ class Worker:
             parallel = TensorParallelOps(self.group.comm, self.shard)
             log.info("tensor parallel %d ranks (%s, %s): %s", self.world_size, self.group.launcher,
                      self.group.backend, self.shard.describe())
-        backend_cls = backend_cls or self.platform.attention_backend_cls()
-        self.backend = backend_cls(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
+        packed_linear = None if linear_activations is None else self.packed_linear(linear_activations)
+        self.backend = self.select_attention_backend(attention_backend)(config.num_heads, config.num_kv_heads, config.head_dim, block_size,
                                    dtype, self.device, sliding_window=config.sliding_window,
                                    kv_cache_dtype=kv_cache_dtype)
         self.model = build_model(config, weights, dtype, self.device, self.backend, packed_linear, parallel)

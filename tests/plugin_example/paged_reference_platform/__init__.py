@@ -1,10 +1,12 @@
 """An example third-party platform for paged: the host CPU, with the
 pure-torch reference attention backend as its kernels.
 
-It needs no change anywhere in paged: it subclasses Platform, names an
-attention backend and the Worker that runs models on it, declares what it
-accepts (``capabilities``), keeps the shared block accounting, and registers
-through the ``paged.platforms`` entry point (see pyproject.toml). Certify it
+It needs no change anywhere in paged, and one file: it subclasses Platform
+(detection, memory, dtypes, what it accepts in ``capabilities``) and keeps
+the generic Worker, which runs the plain torch model with the pure-torch
+reference attention; it registers through the ``paged.platforms`` entry
+point (see pyproject.toml). A device with kernels of its own subclasses the
+Worker to name its attention backend (docs/adding-a-platform.md). Certify it
 with ``paged conformance --device reference-cpu``.
 
 Its declaration is deliberately narrower than its kernels: block sizes that
@@ -50,16 +52,6 @@ class ReferenceCpuPlatform(Platform):
         return Capabilities(dtypes=tuple(self.supported_dtypes()), block_size_multiple=128,
                             max_block_size=512, batch_invariant={})
 
-    def attention_backend_cls(self):
-        from paged.backends.reference.attention import ReferenceBackend
-
-        return ReferenceBackend
-
-    def worker_cls(self):
-        # the generic Worker: torch layer ops, no stack runner, no profiling;
-        # a device with fused ops or a memory peak to measure subclasses it
-        from paged.core.engine.worker import Worker
-
-        return Worker
-
-    # block_pool_cls(): the one block accounting every platform shares (base class).
+    # worker_cls(): the base class's generic Worker (torch layer ops, the
+    # reference attention, no profiling); block accounting is paged's one,
+    # shared by every platform.
