@@ -1,0 +1,224 @@
+"""GGUF block formats unpacked into the CPU kernels' layouts, exactly.
+
+Every GGUF type llama.cpp's common mixes use maps onto one of four layouts
+whose dequantized values are gguf's bit for bit (tests/test_quant_layouts.py
+checks each against the ``gguf`` package's dequantizer on random blocks):
+
+=========  ============================================  =====================================
+layout     fields                                        w[n, k]
+=========  ============================================  =====================================
+q4_0       qs uint8 [N, K/2] nibbles, d [N, K/32]        d[b] * (q - 8)
+q4_1       qs uint8 [N, K/2] nibbles, d, m [N, K/32]     d[b] * q + m[b]
+q8_0       qs int8 [N, K], d [N, K/32]                   d[b] * q
+s16        qs int8 [N, K], d [N, K/16], m [N, K/16]      d[h] * q + m[h]   (m may be None: 0)
+=========  ============================================  =====================================
+
+(b: the 32-value block of k, h: its 16-value half; nibbles low half first,
+as GGUF stores them; scales float32.)
+
+GGUF type -> layout: Q4_0, Q4_1, Q8_0 as themselves; Q4_K -> q4_1 (its
+per-32 scale and min are d * sc and -dmin * m, exact products); Q5_0 and
+IQ4_NL -> q8_0 (codes q - 16 and the IQ4_NL table's values); Q2_K, Q3_K,
+Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them).
+Why each is exact: a product of an fp16 scale and a sub-scale of at most 8
+bits has at most 19 significant bits (exact in float32), and the layouts
+apply the remaining multiply and add in the order gguf's dequantizer does.
+"""
+
+from __future__ import annotations
+
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as Q
+
+#: GGUF type -> the kernel layout it unpacks to
+LAYOUT = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.Q4_K: "q4_1", Q.Q5_0: "q8_0", Q.IQ4_NL: "q8_0",
+          Q.Q2_K: "s16", Q.Q3_K: "s16", Q.Q5_1: "s16", Q.Q5_K: "s16", Q.Q6_K: "s16"}
+#: IQ4_NL's code -> value table
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _f16(raw: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 little-endian halves -> [...] float32."""
+    return raw.contiguous().view(torch.float16).float().squeeze(-1)
+
+
+def _split(blocks: torch.Tensor, *sizes: int) -> list[torch.Tensor]:
+    """A block's byte fields, in order, each [nb, size]."""
+    out, at = [], 0
+    for s in sizes:
+        out.append(blocks[:, at:at + s])
+        at += s
+    return out
+
+
+def _nibbles(qs: torch.Tensor, groups: int) -> torch.Tensor:
+    """[nb, groups * 16 * x] packed bytes -> codes: per group of 32 bytes' worth, the
+    low nibbles are the first half of the values and the high nibbles the
+    second (GGUF's order); [nb, 2 * bytes] uint8."""
+    nb = qs.shape[0]
+    q = qs.reshape(nb, groups, 1, -1)
+    return torch.cat([q & 0x0F, q >> 4], dim=2).reshape(nb, -1)
+
+
+def _bits(mask: torch.Tensor, width: int) -> torch.Tensor:
+    """[nb, bytes] -> [nb, bytes * 8 / width... ] the i-th `width`-bit field of
+    every byte, fields of one shift consecutive: [nb, 8 // width, bytes]."""
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8).view(1, -1, 1)
+    return (mask.unsqueeze(1) >> shifts) & ((1 << width) - 1)
+
+
+def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's 12 scale bytes -> (sc, m), 6 bits each, [nb, 8]."""
+    s = scales.reshape(-1, 3, 4)
+    d, m, md = s[:, 0], s[:, 1], s[:, 2]
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc, mn
+
+
+def _q3_k_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 scale bytes -> 16 signed scales (6 bits, minus 32), [nb, 16]."""
+    low = torch.cat([scales[:, :8] & 0x0F, scales[:, :8] >> 4], dim=1)
+    high = ((scales[:, 8:12].unsqueeze(1) >> torch.arange(0, 8, 2, dtype=torch.uint8).view(1, -1, 1)) & 3)
+    return (low | (high.reshape(-1, 16) << 4)).to(torch.int32) - 32
+
+
+def _per(rows: int, t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(rows, -1).contiguous()
+
+
+def unpack(qtype: Q, blocks: torch.Tensor, shape: tuple[int, int]):
+    """Raw GGUF blocks uint8 [N, row bytes] -> (layout, qs, d, m) for the
+    type's layout (module docstring); ValueError for a type it has none for."""
+    if qtype not in LAYOUT:
+        raise ValueError(f"qtype: expected one of {', '.join(t.name for t in LAYOUT)}, got {qtype.name}")
+    n, k = shape
+    block, size = GGML_QUANT_SIZES[qtype]
+    if k % block or blocks.shape != (n, k // block * size):
+        raise ValueError(f"blocks: expected uint8 [{n}, {k // block * size}] of {qtype.name} for shape {shape}, "
+                         f"got {list(blocks.shape)}")
+    b = blocks.reshape(-1, size)
+    return (LAYOUT[qtype], *_UNPACK[qtype](b, n))
+
+
+def _q4_0(b, n):
+    d, qs = _split(b, 2, 16)
+    return _per(n, qs), _per(n, _f16(d)), None
+
+
+def _q4_1(b, n):
+    d, m, qs = _split(b, 2, 2, 16)
+    return _per(n, qs), _per(n, _f16(d)), _per(n, _f16(m))
+
+
+def _q8_0(b, n):
+    d, qs = _split(b, 2, 32)
+    return _per(n, qs.contiguous().view(torch.int8)), _per(n, _f16(d)), None
+
+
+def _q5_codes(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """Q5_0 / Q5_1: 4 high-bit bytes + 16 nibble bytes -> 32 codes 0..31."""
+    high = _bits(qh, 1).transpose(1, 2).reshape(-1, 32)  # bit j of the little-endian word = value j
+    return _nibbles(qs, 1) | (high << 4)
+
+
+def _q5_0(b, n):
+    d, qh, qs = _split(b, 2, 4, 16)
+    codes = _q5_codes(qh, qs).to(torch.int8) - 16
+    return _per(n, codes), _per(n, _f16(d)), None
+
+
+def _iq4_nl(b, n):
+    d, qs = _split(b, 2, 16)
+    table = torch.tensor(IQ4_NL_VALUES, dtype=torch.int8)
+    return _per(n, table[_nibbles(qs, 1).long()]), _per(n, _f16(d)), None
+
+
+def _halves(t: torch.Tensor) -> torch.Tensor:
+    """A per-32 value [nb, x] -> per-16 [nb, 2x] (each twice)."""
+    return t.repeat_interleave(2, dim=1)
+
+
+def _q5_1(b, n):
+    d, m, qh, qs = _split(b, 2, 2, 4, 16)
+    codes = _q5_codes(qh, qs).to(torch.int8)
+    return _per(n, codes), _per(n, _halves(_f16(d).unsqueeze(1))), _per(n, _halves(_f16(m).unsqueeze(1)))
+
+
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Codes 0..15 [rows, K] -> the q4 layout's bytes [rows, K/2]: per 32
+    values, byte j holds value j (low nibble) and value 16 + j (high)."""
+    c = codes.reshape(codes.shape[0], -1, 2, 16)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(codes.shape[0], -1)
+
+
+def _q4_k(b, n):
+    d, dmin, scales, qs = _split(b, 2, 2, 12, 128)
+    sc, mn = _k_scale_min(scales)
+    codes = _pack_nibbles(_nibbles(qs, 4))
+    return _per(n, codes), _per(n, _f16(d).unsqueeze(1) * sc.float()), _per(n, -(_f16(dmin).unsqueeze(1) * mn.float()))
+
+
+def _q5_k(b, n):
+    d, dmin, scales, qh, qs = _split(b, 2, 2, 12, 32, 128)
+    sc, mn = _k_scale_min(scales)
+    high = _bits(qh, 1).reshape(-1, 256)  # shift i (sub-block i) over the 32 values
+    codes = (_nibbles(qs, 4) | (high << 4)).to(torch.int8)
+    scale = _halves(_f16(d).unsqueeze(1) * sc.float())
+    return _per(n, codes), _per(n, scale), _per(n, _halves(-(_f16(dmin).unsqueeze(1) * mn.float())))
+
+
+def _q6_k(b, n):
+    ql, qh, scales, d = _split(b, 128, 64, 16, 2)
+    low = torch.cat([ql.reshape(-1, 2, 1, 64) & 0x0F, ql.reshape(-1, 2, 1, 64) >> 4], dim=2).reshape(-1, 2, 4, 32)
+    high = _bits(qh.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32)
+    codes = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 256)
+    scale = _f16(d).unsqueeze(1) * scales.contiguous().view(torch.int8).float()
+    return _per(n, codes), _per(n, scale), None
+
+
+def _q3_k(b, n):
+    hmask, qs, scales, d = _split(b, 32, 64, 12, 2)
+    low = _bits(qs.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32).reshape(-1, 256)
+    high = _bits(hmask, 1).reshape(-1, 256)  # shift i: values 32 i .. 32 i + 31
+    codes = (low.to(torch.int8) - ((high ^ 1) << 2).to(torch.int8))
+    scale = _f16(d).unsqueeze(1) * _q3_k_scales(scales).float()
+    return _per(n, codes), _per(n, scale), None
+
+
+def _q2_k(b, n):
+    scales, qs, d, dmin = _split(b, 16, 64, 2, 2)
+    codes = _bits(qs.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32).reshape(-1, 256)
+    scale = _f16(d).unsqueeze(1) * (scales & 0x0F).float()
+    mins = -(_f16(dmin).unsqueeze(1) * (scales >> 4).float())
+    return _per(n, codes.to(torch.int8)), _per(n, scale), _per(n, mins)
+
+
+_UNPACK = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.IQ4_NL: _iq4_nl, Q.Q5_1: _q5_1,
+           Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.Q3_K: _q3_k, Q.Q2_K: _q2_k}
+
+
+def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
+    """Any layout's fields as s16's (int8 codes, per-16 scales and mins), the
+    same values: a fused matrix whose parts have different layouts runs as s16."""
+    if layout == "s16":
+        return qs, d, m
+    if layout == "q8_0":
+        return qs, _halves(d), None
+    n = qs.shape[0]
+    q = qs.reshape(n, -1, 16)
+    codes = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(n, -1)
+    if layout == "q4_0":
+        return (codes.to(torch.int8) - 8), _halves(d), None
+    return codes.to(torch.int8), _halves(d), _halves(m)
+
+
+def dequantize_layout(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """The float32 matrix of a layout's fields (w as the module docstring says)."""
+    codes, scale, mins = as_s16(layout, qs, d, m)
+    n, k = codes.shape
+    w = codes.float().view(n, -1, 16) * scale.view(n, -1, 1)
+    if mins is not None:
+        w = w + mins.view(n, -1, 1)
+    return w.reshape(n, k)
