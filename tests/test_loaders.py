@@ -88,8 +88,8 @@ def test_dequantize_matches_gguf_quants(qtype):
 def test_dequantize_rejects_wrong_size_and_type():
     with pytest.raises(ValueError, match="Q4_1 data has"):
         dequantize(np.zeros(19, np.uint8), Q.Q4_1, (32,), torch.float32)
-    with pytest.raises(ValueError, match="unsupported GGUF quantization type Q5_0"):
-        dequantize(np.zeros(22, np.uint8), Q.Q5_0, (32,), torch.float32)
+    with pytest.raises(ValueError, match="unsupported GGUF quantization type IQ2_XXS"):
+        dequantize(np.zeros(66, np.uint8), Q.IQ2_XXS, (256,), torch.float32)
 
 
 # -- bad inputs: one clear error each ----------------------------------------------
@@ -122,7 +122,11 @@ def _tiny_gguf(path, arch="llama", drop=None, qtype=None, n_layers=1, alignment=
         if name == drop:
             continue
         data = rng.standard_normal(shape).astype(np.float32)
-        if qtype is not None and len(shape) == 2:
+        if qtype is not None and len(shape) == 2 and qtype in (Q.IQ2_XXS,):  # no quantizer: random bytes
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = rng.integers(0, 256, (shape[0], shape[1] // block * size), dtype=np.uint8)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        elif qtype is not None and len(shape) == 2:
             w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, data)
@@ -285,9 +289,11 @@ def test_missing_tensor(tmp_path):
         load_model_files(_tiny_gguf(tmp_path / "m.gguf", drop="blk.0.ffn_up.weight"))
 
 
-def test_unsupported_quant_type(tmp_path):
-    with pytest.raises(ModelLoadError, match=r"unsupported quantization type Q5_0"):
-        load_model_files(_tiny_gguf(tmp_path / "q.gguf", qtype=Q.Q5_0))
+def test_unsupported_quant_type_names_the_type_and_the_tensor(tmp_path):
+    path = tmp_path / "q.gguf"
+    _tiny_gguf(path, qtype=Q.IQ2_XXS)
+    with pytest.raises(ModelLoadError, match=r"tensor 'token_embd.weight' has unsupported quantization type IQ2_XXS"):
+        load_model_files(path)
 
 
 def test_missing_path():

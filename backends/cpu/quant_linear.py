@@ -163,7 +163,7 @@ class CpuPackedLinear:
         no panel layout."""
         from paged import _C_cpu
 
-        if not self.use_panels or self.activations == "float32":
+        if not self.use_panels or self.activations == "float32" or self.qtype not in PANEL_LAYOUTS:
             return None
         layout = _C_cpu.weight_panel_layout()
         if not layout:
@@ -229,8 +229,19 @@ class CpuPackedLinear:
         _C_cpu.quant_dequantize(self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(buf))
         return buf
 
+    def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows ``ids`` of the matrix, dequantized (exactly gguf's values): an
+        embedding table looked up without a float copy of the whole table."""
+        from paged.core.models.loaders.quant_layouts import dequantize_layout
+
+        flat = ids.reshape(-1)
+        rows = dequantize_layout(self.qtype, self.qs[flat], self.d[flat], None if self.m is None else self.m[flat])
+        return rows.to(dtype).view(*ids.shape, self.in_features)
+
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
+#: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles)
+PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0")
 
 
 def panels_setting() -> str:

@@ -28,6 +28,14 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
     return weight.linear(x, bias, first_prompt_row=first_prompt_row, kv_projection=kv_projection)
 
 
+def embedding_rows(ids: torch.Tensor, table) -> torch.Tensor:
+    """Rows ``ids`` of an embedding table: a dense tensor, or a packed weight
+    object that dequantizes only the rows asked for (``embedding(ids)``)."""
+    if isinstance(table, torch.Tensor):
+        return F.embedding(ids, table)
+    return table.embedding(ids)
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
                   freq_factors: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] (float32), with the model's rope scaling.
@@ -128,9 +136,9 @@ class SingleDevice:
         rank."""
         return linear(x, weight, **linear_options)
 
-    def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, table) -> torch.Tensor:
         """Embedding rows of ``input_ids`` from this rank's vocab slice."""
-        return F.embedding(input_ids, table)
+        return embedding_rows(input_ids, table)
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """This rank's vocab columns of the logits -> every column."""

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from paged.core.models.config import ModelConfig
-from paged.core.models.loaders.packed import PackedBlocks, cat_rows
+from paged.core.models.loaders.packed import PackedBlocks, PackedFields, cat_rows
 from paged.core.models.layers import RotaryTable, SingleDevice, TorchLayerOps, linear
 
 
@@ -144,7 +144,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device | str, attn_backend, packed_linear=None, parallel=None):
-        """``weights`` may hold PackedBlocks (GGUF Q4_0/Q4_1/Q8_0 kept packed):
+        """``weights`` may hold PackedBlocks (GGUF blocks kept packed):
         ``packed_linear`` turns one into the platform's packed weight object
         (e.g. backends.cpu.quant_linear.CpuPackedLinear); without it they are
         dequantized to ``dtype``. A tensor-parallel rank passes its shard's
@@ -157,28 +157,28 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.device = torch.device(device)
 
+        packed_types = (PackedBlocks, PackedFields)
+
         def dense(t) -> torch.Tensor:
-            if isinstance(t, PackedBlocks):
+            if isinstance(t, packed_types):
                 t = t.dequantize(dtype)
             return t.to(device=self.device, dtype=dtype).contiguous()
 
         def cast(t):
             """One weight, or a list fused along rows (QKV, gate/up): packed
-            parts of one type stay packed, anything else is fused dense."""
+            parts stay packed (of one type, or as s16 fields when their types
+            differ), anything else is fused dense."""
             if isinstance(t, list):
-                packed = {p.qtype for p in t if isinstance(p, PackedBlocks)}
-                t = cat_rows(t) if len(packed) == 1 and all(isinstance(p, PackedBlocks) for p in t) \
-                    else torch.cat([dense(p) for p in t])
-            return packed_linear(t) if packed_linear is not None and isinstance(t, PackedBlocks) else dense(t)
+                t = cat_rows(t) if all(isinstance(p, PackedBlocks) for p in t) else torch.cat([dense(p) for p in t])
+            return packed_linear(t) if packed_linear is not None and isinstance(t, packed_types) else dense(t)
 
         embed = weights["model.embed_tokens.weight"]
-        self.embed = _param(dense(embed))  # looked up by row: dense
+        # a packed table stays packed: rows are dequantized per lookup (layers.embedding_rows),
+        # and a tied head multiplies the same object
+        self.embed = _param(cast(embed))
         self.final_norm = _param(cast(weights["model.norm.weight"]))
         tied = config.tie_word_embeddings or "lm_head.weight" not in weights
-        if tied:  # the same values; packed for the matmul when the embedding is packed
-            self.lm_head = self.embed if not isinstance(embed, PackedBlocks) else _param(cast(embed))
-        else:
-            self.lm_head = _param(cast(weights["lm_head.weight"]))
+        self.lm_head = self.embed if tied else _param(cast(weights["lm_head.weight"]))
         if isinstance(self.lm_head, torch.Tensor) and self.lm_head.dtype != torch.float32:
             # logits reach the sampler in float32 whatever the model dtype: a
             # bf16 LM head output ties near-equal tokens (one float32 copy of
@@ -203,7 +203,7 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches, meta) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
-        hidden = self.parallel.embed(input_ids, self.embed)
+        hidden = self.parallel.embed(input_ids, self.embed).to(self.dtype)  # a packed table gives float32 rows
         rope_in = self.ops.rope_inputs(self.rope, positions)
         stack = self.layer_stack
         if stack is not None and stack.accepts(self.ops) and stack.handles(hidden.shape[0]):

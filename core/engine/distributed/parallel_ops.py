@@ -4,10 +4,9 @@ core/models/layers.py's SingleDevice), over a rank group's collectives."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from paged.core.engine.distributed.sharding import Shard
-from paged.core.models.layers import linear
+from paged.core.models.layers import embedding_rows, linear
 
 
 class TensorParallelOps:
@@ -30,7 +29,7 @@ class TensorParallelOps:
     def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         start, end = self.shard.vocab
         mine = (input_ids >= start) & (input_ids < end)
-        rows = F.embedding((input_ids - start).clamp(0, end - start - 1), table)
+        rows = embedding_rows((input_ids - start).clamp(0, end - start - 1), table)
         return self.comm.all_reduce(rows * mine.unsqueeze(-1).to(rows.dtype))
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:

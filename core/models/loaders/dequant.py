@@ -2,7 +2,7 @@
 
 The simple block formats (Q8_0, Q4_0, Q4_1) are dequantised with vectorised
 torch ops (multi-threaded, several times faster than the numpy reference);
-the K-quants go through ``gguf.quants.dequantize``.
+the others go through ``gguf.quants.dequantize``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-#: quant types this loader accepts
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+#: quant types this loader accepts: the float types and every type the CPU kernels take
+SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
+                   Q.Q6_K, Q.IQ4_NL)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:

@@ -148,8 +148,8 @@ def _opt_int(v) -> int | None:
 
 def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = False,
               keep_packed: bool = False) -> LoadedModel:
-    """``keep_packed``: leave Q4_0/Q4_1/Q8_0 matrices as PackedBlocks (for the
-    CPU quantized-linear kernels) instead of dequantizing them to ``dtype``."""
+    """``keep_packed``: leave matrices of the types the CPU kernels take
+    (packed.PACKABLE) as PackedBlocks instead of dequantizing them to ``dtype``."""
     from paged.core.models.tokenizer import Tokenizer
 
     start = time.perf_counter()
@@ -189,7 +189,7 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
         raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
                                    f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
     try:
-        if keep_packed and t.qtype in PACKABLE and len(t.shape) == 2 and t.shape[1] % 32 == 0:
+        if keep_packed and t.qtype in PACKABLE and len(t.shape) == 2:
             w = _packed(t)
         else:
             w = dequantize(t.data, t.qtype, t.shape, dtype)
@@ -207,8 +207,8 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
 
 def _packed(t: GGUFTensor) -> PackedBlocks:
     rows, cols = t.shape
-    _, type_size = GGML_QUANT_SIZES[t.qtype]
-    expected = rows * cols // 32 * type_size
+    block, type_size = GGML_QUANT_SIZES[t.qtype]
+    expected = rows * cols // block * type_size
     if t.data.nbytes != expected:
         raise ValueError(f"{t.qtype.name} data has {t.data.nbytes} bytes, expected {expected} "
                          f"for shape {tuple(t.shape)}")

@@ -1,9 +1,11 @@
 """GGUF block-quantized weights kept packed (not dequantized at load).
 
-Q4_0, Q4_1 and Q8_0 matrices stay in their GGUF blocks so the CPU
-quantized-linear kernels read 4.5-8.5 bits per weight instead of 32; every
-other consumer calls ``dequantize``. Values are exactly gguf's dequantization
-(fp16 scales widened to fp32): the packed form changes bytes moved, not maths.
+Matrices of the types the CPU kernels take (quant_layouts.LAYOUT: Q4_0,
+Q4_1, Q8_0, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL) stay in their GGUF blocks until a
+platform's packed linear unpacks them into its layout (``fields``), so the
+kernels read 4.5-12 bits per weight instead of 32; every other consumer
+calls ``dequantize``. Values are exactly gguf's dequantization: the packed
+form changes bytes moved, not maths.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-#: GGUF types the packed form (and the CPU kernels) understand -> kernel name
-PACKABLE = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0"}
-#: values per quantization block of every packable type
+from paged.core.models.loaders.quant_layouts import LAYOUT, as_s16, dequantize_layout, unpack
+
+#: GGUF types the packed form (and the CPU kernels) understand -> kernel layout
+PACKABLE = LAYOUT
+#: values per quantization block of the kernels' layouts (a K-quant's super-block is 256)
 QUANT_BLOCK = 32
 
 
 @dataclass
 class PackedBlocks:
     """A [rows, cols] matrix as raw GGUF blocks: ``blocks`` is uint8
-    [rows, cols // 32 * type_size], one row of blocks per matrix row."""
+    [rows, row bytes], one row of blocks per matrix row."""
 
     qtype: Q
     blocks: torch.Tensor
@@ -31,7 +35,8 @@ class PackedBlocks:
 
     @property
     def kernel_type(self) -> str:
-        return PACKABLE[self.qtype]
+        """The kernel layout its fields come in (quant_layouts.py)."""
+        return LAYOUT[self.qtype]
 
     @property
     def nbytes(self) -> int:
@@ -48,27 +53,48 @@ class PackedBlocks:
         return PackedBlocks(self.qtype, blocks.contiguous(), (blocks.shape[0], self.shape[1]))
 
     def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(qs, d, m) in the layout of ``_C_cpu.quant_linear``: qs uint8
-        [N, K/2] (q4) or int8 [N, K] (q8), d and m float32 [N, K/32]
-        (m only for Q4_1)."""
-        n, k = self.shape
-        _, type_size = GGML_QUANT_SIZES[self.qtype]
-        b = self.blocks.view(n, k // 32, type_size)
-        d = b[..., 0:2].contiguous().view(torch.float16).float().view(n, k // 32)
-        if self.qtype == Q.Q8_0:
-            return b[..., 2:].contiguous().view(torch.int8).view(n, k), d, None
-        if self.qtype == Q.Q4_0:
-            return b[..., 2:].contiguous().view(n, k // 2), d, None
-        m = b[..., 2:4].contiguous().view(torch.float16).float().view(n, k // 32)
-        return b[..., 4:].contiguous().view(n, k // 2), d, m
+        """(qs, d, m) in ``kernel_type``'s layout (quant_layouts.py)."""
+        return unpack(self.qtype, self.blocks, self.shape)[1:]
 
 
-def cat_rows(parts: list) -> "PackedBlocks | torch.Tensor":
+@dataclass
+class PackedFields:
+    """A matrix already in a kernel layout: what rows of several GGUF types
+    fused into one matrix (QKV, gate/up) become, in the s16 layout that holds
+    every type's values."""
+
+    kernel_type: str
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.qs.shape[0], self.qs.shape[1] * (2 if self.kernel_type.startswith("q4") else 1))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return self.qs, self.d, self.m
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize_layout(self.kernel_type, self.qs, self.d, self.m).to(dtype)
+
+
+def cat_rows(parts: list) -> "PackedBlocks | PackedFields | torch.Tensor":
     """Concatenate matrices along rows (fused QKV / gate-up): tensors with
-    torch.cat, packed blocks of one type block-row-wise; a mix is dequantized
-    by the caller first."""
-    if all(isinstance(p, PackedBlocks) for p in parts) and len({p.qtype for p in parts}) == 1:
-        return parts[0].with_rows(torch.cat([p.blocks for p in parts]))
+    torch.cat, packed blocks of one GGUF type block-row-wise, packed blocks
+    of several types as s16 fields (every row keeps its values); a mix of
+    packed and dense is the caller's to dequantize first."""
+    if all(isinstance(p, PackedBlocks) for p in parts):
+        if len({p.qtype for p in parts}) == 1:
+            return parts[0].with_rows(torch.cat([p.blocks for p in parts]))
+        s16 = [as_s16(p.kernel_type, *p.fields()) for p in parts]
+        mins = None if all(m is None for _, _, m in s16) else torch.cat(
+            [m if m is not None else torch.zeros_like(d) for _, d, m in s16])
+        return PackedFields("s16", torch.cat([q for q, _, _ in s16]), torch.cat([d for _, d, _ in s16]), mins)
     if any(isinstance(p, PackedBlocks) for p in parts):
-        raise TypeError("cat_rows: mixed packed/dense or packed types; dequantize first")
+        raise TypeError("cat_rows: mixed packed/dense; dequantize first")
     return torch.cat(parts)
