@@ -9,7 +9,7 @@
 #include "attention/ops.h"
 #include "attention/prompt_bf16.h"
 #include "attention/prompt_lanes.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 
 namespace nb = nanobind;
 
@@ -148,13 +148,7 @@ void prefill_attention(Array out, Array query, Array key_cache, Array value_cach
                     sliding_window).args);
 }
 
-bool bf16_prompt_attention_supported() {
-#if defined(PAGED_ISA_X86)
-  return isa_amx_bf16::supported();
-#else
-  return false;
-#endif
-}
+bool bf16_prompt_attention_supported() { return bf16_prompt_attention() != nullptr; }
 
 bool bf16_prompt_attention_reads(Array key_cache) {
   if (!bf16_prompt_attention_supported()) return false;
@@ -172,22 +166,15 @@ void prefill_attention_bf16(Array out, Array query, Array key_cache, Array value
          std::string("dtype ") + dtype_name(c.args.cache_dtype));
   if (!isa_amx_bf16::takes_head_size(c.args.head_size))
     fail("head_size (key_cache dim 3)", "a multiple of 32 for the bfloat16 prompt attention", c.args.head_size);
-  if (!bf16_prompt_attention_supported())
+  const AttentionKernel kernel = bf16_prompt_attention();
+  if (!kernel)
     throw std::runtime_error("prefill_attention_bf16: this CPU (or OS) offers no AMX-BF16 tiles; "
                              "bf16_prompt_attention_supported() says where it runs");
-#if defined(PAGED_ISA_X86)
   nb::gil_scoped_release release;
-  isa_amx_bf16::prompt_attention(c.args);
-#endif
+  kernel(c.args);
 }
 
-bool lanes_prompt_attention_supported() {
-#if defined(PAGED_ISA_X86)
-  return isa_avx512_lanes::supported() && current_isa() == "avx512";  // a forced lower ISA keeps its kernel
-#else
-  return false;
-#endif
-}
+bool lanes_prompt_attention_supported() { return lanes_prompt_attention() != nullptr; }
 
 bool lanes_prompt_attention_reads(Array key_cache) {
   if (!lanes_prompt_attention_supported()) return false;
@@ -203,13 +190,12 @@ void prefill_attention_lanes(Array out, Array query, Array key_cache, Array valu
   if (!isa_avx512_lanes::reads_cache(c.args.cache_dtype))
     fail("key_cache", "float32, bfloat16 or float16 (the lane-major prompt attention reads no int8 / fp8 rows)",
          std::string("dtype ") + dtype_name(c.args.cache_dtype));
-  if (!lanes_prompt_attention_supported())
+  const AttentionKernel kernel = lanes_prompt_attention();
+  if (!kernel)
     throw std::runtime_error("prefill_attention_lanes: needs the avx512 attention build (this CPU has no AVX-512, "
                              "or a lower ISA is chosen); lanes_prompt_attention_supported() says where it runs");
-#if defined(PAGED_ISA_X86)
   nb::gil_scoped_release release;
-  isa_avx512_lanes::prompt_attention(c.args);
-#endif
+  kernel(c.args);
 }
 
 }  // namespace paged::cpu::attn

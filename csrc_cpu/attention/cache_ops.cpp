@@ -8,14 +8,10 @@
 #include <unordered_set>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <nanobind/nanobind.h>
 
 #include "attention/ops.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 
 namespace nb = nanobind;
 
@@ -69,35 +65,13 @@ Tokens check_tokens(const char* name, Array& a, const CachePair& c, int64_t num_
   return k;
 }
 
-#if defined(__x86_64__)
-// float_to_f16 (kernel_common.h) on 8 values at a time: F16C's round to
-// nearest even is the same IEEE rounding, subnormals and overflow to inf
-// included; a group holding a NaN takes the scalar definition (its quiet
-// NaN is sign | 0x7e00, F16C keeps payload bits).
-__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(src + i);
-    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) {
-      for (int64_t j = i; j < i + 8; ++j) dst[j] = float_to_f16(src[j]);
-      continue;
-    }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-  }
-  for (; i < n; ++i) dst[i] = float_to_f16(src[i]);
-}
-#endif
-
 // float32 values into a float16 / bfloat16 row (the decode step writes 2 x
 // Hkv such rows per token and layer: per element through load_scalar and
 // store_scalar this was ~2% of a 16-sequence decode step on a Xeon).
 bool store_f32_row(const float* src, DType dt, void* dst, int64_t n) {
   if (dt == DType::F16) {
-#if defined(__x86_64__)
-    static const bool f16c = cpu_has_avx2();  // the detector's answer is fixed at import
-    if (f16c) return f32_to_f16_f16c(src, static_cast<uint16_t*>(dst), n), true;
-#endif
-    for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = float_to_f16(src[i]);
+    static const F16RowKernel f16_row = f16_cache_row();  // the detector's answer is fixed at import
+    f16_row(src, static_cast<uint16_t*>(dst), n);
     return true;
   }
   if (dt == DType::BF16) {

@@ -1,15 +1,13 @@
-// Run-time choice of the attention kernel build: the best ISA the CPU reports,
-// overridable (tests, benchmarks) with set_isa / PAGED_CPU_ISA.
+// Run-time choice of the attention kernel build (kernel_builds.h): the best
+// ISA the CPU reports, overridable (tests, benchmarks) with set_isa /
+// PAGED_CPU_ISA.
 #include "attention/ops.h"
 #include "kernel_builds.h"
 
 namespace paged::cpu::attn {
 namespace {
 
-IsaSelector<AttentionKernel>& selector() {
-  static IsaSelector<AttentionKernel> s(attention_builds(), "attention");
-  return s;
-}
+IsaSelector<AttentionKernel>& selector() { return attention_selector(); }
 
 }  // namespace
 

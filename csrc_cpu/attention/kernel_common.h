@@ -188,7 +188,9 @@ inline float row_scale(const void* row, int64_t D) {
   return s;
 }
 
-// Per-ISA implementations (attention_<isa>.cpp include kernel_impl.inc).
+// Per-ISA implementations, each kernel_impl.inc over its Vec: scalar here
+// (attention_scalar.cpp), x86-64's in arch/x86/attention, aarch64's in
+// arch/arm/attention; kernel_builds.cpp lists them with what each needs.
 #define PAGED_DECLARE_ISA(ns) \
   namespace ns {              \
   void attention(const AttnArgs& a); \
@@ -198,6 +200,17 @@ PAGED_DECLARE_ISA(isa_avx2)
 PAGED_DECLARE_ISA(isa_avx512)
 PAGED_DECLARE_ISA(isa_neon)
 #undef PAGED_DECLARE_ISA
+
+// float32 values into a float16 cache row, float_to_f16 per element: the
+// scalar definition (attention_scalar.cpp) and F16C's, the same IEEE
+// rounding 8 values at a time (arch/x86/attention/f16_row_f16c.cpp).
+using F16RowKernel = void (*)(const float* src, uint16_t* dst, int64_t n);
+namespace isa_scalar {
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
+}
+namespace isa_avx2 {
+void f32_to_f16_row(const float* src, uint16_t* dst, int64_t n);
+}
 
 // The build chosen at run time (dispatch.cpp).
 void run_attention(const AttnArgs& a);

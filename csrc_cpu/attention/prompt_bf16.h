@@ -9,10 +9,11 @@
 
 #include "attention/kernel_common.h"
 
+// Compiled for x86-64 where the compiler knows AMX
+// (arch/x86/amx/prompt_bf16_amx.cpp); where it runs: kernel_builds.h
+// (bf16_prompt_attention).
 namespace paged::cpu::attn::isa_amx_bf16 {
 
-// The CPU (and OS) run it: AMX-BF16 tiles granted, AVX512-BF16, AVX-512.
-bool supported();
 // Cache dtypes it reads: float32, bfloat16, float16 (int8 / fp8 rows are the float32 kernel's).
 inline bool reads_cache(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 // Head sizes it takes: multiples of 32 (a tile's row of bfloat16 pairs).

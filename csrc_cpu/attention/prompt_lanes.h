@@ -14,10 +14,10 @@
 
 #include "attention/kernel_common.h"
 
+// Compiled for x86-64 (arch/x86/attention/prompt_lanes_avx512.cpp); where
+// it runs: kernel_builds.h (lanes_prompt_attention).
 namespace paged::cpu::attn::isa_avx512_lanes {
 
-// The CPU runs it: AVX-512 (F, BW, VL, DQ).
-bool supported();
 // Cache dtypes it reads: float32, bfloat16, float16 (int8 / fp8 rows are the float32 kernel's).
 inline bool reads_cache(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 // Prefill attention of `a` (checked as prefill_attention's arguments; cache dtype as above).

@@ -1,5 +1,6 @@
 // Boundary checks, the weight's tile layout and the split over threads of the
-// bfloat16 prompt rows (bf16_prompt.h); the AMX kernel does the arithmetic.
+// bfloat16 prompt rows (bf16_prompt.h); the build of kernel_builds.h
+// (bf16_prompt_rows: AMX) does the arithmetic.
 #include "linear/bf16_prompt.h"
 #include "linear/ops.h"
 
@@ -7,7 +8,7 @@
 #include <string>
 
 #include "attention/tensor_args.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 #include "linear/aligned.h"
 #include "runtime/parallel.h"
 
@@ -20,21 +21,17 @@ using attn::fail;
 
 const nb::dlpack::dtype kBf16{uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
 
-void require_supported() {
-  if (!bf16_prompt_supported())
+const Bf16Kernels& require_supported() {
+  const Bf16Kernels* k = bf16_prompt_rows();
+  if (!k)
     throw std::runtime_error(
         "bf16_linear: this CPU (or OS) offers no AMX-BF16 tiles; bf16_prompt_supported() says where it runs");
+  return *k;
 }
 
 }  // namespace
 
-bool bf16_prompt_supported() {
-#if defined(PAGED_ISA_X86)
-  return isa_amx_bf16::supported();
-#else
-  return false;
-#endif
-}
+bool bf16_prompt_supported() { return bf16_prompt_rows() != nullptr; }
 
 void build_bf16_weight(const Array& w16, const Array& out) {
   const attn::TensorArg tw = tensor_of("w16", w16, kBf16, 2);
@@ -83,27 +80,22 @@ void bf16_linear(const Array& x, const Array& weight, const Array& out) {
   if (to.dim(0) != a.M || a.N < 1)
     fail("out", "shape [" + std::to_string(a.M) + ", N] with N >= 1 (x's rows)", "shape " + to.shape_str());
   const uint16_t* w = check_bf16_weight("weight", weight, a.N, a.K);
-  require_supported();
-#if defined(PAGED_ISA_X86)
+  const Bf16Kernels& k = require_supported();
   a.w = w;
   a.out = static_cast<float*>(to.data);
   const auto* xf = static_cast<const float*>(tx.data);
   nb::gil_scoped_release no_gil;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs;
-  a.x = pack_bf16_rows(xf, a.M, a.K, parallel);
-  parallel_for(a.groups() * a.chunks(), parallel, Schedule::Static, 1,
-               [&](int64_t i) { isa_amx_bf16::item(a, i); });
-#endif
+  a.x = pack_bf16_rows(k, xf, a.M, a.K, parallel);
+  parallel_for(a.groups() * a.chunks(), parallel, Schedule::Static, 1, [&](int64_t i) { k.item(a, i); });
 }
 
-const uint16_t* pack_bf16_rows(const float* x, int64_t M, int64_t K, bool parallel) {
+const uint16_t* pack_bf16_rows(const Bf16Kernels& k, const float* x, int64_t M, int64_t K, bool parallel) {
   static thread_local AlignedVector<uint16_t> packed;  // the caller's; its team writes and reads it
   const int64_t groups = (M + kBf16Rows - 1) / kBf16Rows;
   if (packed.size() < size_t(groups * kBf16Rows * K)) packed.resize(size_t(groups * kBf16Rows * K));
   uint16_t* const xp = packed.data();  // by pointer: in the team's threads `packed` names their own
-#if defined(PAGED_ISA_X86)
-  parallel_for(groups, parallel, Schedule::Static, 1, [&](int64_t g) { isa_amx_bf16::pack_group(x, M, K, g, xp); });
-#endif
+  parallel_for(groups, parallel, Schedule::Static, 1, [&](int64_t g) { k.pack_group(x, M, K, g, xp); });
   return xp;
 }
 

@@ -29,11 +29,6 @@ constexpr int64_t kBf16Cols = 32;  // output columns per work item (two B tiles 
 constexpr int64_t kBf16Rows = 32;  // x rows per work item (two A tiles of 16)
 constexpr int64_t kBf16Step = 32;  // K per tdpbf16ps
 
-// Rows x [M, K] (float32) packed as Bf16Args::x wants, into the calling
-// thread's buffer (kept between calls; valid until its next call), groups
-// split over the threads when `parallel`. x86-64 builds only.
-const uint16_t* pack_bf16_rows(const float* x, int64_t M, int64_t K, bool parallel);
-
 // Elements of the tile-layout copy of an [N, K] weight.
 inline int64_t bf16_weight_elems(int64_t N, int64_t K) {
   return (N + kBf16Cols - 1) / kBf16Cols * kBf16Cols * K;
@@ -50,9 +45,24 @@ struct Bf16Args {
   int64_t chunks() const { return (N + kBf16Cols - 1) / kBf16Cols; }
 };
 
+// The kernels of one build (kernel_builds.h: bf16_prompt_rows).
+struct Bf16Kernels {
+  // Group g (rows 32 g .. 32 g + 31, zeros past M) of x [M, K] into the packed layout above.
+  void (*pack_group)(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed);
+  // Work item i of a call whose weight is in the tile layout (bf16_linear).
+  void (*item)(const Bf16Args& a, int64_t i);
+  // out[:, n0:n1] of a's rows from chunk [n0, n1)'s int8 panel of the
+  // quantized weight w (built into, or viewed through, the thread's `panel`).
+  void (*panel_rows)(const Bf16Args& a, const LinearArgs& w, int64_t n0, int64_t n1, Int8Panel& panel);
+};
+
+// Rows x [M, K] (float32) packed as Bf16Args::x wants by the build's
+// pack_group, into the calling thread's buffer (kept between calls; valid
+// until its next call), groups split over the threads when `parallel`.
+const uint16_t* pack_bf16_rows(const Bf16Kernels& k, const float* x, int64_t M, int64_t K, bool parallel);
+
+// The AMX build (arch/x86/amx/kernel_bf16_amx.cpp).
 namespace isa_amx_bf16 {
-// The CPU has AMX-BF16 (and AVX-512) and the OS granted the tile state.
-bool supported();
 // Group g (rows 32 g .. 32 g + 31, zeros past M) of x [M, K] into the packed layout above.
 void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed);
 // Work item i: group i % groups, chunk i / groups (chunk-major: a thread's

@@ -84,6 +84,9 @@ struct Int8Panel {
   const uint8_t* widened = nullptr;
 };
 
+// The builds (listed, with what each needs, in kernel_builds.cpp): the
+// scalar definition here (kernel_i8_scalar.cpp), x86-64's in arch/x86/linear
+// and arch/x86/amx, aarch64's in arch/arm/linear.
 namespace isa_scalar {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
@@ -108,13 +111,13 @@ void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, i
 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
                  float* xs);
 }
-// AMX-INT8 tiles for the block sums (kernel_i8_amx.cpp); the VNNI build's
+// AMX-INT8 tiles for the block sums (arch/x86/amx/kernel_i8_amx.cpp); the VNNI build's
 // panels, quantizer and low term, and its kernels for calls of few rows.
 namespace isa_amx {
-bool supported();  // the CPU has AMX-INT8 and the OS granted this process the tile state
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 }
-// aarch64 (kernel_i8_neon.inc); both quantize x with isa_scalar::x8_quantize.
+// aarch64 (arch/arm/linear/kernel_i8_neon.inc, kernel_i8_dotprod.cpp,
+// kernel_i8_i8mm.cpp); all quantize x with isa_scalar::x8_quantize.
 namespace isa_neon {
 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 }

@@ -17,9 +17,6 @@
 #include "linear/bf16_prompt.h"
 #include "linear/int8.h"
 #include "linear/weight_panels.h"
-#if defined(PAGED_ISA_X86)
-#include "linear/int8_avx512.h"
-#endif
 
 namespace nb = nanobind;
 
@@ -163,12 +160,6 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
   return q;
 }
 
-// The builds of this architecture, best first (kernel_builds.cpp).
-IsaSelector<Kernels>& selector() {
-  static IsaSelector<Kernels> s(linear_builds(), "linear");
-  return s;
-}
-
 // The int8 paths: the rows of x quantized (int8.h; split over the threads by
 // rows), then the weight rows in chunks of kI8ChunkRows split over the
 // threads (static: a thread's chunks are consecutive, which the kernels'
@@ -254,10 +245,11 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const LinearArgs two = rows(0, two_rows, true), one = rows(two_rows, M, false);
   // bfloat16 rows: packed once (bf16_prompt.h), then per chunk from the
   // panel the int8 rows just swept (in cache), so they add no weight stream.
+  const Bf16Kernels* bf16 = bf16_rest ? bf16_prompt_rows() : nullptr;
   Bf16Args bf;
-  if (bf16_rest && a.M > two_rows)
-    bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(a.x + two_rows * K, a.M - two_rows, K, parallel), nullptr,
-                  a.out + two_rows * N};
+  if (bf16 && a.M > two_rows)
+    bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(*bf16, a.x + two_rows * K, a.M - two_rows, K, parallel),
+                  nullptr, a.out + two_rows * N};
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
@@ -266,11 +258,9 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     if (two.M) kernels.int8_rows(two, n0, n1, panel);
     if (one.M) kernels.int8_rows(one, n0, n1, panel);
-#if defined(PAGED_ISA_X86)
     // the chunk's panel is in cache now (the int8 rows just swept it): its
     // bfloat16 tiles are made from it instead of read from a copy
-    if (bf.M) isa_amx_bf16::panel_rows(bf, isa_avx512::chunk_panel(a, n0, n1, false, panel), a.qtype, n0, n1);
-#endif
+    if (bf.M) bf16->panel_rows(bf, a, n0, n1, panel);
   });
 }
 
@@ -283,10 +273,10 @@ Activations parse_activations(const std::string& s) {
   fail("activations", "'float32', 'int8' or 'int8x2'", "'" + s + "'");
 }
 
-Kernels active_kernels() { return selector().active().kernel; }
-const char* current_isa() { return selector().active().name; }
-void set_isa(const std::string& name) { selector().set(name); }
-std::vector<std::string> supported_isas() { return selector().supported(); }
+Kernels active_kernels() { return linear_selector().active().kernel; }
+const char* current_isa() { return linear_selector().active().name; }
+void set_isa(const std::string& name) { linear_selector().set(name); }
+std::vector<std::string> supported_isas() { return linear_selector().supported(); }
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations,

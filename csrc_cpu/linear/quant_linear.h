@@ -129,17 +129,23 @@ struct Kernels {
   Int8Quantize x8_quantize;  // x for int8_rows
   Int8LowTerm x8_low_term;   // int8x2's second term for int8_rows
   bool block_major = false;  // int8_rows reads LinearArgs::x8_bm (else it may be left empty)
+  // Persistent weight panels (weight_panels.h), for a build that has them:
+  // the layout's name, the bytes of a chunk of kI8ChunkRows weight rows
+  // (int8.h), and chunk [n0, n1)'s panel built into dst (64-byte aligned).
+  const char* panel_layout = nullptr;
+  int64_t (*panel_chunk_bytes)(QType t, int64_t K) = nullptr;
+  void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
 };
 
 namespace isa_scalar {
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 }  // namespace isa_scalar
-namespace isa_avx2 {
+namespace isa_avx2 {  // x86-64 (arch/x86/linear/kernel_i16_avx2.cpp, kernel_f32_avx2.cpp)
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 }  // namespace isa_avx2
-namespace isa_neon {  // aarch64 (kernel_neon.cpp)
+namespace isa_neon {  // aarch64 (arch/arm/linear/kernel_neon.cpp)
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 }  // namespace isa_neon

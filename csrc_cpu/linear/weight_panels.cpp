@@ -1,6 +1,7 @@
 // Persistent int8 weight panels: the header, the checks at the boundary and
 // the build over chunks (weight_panels.h). Compiled for every architecture;
-// only x86-64's avx512 build has a layout.
+// the active linear build says whether it has a layout (kernel_builds.cpp:
+// x86-64's avx512 and amx).
 #include "linear/weight_panels.h"
 
 #include <algorithm>
@@ -8,7 +9,7 @@
 #include <cstring>
 
 #include "attention/tensor_args.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 #include "linear/int8.h"
 #include "runtime/parallel.h"
 
@@ -29,20 +30,13 @@ struct Header {
 };
 static_assert(sizeof(Header) == kHeaderBytes, "the header is one cache line");
 
-// The active build's panel layout: avx512's, which amx reads as it lies
-// (int8_avx512.h); nullptr for builds without one.
-const char* layout_name() {
-  const std::string isa = current_isa();
-  return isa == "avx512" || isa == "amx" ? "avx512" : nullptr;
-}
+// The active build's panel layout, or nullptr for builds without one.
+const char* layout_name() { return active_kernels().panel_layout; }
 
 // Bytes per chunk of the active build's layout, 0 when it has none.
 int64_t chunk_bytes(QType t, int64_t K) {
-#if defined(PAGED_ISA_X86)
-  if (layout_name()) return isa_avx512::panel_chunk_bytes(t, K);
-#endif
-  (void)t, (void)K;
-  return 0;
+  const Kernels k = active_kernels();
+  return k.panel_chunk_bytes ? k.panel_chunk_bytes(t, K) : 0;
 }
 
 int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8ChunkRows; }
@@ -94,16 +88,13 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   uint8_t* dst = panel_data(out, total_bytes(a));
   const Header h = header_for(a);
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
+  const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
   nb::gil_scoped_release no_gil;
   std::memcpy(dst, &h, sizeof h);
-#if defined(PAGED_ISA_X86)
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;
-    isa_avx512::build_panel_chunk(a, n0, std::min(a.N, n0 + kI8ChunkRows), dst + kHeaderBytes + c * per_chunk);
+    build_chunk(a, n0, std::min(a.N, n0 + kI8ChunkRows), dst + kHeaderBytes + c * per_chunk);
   });
-#else
-  (void)per_chunk;
-#endif
 }
 
 bool weight_panels_match_build(const Array& panels) {

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "attention/tensor_args.h"
-#include "isa_select.h"
+#include "kernel_builds.h"
 #include "ops/ops.h"
 
 namespace paged::cpu::ops {
@@ -19,12 +19,7 @@ using attn::fail;
 using attn::positive;
 using attn::TensorArg;
 
-IsaSelector<const RowKernels*>& selector() {
-  static IsaSelector<const RowKernels*> s({{"avx2", &isa_avx2::kKernels, cpu_has_avx2},
-                                           {"scalar", &isa_scalar::kKernels, cpu_always}},
-                                          "fused ops");
-  return s;
-}
+IsaSelector<const RowKernels*>& selector() { return fused_ops_selector(); }
 
 const RowKernels* active() { return selector().active().kernel; }
 

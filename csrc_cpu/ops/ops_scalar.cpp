@@ -3,7 +3,7 @@
 #include <cstring>
 #include <limits>
 
-#include "ops/ops.h"
+#include "ops/row_kernels.h"
 
 namespace paged::cpu::ops::isa_scalar {
 #define PAGED_OPS_ISA "scalar"

@@ -17,7 +17,6 @@
 
 #include "attention/prompt_bf16.h"
 #include "attention/prompt_lanes.h"
-#include "isa_select.h"
 #include "kernel_builds.h"
 #include "tests/driver_util.h"
 
@@ -142,15 +141,11 @@ std::vector<Case> cases() {
   return out;
 }
 
-// A prompt-row kernel against the scalar build on every case `tol` gives a
+// A prompt-row build against the scalar build on every case `tol` gives a
 // tolerance for (negative: a case it does not take).
 template <class Tol>
-void check_prompt_kernel(const char* name, bool supported, const std::vector<Case>& all,
-                         const std::vector<Inputs>& inputs, AttentionKernel kernel, Tol tol) {
-  if (!supported) {
-    std::printf("attention %s: not run (not supported here)\n", name);
-    return;
-  }
+void check_prompt_build(const char* family, const AttentionBuild& b, const std::vector<Case>& all,
+                        const std::vector<Inputs>& inputs, Tol tol) {
   const AttentionKernel scalar = attention_builds().back().kernel;
   float worst = 0.f;
   int ran = 0;
@@ -158,19 +153,32 @@ void check_prompt_kernel(const char* name, bool supported, const std::vector<Cas
     const Case& c = all[i];
     const float t = tol(c);
     if (t < 0.f) continue;
-    const std::vector<float> got = run(kernel, c, inputs[i]), want = run(scalar, c, inputs[i]);
+    const std::vector<float> got = run(b.kernel, c, inputs[i]), want = run(scalar, c, inputs[i]);
     float w = 0.f;
     for (size_t j = 0; j < got.size(); ++j) {
-      DRIVER_CHECK(std::isfinite(got[j]), "%s case %zu: output %zu not finite", name, i, j);
+      DRIVER_CHECK(std::isfinite(got[j]), "%s %s case %zu: output %zu not finite", family, b.name, i, j);
       w = std::max(w, std::fabs(got[j] - want[j]));
     }
-    DRIVER_CHECK(w <= t, "%s case %zu (%s, %s cache): max |diff| vs scalar %g > %g", name, i, dtype_name(c.dtype),
-                 dtype_name(c.cache), double(w), double(t));
+    DRIVER_CHECK(w <= t, "%s %s case %zu (%s, %s cache): max |diff| vs scalar %g > %g", family, b.name, i,
+                 dtype_name(c.dtype), dtype_name(c.cache), double(w), double(t));
     worst = std::max(worst, w);
     ++ran;
   }
-  DRIVER_CHECK(ran > 0, "%s: no case ran", name);
-  std::printf("attention %s: %d cases, max |diff| vs scalar %g\n", name, ran, double(worst));
+  DRIVER_CHECK(ran > 0, "%s %s: no case ran", family, b.name);
+  std::printf("%s %s: %d cases, max |diff| vs scalar %g\n", family, b.name, ran, double(worst));
+}
+
+// Every build of a prompt-row family (kernel_builds.h) this CPU runs.
+template <class Tol>
+void check_prompt_family(const char* family, const std::vector<AttentionBuild>& builds, const std::vector<Case>& all,
+                         const std::vector<Inputs>& inputs, Tol tol) {
+  if (builds.empty()) std::printf("%s: no build for this architecture\n", family);
+  for (const AttentionBuild& b : builds) {
+    if (b.supported())
+      check_prompt_build(family, b, all, inputs, tol);
+    else
+      std::printf("%s %s: not run (not supported here)\n", family, b.name);
+  }
 }
 
 }  // namespace
@@ -197,22 +205,19 @@ int main(int argc, char** argv) {
     std::printf("attention %s: max |diff| vs scalar f32 %g, bf16 %g, f16 %g\n", b.name, double(worst_of[0]),
                 double(worst_of[1]), double(worst_of[2]));
   });
-#if defined(PAGED_ISA_X86)
   // mixed-bf16's prompt attention (AMX-BF16 CPUs): every case it takes
   // (float caches, head sizes a multiple of 32) against the scalar build,
   // within what rounding q, k, v and the probabilities to bfloat16 moves an
   // output of values in [-1, 1] (tests/test_bf16_attention.py checks it
   // against its own definition); here mostly a run under the sanitizers.
-  check_prompt_kernel("bf16 prompt (amx)", attn::isa_amx_bf16::supported(), all, inputs,
-                      attn::isa_amx_bf16::prompt_attention, [](const Case& c) {
-                        return attn::isa_amx_bf16::reads_cache(c.cache) && attn::isa_amx_bf16::takes_head_size(c.head_size)
-                                   ? 1.f / 32 : -1.f;
-                      });
+  check_prompt_family("bf16_prompt_attention", bf16_prompt_attention_builds(), all, inputs, [](const Case& c) {
+    return attn::isa_amx_bf16::reads_cache(c.cache) && attn::isa_amx_bf16::takes_head_size(c.head_size) ? 1.f / 32
+                                                                                                        : -1.f;
+  });
   // mixed's lane-major float32 prompt attention (AVX-512): every case with
   // a float cache, within the builds' own tolerance (another summation order).
-  check_prompt_kernel("lanes prompt (avx512)", attn::isa_avx512_lanes::supported(), all, inputs,
-                      attn::isa_avx512_lanes::prompt_attention,
-                      [](const Case& c) { return attn::isa_avx512_lanes::reads_cache(c.cache) ? tolerance(c.dtype) : -1.f; });
-#endif
+  check_prompt_family("lanes_prompt_attention", lanes_prompt_attention_builds(), all, inputs, [](const Case& c) {
+    return attn::isa_avx512_lanes::reads_cache(c.cache) ? tolerance(c.dtype) : -1.f;
+  });
   return finish("kernel_attention_driver");
 }

@@ -15,7 +15,7 @@
 #include "linear/aligned.h"
 #include "linear/int8.h"
 #if defined(PAGED_ISA_X86)
-#include "linear/int8_avx512.h"
+#include "arch/x86/linear/int8_avx512.h"
 #endif
 #include "tests/driver_util.h"
 
@@ -174,7 +174,10 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
 // build's reads of the nibbles in place are checked through quant_linear by
 // tests/test_weight_panels.py; AMX itself runs only where the CPU has it.)
 void check_widened_panels() {
-  if (!cpu_has_avx512vnni()) {
+  const std::vector<LinearBuild> builds = linear_builds();
+  const auto avx512 = std::find_if(builds.begin(), builds.end(),
+                                   [](const LinearBuild& b) { return std::string(b.name) == "avx512"; });
+  if (avx512 == builds.end() || !avx512->supported()) {
     std::printf("linear avx512: widened panels not checked (no AVX512-VNNI)\n");
     return;
   }

@@ -33,12 +33,10 @@
 #include <cstring>
 #include <utility>
 
-#include "isa_select.h"
-#include "linear/amx_tiles.h"
-#include "linear/int8_avx512.h"
+#include "arch/x86/amx/amx_tiles.h"
+#include "arch/x86/linear/int8_avx512.h"
 
-#if defined(PAGED_HAVE_AMX)
-
+PAGED_TARGET_BEGIN(PAGED_AMX_ISA)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 build
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -78,11 +76,11 @@ using amx::tile_load;
 using amx::tile_store;
 using amx::tile_zero;
 template <int S, int X, int W>
-PAGED_AMX_INLINE void tile_dot() {
+PAGED_ALWAYS_INLINE void tile_dot() {
   amx::tile_dot_i8<S, X, W>();
 }
 
-PAGED_AMX_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
+PAGED_ALWAYS_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T1);
 }
 
@@ -106,7 +104,7 @@ struct Column {
 
   // Block b's tile products into buf.sums[P] (P = b's parity).
   template <int P>
-  PAGED_AMX_INLINE void sums(int64_t b) {
+  PAGED_ALWAYS_INLINE void sums(int64_t b) {
     tile_load<kW[P]>(w + b * kBlockBytes, kCols * 4 * kLanes);
     if constexpr (Two) {
       tile_load<kX2>(x + b * kBlock, a.K);
@@ -130,7 +128,7 @@ struct Column {
   // added; q4_1: its offsets' fma), with the row's block values read from
   // one pointer each (block-major).
   template <int P>
-  PAGED_AMX_INLINE void steps(int64_t b, int c, int64_t r0) {
+  PAGED_ALWAYS_INLINE void steps(int64_t b, int c, int64_t r0) {
     const int64_t at = b * a.x8_bm.ld + r0;
     const float* const dx = a.x8_bm.scale + at;
     const float* const xs = a.x8_bm.sum + at;
@@ -149,7 +147,7 @@ struct Column {
     }
   }
 
-  PAGED_AMX_INLINE void run(int64_t r0, int64_t n0, int c, __mmask16 mask) {
+  PAGED_ALWAYS_INLINE void run(int64_t r0, int64_t n0, int c, __mmask16 mask) {
     const int64_t nb = a.blocks();
     // A persistent panel: the item after next's lines, spread over the
     // blocks of the first pass (as the VNNI tiles do).
@@ -173,8 +171,8 @@ struct Column {
 };
 
 template <QType T, bool Two, int R>
-PAGED_AMX void column(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, int c, __mmask16 mask,
-                      SumBuffer& buf) {
+void column(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, int c, __mmask16 mask,
+            SumBuffer& buf) {
   Column<T, Two, R> col{a, p, a.x8 + r0 * a.K, Two ? a.x8_lo + r0 * a.K : nullptr, p.codes + c * 4 * kLanes, buf, {}};
   col.run(r0, n0, c, mask);
 }
@@ -188,7 +186,7 @@ constexpr std::array<ColumnFn, sizeof...(R)> column_table(std::integer_sequence<
 
 // Groups of 16 rows of x, each swept over the chunk's two columns.
 template <QType T, bool Two>
-PAGED_AMX void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t n1) {
+void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t n1) {
   static constexpr auto table = column_table<T, Two>(std::make_integer_sequence<int, kGroup>());
   static thread_local SumBuffer buf;
   amx::ensure_config(kConfig);
@@ -200,16 +198,14 @@ PAGED_AMX void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t
 }
 
 template <QType T>
-PAGED_AMX void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t n1) {
+void rows(const LinearArgs& a, const PanelView& p, int64_t n0, int64_t n1) {
   if (a.x8_lo) return rows<T, true>(a, p, n0, n1);
   rows<T, false>(a, p, n0, n1);
 }
 
 }  // namespace
 
-bool supported() { return cpu_has_amx_int8() && amx::tile_state_granted(); }
-
-PAGED_AMX void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
   // few rows, or a caller without the block-major values: the VNNI build
   if (a.M < kAmxMinRows || !a.x8_bm.scale) return isa_avx512::int8_rows(a, n0, n1, panel);
   const PanelView p = isa_avx512::chunk_panel(a, n0, n1, false, panel);
@@ -223,14 +219,4 @@ PAGED_AMX void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel&
 }  // namespace paged::cpu::linear::isa_amx
 
 #pragma GCC diagnostic pop
-
-#else  // !PAGED_HAVE_AMX
-
-namespace paged::cpu::linear::isa_amx {
-bool supported() { return false; }
-void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
-  isa_avx512::int8_rows(a, n0, n1, panel);
-}
-}  // namespace paged::cpu::linear::isa_amx
-
-#endif
+PAGED_TARGET_END()

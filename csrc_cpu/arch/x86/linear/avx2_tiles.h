@@ -11,7 +11,7 @@
 //       __m256 dot(const Codes&, int64_t b) const;  // t of the block, 8 lanes
 //     };
 //   };
-// Only included by the AVX2 kernel files (every function carries PAGED_AVX2).
+// Only included by the AVX2 kernel files; its own target region (arch/target.h).
 #pragma once
 
 #include <immintrin.h>
@@ -21,10 +21,10 @@
 #include <cstdint>
 #include <utility>
 
+#include "arch/target.h"
 #include "linear/quant_linear.h"
 
-#define PAGED_AVX2 __attribute__((target("avx2,fma,f16c")))
-
+PAGED_TARGET_BEGIN("avx2,fma,f16c")
 namespace paged::cpu::linear::isa_avx2 {
 namespace tiles {
 
@@ -36,7 +36,7 @@ constexpr int kDirectOutputs = 8;
 // L3); asking for the bytes this far ahead keeps more misses in flight (1 thread,
 // whole model at M = 1: ~15 ms without, 10-14 ms with 1.5-6 KB; noisy host).
 constexpr int64_t kPrefetchBytes = 3072;
-PAGED_AVX2 inline void prefetch_ahead(const uint8_t* p) {
+inline void prefetch_ahead(const uint8_t* p) {
   // As an integer: the address may lie past the weight (a prefetch never faults).
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + kPrefetchBytes), _MM_HINT_T0);
 }
@@ -46,8 +46,8 @@ PAGED_AVX2 inline void prefetch_ahead(const uint8_t* p) {
 template <bool kMinus8>
 struct Nibbles {  // Q4_0 (codes q - 8) / Q4_1 (codes q); byte j holds elements j (low) and 16 + j (high)
   const uint8_t* row;
-  PAGED_AVX2 void prefetch(int64_t b) const { prefetch_ahead(row + b * (kBlock / 2)); }
-  PAGED_AVX2 void load(int64_t b, __m256i q[2]) const {
+  void prefetch(int64_t b) const { prefetch_ahead(row + b * (kBlock / 2)); }
+  void load(int64_t b, __m256i q[2]) const {
     const __m256i bytes =
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * (kBlock / 2))));
     q[0] = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
@@ -59,7 +59,7 @@ struct Nibbles {  // Q4_0 (codes q - 8) / Q4_1 (codes q); byte j holds elements 
   }
   // Bytes 0-7 / 8-15 zero-extended to 32-bit lanes: low nibbles are elements
   // 0-7 / 8-15, high nibbles (a plain shift) 16-23 / 24-31.
-  PAGED_AVX2 void load(int64_t b, __m256 q[4]) const {
+  void load(int64_t b, __m256 q[4]) const {
     const uint8_t* p = row + b * (kBlock / 2);
     const __m256i first = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     const __m256i second = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
@@ -75,20 +75,20 @@ struct Nibbles {  // Q4_0 (codes q - 8) / Q4_1 (codes q); byte j holds elements 
 
 struct Bytes {  // Q8_0
   const uint8_t* row;
-  PAGED_AVX2 void prefetch(int64_t b) const { prefetch_ahead(row + b * kBlock); }
-  PAGED_AVX2 void load(int64_t b, __m256i q[2]) const {
+  void prefetch(int64_t b) const { prefetch_ahead(row + b * kBlock); }
+  void load(int64_t b, __m256i q[2]) const {
     const uint8_t* p = row + b * kBlock;
     q[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     q[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
   }
-  PAGED_AVX2 void load(int64_t b, __m256 q[4]) const {
+  void load(int64_t b, __m256 q[4]) const {
     const uint8_t* p = row + b * kBlock;
     for (int i = 0; i < 4; ++i)
       q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * i))));
   }
 };
 
-PAGED_AVX2 inline float hsum(__m256 v) {
+inline float hsum(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l_i + l_{i+4}
   const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));  // (l0+l4)+(l2+l6), (l1+l5)+(l3+l7)
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
@@ -98,7 +98,7 @@ PAGED_AVX2 inline float hsum(__m256 v) {
 // output, in block order) of weight rows n0 .. n1 for every x row, written
 // into out: 8 x rows per vector, then the rest with the chains of all weight
 // rows interleaved, so no loop waits on one fma's latency.
-PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int64_t n1) {
+inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.blocks(), M = a.M, N = a.N;
   int64_t r = 0;
   for (; r + 8 <= M; r += 8)
@@ -125,7 +125,7 @@ PAGED_AVX2 inline void offset_sums_into_out(const LinearArgs& a, int64_t n0, int
 // src[c]; a block's x loads and scales are shared by the C weight rows, its
 // codes by the R x rows. With `add_out`, out already holds Q4_1's offset sums.
 template <class Path, class Src, int R, int C>
-PAGED_AVX2 void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0, bool add_out) {
+void tile(const LinearArgs& a, const Src* src, int64_t n0, int64_t r0, bool add_out) {
   const int64_t nb = a.blocks();
   const float* d[C];
   for (int c = 0; c < C; ++c) d[c] = a.d + (n0 + c) * nb;
@@ -168,7 +168,7 @@ constexpr auto tile_table(std::integer_sequence<int, R...>) {
 // Few rows of x (M <= kDirectMaxRows): all of them in one tile, kDirectOutputs / M
 // weight rows per pass, every block widened in registers from the packed rows.
 template <class Path, class Src>
-PAGED_AVX2 void direct_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
+void direct_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
   static constexpr auto tiles =
       tile_table<Path, Src, kDirectOutputs>(std::make_integer_sequence<int, int(kDirectMaxRows)>());
   const auto& by_cols = tiles[size_t(a.M - 1)];
@@ -184,7 +184,7 @@ PAGED_AVX2 void direct_rows(const LinearArgs& a, int64_t n0, int64_t n1) {
 
 // Runs Rows<Src> with the source type of the weight's qtype.
 template <template <class> class Rows>
-PAGED_AVX2 void by_qtype(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+void by_qtype(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   switch (a.qtype) {
     case QType::Q4_0: Rows<Nibbles<true>>::run(a, n0, n1, scratch); break;
     case QType::Q4_1: Rows<Nibbles<false>>::run(a, n0, n1, scratch); break;
@@ -194,3 +194,4 @@ PAGED_AVX2 void by_qtype(const LinearArgs& a, int64_t n0, int64_t n1, std::vecto
 
 }  // namespace tiles
 }  // namespace paged::cpu::linear::isa_avx2
+PAGED_TARGET_END()

@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "linear/neon_panel.h"
+#include "arch/arm/linear/neon_panel.h"
 
 namespace paged::cpu::linear::isa_neon {
 namespace {
@@ -21,6 +21,6 @@ inline int32x4_t dot32(const int8_t* w, int8x16_t x0, int8x16_t x1) {
 
 }  // namespace
 
-#include "linear/kernel_i8_neon.inc"
+#include "arch/arm/linear/kernel_i8_neon.inc"
 
 }  // namespace paged::cpu::linear::isa_neon

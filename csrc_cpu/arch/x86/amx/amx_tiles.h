@@ -1,9 +1,10 @@
 // What the AMX kernels share (kernel_i8_amx.cpp: int8 block sums,
-// kernel_bf16_amx.cpp: bfloat16 prompt rows, attention/prompt_bf16_amx.cpp:
-// their attention): the compiler gate, the target
-// attribute, the tile configuration check, the tile instructions with the
-// tile number a template argument, and the process's request for the tile
-// state. x86-64 only (the file names keep it out of other builds).
+// kernel_bf16_amx.cpp: bfloat16 prompt rows, prompt_bf16_amx.cpp: their
+// attention): the one target of every AMX function, the tile configuration
+// check and the tile instructions with the tile number a template argument.
+// Compiled where CMake finds a compiler that knows AMX (GCC 11, clang 12);
+// the OS's grant of the tile state is part of the builds' predicates
+// (kernel_builds.cpp).
 #pragma once
 
 #include <immintrin.h>
@@ -11,26 +12,14 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "arch/target.h"
 
-// AMX intrinsics and target names arrived in GCC 11 and clang 12; with an
-// older compiler the AMX kernels build their fallbacks (nothing offered).
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
-#define PAGED_HAVE_AMX 1
-#endif
-
-#if defined(PAGED_HAVE_AMX)
-
-// One target for every AMX function, so the shared helpers inline into both
-// kernels; each kernel is offered only where the CPU has its own unit.
+// One target for every AMX function, so the shared helpers inline into every
+// kernel; each kernel is offered only where the CPU has its own unit.
 #define PAGED_AMX_ISA \
   "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16"
-#define PAGED_AMX __attribute__((target(PAGED_AMX_ISA)))
-#define PAGED_AMX_INLINE inline __attribute__((always_inline, target(PAGED_AMX_ISA)))
 
+PAGED_TARGET_BEGIN(PAGED_AMX_ISA)
 namespace paged::cpu::linear::amx {
 
 // A tile configuration (palette 1), as ldtilecfg reads it.
@@ -55,7 +44,7 @@ constexpr TileConfig full_tiles_config() {
 // a compare per call (~9 ns) instead of an ldtilecfg (~90 ns, a tenth of a
 // small call). Another kernel or library on the thread (oneDNN in torch) may
 // have loaded its own since, which the compare sees.
-PAGED_AMX_INLINE void ensure_config(const TileConfig& want) {
+PAGED_ALWAYS_INLINE void ensure_config(const TileConfig& want) {
   TileConfig have;
   _tile_storeconfig(&have);
   if (std::memcmp(&have, &want, sizeof want) != 0) _tile_loadconfig(&want);
@@ -64,7 +53,7 @@ PAGED_AMX_INLINE void ensure_config(const TileConfig& want) {
 // Two vectors' 16 float lanes as 16 bfloat16 pairs (a B tile row, or an A
 // tile row of pairs): word 2n = bf16(a[n]), 2n + 1 = bf16(b[n]), rounded to
 // nearest even by vcvtne2ps2bf16 (which treats subnormals as zero).
-PAGED_AMX_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
+PAGED_ALWAYS_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
   const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                          6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(b, a));
@@ -74,41 +63,26 @@ PAGED_AMX_INLINE __m512i bf16_pairs(__m512 a, __m512 b) {
 // right after), a load and a dot product do not (what they read was written
 // before the call).
 template <int T>
-PAGED_AMX_INLINE void tile_load(const void* base, int64_t stride) {
+PAGED_ALWAYS_INLINE void tile_load(const void* base, int64_t stride) {
   asm volatile("tileloadd (%0,%1,1), %%tmm%c2" ::"r"(base), "r"(stride), "n"(T));
 }
 template <int T>
-PAGED_AMX_INLINE void tile_store(void* base, int64_t stride) {
+PAGED_ALWAYS_INLINE void tile_store(void* base, int64_t stride) {
   asm volatile("tilestored %%tmm%c2, (%0,%1,1)" ::"r"(base), "r"(stride), "n"(T) : "memory");
 }
 template <int T>
-PAGED_AMX_INLINE void tile_zero() {
+PAGED_ALWAYS_INLINE void tile_zero() {
   asm volatile("tilezero %%tmm%c0" ::"n"(T));
 }
 template <int S, int X, int W>  // S += X (signed bytes) . W (unsigned bytes), in groups of 4
-PAGED_AMX_INLINE void tile_dot_i8() {
+PAGED_ALWAYS_INLINE void tile_dot_i8() {
   asm volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(S), "n"(X), "n"(W));
 }
 template <int S, int X, int W>  // S += X . W on bfloat16 pairs, float32 sums
-PAGED_AMX_INLINE void tile_dot_bf16() {
+PAGED_ALWAYS_INLINE void tile_dot_bf16() {
   asm volatile("tdpbf16ps %%tmm%c2, %%tmm%c1, %%tmm%c0" ::"n"(S), "n"(X), "n"(W));
-}
-
-// Linux hands out the tile state only on request (kernel 5.16+):
-// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process (the grant
-// covers every thread).
-inline bool tile_state_granted() {
-#if defined(__linux__)
-  static const bool ok = [] {
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
 }
 
 }  // namespace paged::cpu::linear::amx
 
-#endif  // PAGED_HAVE_AMX
+PAGED_TARGET_END()

@@ -12,14 +12,10 @@
 
 #include <algorithm>
 
-#include "linear/neon_panel.h"
+#include "arch/arm/linear/neon_panel.h"
+#include "arch/target.h"
 
-#if defined(__clang__)  // Apple clang (macOS)
-#pragma clang attribute push(__attribute__((target("i8mm"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("arch=armv8.6-a+i8mm")
-#endif
+PAGED_TARGET_BEGIN(PAGED_TARGET_ARM_I8MM)
 
 namespace paged::cpu::linear::isa_i8mm {
 namespace {
@@ -85,8 +81,4 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
 
 }  // namespace paged::cpu::linear::isa_i8mm
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+PAGED_TARGET_END()

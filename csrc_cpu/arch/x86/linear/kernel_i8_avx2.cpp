@@ -15,10 +15,10 @@
 #include <cstring>
 #include <utility>
 
+#include "arch/target.h"
 #include "linear/int8.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
+PAGED_TARGET_BEGIN("avx2,fma,f16c")
 
 namespace paged::cpu::linear::isa_avx2 {
 namespace {
@@ -68,7 +68,7 @@ struct Dot {
 
 }  // namespace
 
-#include "linear/kernel_i8_ymm.inc"
+#include "arch/x86/linear/kernel_i8_ymm.inc"
 
 // x's blocks quantized as int8.h defines (bitwise the scalar build's; the
 // AVX-VNNI build uses it too), 32 values in four vectors: |x| and a
@@ -115,4 +115,4 @@ void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, i
 
 }  // namespace paged::cpu::linear::isa_avx2
 
-#pragma GCC pop_options
+PAGED_TARGET_END()

@@ -12,7 +12,7 @@
 #include <algorithm>
 
 #include "linear/int8.h"
-#include "linear/neon_codes.h"
+#include "arch/arm/linear/neon_codes.h"
 
 namespace paged::cpu::linear::neon {
 

@@ -7,8 +7,9 @@
 //    thread's scratch once, then every tile of x rows sweeps it, so each x
 //    vector loaded serves kPanelCols weight rows and each code vector
 //    kPanelRows x rows, all from L1.
-#include "linear/avx2_tiles.h"
+#include "arch/x86/linear/avx2_tiles.h"
 
+PAGED_TARGET_BEGIN("avx2,fma,f16c")
 namespace paged::cpu::linear::isa_avx2 {
 namespace {
 
@@ -25,7 +26,7 @@ float* aligned(float* p) {
 }
 
 // t = Q[0:8]*x[0:8], then fma with elements 8-15, 16-23, 24-31.
-PAGED_AVX2 inline __m256 block_dot(const __m256 q[4], const float* xb) {
+inline __m256 block_dot(const __m256 q[4], const float* xb) {
   __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(xb));
   t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xb + 8), t);
   t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xb + 16), t);
@@ -41,7 +42,7 @@ struct Fp32Path {
     Row() = default;
     Row(const LinearArgs& a, int64_t r) : x(a.x + r * a.K) {}
     void begin_block(int64_t) {}
-    PAGED_AVX2 __m256 dot(const Codes& q, int64_t b) const { return block_dot(q.v, x + b * kBlock); }
+    __m256 dot(const Codes& q, int64_t b) const { return block_dot(q.v, x + b * kBlock); }
   };
 };
 
@@ -50,7 +51,7 @@ struct Fp32Path {
 // but interleaved over the tile: vector i of a block is loaded once per x row
 // and once per weight row, then feeds R * C independent partials.
 template <int R, int C>
-PAGED_AVX2 void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, int64_t r0) {
+void panel_tile(const LinearArgs& a, const float* codes, int64_t n0, int64_t r0) {
   const int64_t nb = a.blocks(), K = a.K;
   const float* d[C];
   for (int c = 0; c < C; ++c) d[c] = a.d + (n0 + c) * nb;
@@ -96,7 +97,7 @@ constexpr auto panel_table(std::integer_sequence<int, R...>) {
 // Many rows: per panel of weight rows, widen the codes once, then sweep all
 // tiles of x over it.
 template <class Src>
-PAGED_AVX2 void panel_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+void panel_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   static constexpr auto panel_tiles = panel_table(std::make_integer_sequence<int, kPanelRows>());
   const int64_t nb = a.blocks(), K = a.K;
   scratch.resize(size_t(kPanel * K + kAlignFloats));
@@ -123,7 +124,7 @@ PAGED_AVX2 void panel_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vec
 
 template <class Src>
 struct Fp32Rows {
-  PAGED_AVX2 static void run(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+  static void run(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
     if (a.M <= kDirectMaxRows)
       tiles::direct_rows<Fp32Path, Src>(a, n0, n1);
     else
@@ -133,8 +134,9 @@ struct Fp32Rows {
 
 }  // namespace
 
-PAGED_AVX2 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
+void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch) {
   tiles::by_qtype<Fp32Rows>(a, n0, n1, scratch);
 }
 
 }  // namespace paged::cpu::linear::isa_avx2
+PAGED_TARGET_END()

@@ -51,13 +51,8 @@
 #include <cstring>
 #include <utility>
 
-#include "linear/int8_avx512.h"
-
-#define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
-#define PAGED_VNNI512 __attribute__((target(PAGED_VNNI512_ISA)))
-// Helpers that take or fill arrays of vectors: inlined, so the arrays stay in registers.
-#define PAGED_VNNI512_INLINE inline __attribute__((always_inline, target(PAGED_VNNI512_ISA)))
-#define PAGED_VNNI512_INLINE_LAMBDA __attribute__((always_inline, target(PAGED_VNNI512_ISA)))
+#include "arch/target.h"
+#include "arch/x86/linear/int8_avx512.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
 // pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
@@ -65,6 +60,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
+#define PAGED_VNNI512_ISA "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni"
+PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
 namespace paged::cpu::linear::isa_avx512 {
 namespace {
 
@@ -80,7 +77,7 @@ constexpr int kTileRows1 = 6, kTileRows2 = 4;
 constexpr int kDirectRows = 8;
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
-PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
+PAGED_ALWAYS_INLINE void transpose16(__m512i v[16]) {
   __m512i t[16];
   for (int i = 0; i < 16; i += 2) {  // per 128-bit lane: (r_i e0, r_i+1 e0, r_i e1, r_i+1 e1), ...
     t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
@@ -108,14 +105,14 @@ PAGED_VNNI512_INLINE void transpose16(__m512i v[16]) {
 // the address may lie past the weight (a prefetch never faults). Into L1 the
 // prefetches held up the loads (1 thread, 30 rotating 3072 x 576, M=1: 151 us
 // to L1, 108 us to L2, 2 items ahead; M=16 353 vs 288 us).
-PAGED_VNNI512_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
+PAGED_ALWAYS_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T1);
 }
 
 // Block b's share (1 / nb) of the `chunk` bytes at base, `ahead` bytes on:
 // reading a chunk block by block prefetches the chunk after next likewise.
-PAGED_VNNI512_INLINE void prefetch_block_share(const uint8_t* base, int64_t chunk, int64_t nb, int64_t b,
-                                               int64_t ahead) {
+PAGED_ALWAYS_INLINE void prefetch_block_share(const uint8_t* base, int64_t chunk, int64_t nb, int64_t b,
+                                              int64_t ahead) {
   const int64_t share = chunk / nb;
   for (int64_t at = b * share; at < (b + 1) * share; at += 64) prefetch_ahead(base + at, ahead);
 }
@@ -125,8 +122,8 @@ PAGED_VNNI512_INLINE void prefetch_block_share(const uint8_t* base, int64_t chun
 // prefetched kAhead rows further on: the same bytes of the thread's work item
 // after next (static schedule: a thread's items are consecutive), which
 // streams from DRAM at decode.
-PAGED_VNNI512_INLINE void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
-                                    __m512i v[16]) {
+PAGED_ALWAYS_INLINE void load_rows(const uint8_t* base, int64_t stride, int rows, int64_t offset, int64_t dwords,
+                                   __m512i v[16]) {
   const auto mask = __mmask16(dwords >= 16 ? 0xFFFF : (1u << dwords) - 1);
   const uint8_t* p = base + offset;
   for (int i = 0; i < 16; ++i, p += stride) {
@@ -138,7 +135,7 @@ PAGED_VNNI512_INLINE void load_rows(const uint8_t* base, int64_t stride, int row
 // Rows n0 .. n0 + rows of a [N, nb] float matrix (d or m) transposed into
 // column c of dst [nb][kPanel]: 16 blocks per transpose, the last nb % 16 by
 // scalar copies (a transpose costs as much for 2 blocks as for 16).
-PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, int rows, int c, float* dst) {
+void transpose_scales(const float* src, int64_t nb, int64_t n0, int rows, int c, float* dst) {
   __m512i v[16];
   int64_t b = 0;
   for (; b + 16 <= nb; b += 16) {
@@ -155,7 +152,7 @@ PAGED_VNNI512 void transpose_scales(const float* src, int64_t nb, int64_t n0, in
 // A block's nibble dword s of 16 rows (4-bit codes): its low nibbles are
 // the byte panel's step s (codes 4s .. 4s+3), its high nibbles step 4 + s
 // (codes 16 + 4s ..).
-PAGED_VNNI512_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_step) {
+PAGED_ALWAYS_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_step) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   lo_step = _mm512_and_si512(v, low);
   hi_step = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
@@ -165,7 +162,7 @@ PAGED_VNNI512_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_
 // p.codes, or for 4-bit codes with p.nibbles (persistent panels) the
 // transposed nibble dwords as they are (kNibbleBlockBytes per block).
 template <QType T>
-PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
   const __m512i bias = _mm512_set1_epi8(char(0x80));
@@ -196,12 +193,12 @@ PAGED_VNNI512 void build_column(const LinearArgs& a, int64_t n0, int rows, int c
 
 // Column c (rows n0 .. n0 + rows) of the panel's scales.
 template <QType T>
-PAGED_VNNI512 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   transpose_scales(a.d, a.blocks(), n0, rows, c, p.d);
   if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m);
 }
 
-PAGED_VNNI512_INLINE __m512i broadcast4(const int8_t* p) {
+PAGED_ALWAYS_INLINE __m512i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, sizeof v);
   return _mm512_set1_epi32(v);
@@ -210,7 +207,7 @@ PAGED_VNNI512_INLINE __m512i broadcast4(const int8_t* p) {
 // One block of 16 outputs: acc = fma(d * dx, float(isum), acc), then q4_1's
 // acc = fma(m, xs, acc); d and m point at the block's 16 panel lanes.
 template <QType T>
-PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d, const float* m, float dx, float xs) {
+PAGED_ALWAYS_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d, const float* m, float dx, float xs) {
   acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum), acc);
   if constexpr (T == QType::Q4_1) acc = _mm512_fmadd_ps(_mm512_load_ps(m), _mm512_set1_ps(xs), acc);
   return acc;
@@ -218,12 +215,12 @@ PAGED_VNNI512_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d,
 
 // A row's int32 start for block b: corr (0 for q4_1, whose codes need no offset).
 template <QType T>
-PAGED_VNNI512_INLINE __m512i corr_start(const int32_t* corr, int64_t row, int64_t nb, int64_t b) {
+PAGED_ALWAYS_INLINE __m512i corr_start(const int32_t* corr, int64_t row, int64_t nb, int64_t b) {
   return T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[row * nb + b]);
 }
 
 // The two-term sum hi * 256 + lo (int8.h), exact in int32.
-PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
+PAGED_ALWAYS_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
 
 // isum[r][c] = block b's exact sums of x rows r0 .. r0+R with the panel's
 // columns, whose block starts at w (int8.h: from corr; int8x2 (Two) folds the
@@ -234,8 +231,8 @@ PAGED_VNNI512_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_ep
 // 6144 x 576 q8_0 M=16 713 -> 647 us, best of three alternating rounds);
 // the sums are the same integers in any order.
 template <QType T, int R, bool Two, bool Nib>
-PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64_t r0, int64_t b,
-                                    __m512i isum[R][kCols]) {
+PAGED_ALWAYS_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64_t r0, int64_t b,
+                                   __m512i isum[R][kCols]) {
   constexpr int kTerms = Two ? 2 : 1;
   constexpr int S = kTerms * R * kCols >= 8 ? 1 : 2;  // int32 chains per output: >= 8 vpdpbusd in flight
   const int64_t K = a.K, nb = a.blocks();
@@ -247,7 +244,7 @@ PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64
         if constexpr (S == 2) dot[t][1][r][c] = _mm512_setzero_si512();
       }
   // step s's sums with its weight codes wv (x codes 4s .. 4s+3)
-  const auto step = [&](int s, const __m512i wv[kCols]) PAGED_VNNI512_INLINE_LAMBDA {
+  const auto step = [&](int s, const __m512i wv[kCols]) PAGED_ALWAYS_INLINE_LAMBDA {
     for (int t = 0; t < kTerms; ++t) {
       const int8_t* x = t ? a.x8_lo : a.x8;
       for (int r = 0; r < R; ++r) {
@@ -284,7 +281,7 @@ PAGED_VNNI512_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64
 // out[r0 .. r0+R, n0 .. n0+32] (lanes outside `mask` not stored) from the
 // panel: its byte codes, or (Nib) a persistent 4-bit panel's nibbles.
 template <QType T, int R, bool Two, bool Nib>
-PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
+void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const __mmask16 mask[kCols]) {
   const int64_t nb = a.blocks();
   const uint8_t* base = Nib ? p.nibbles : p.codes;
   __m512 acc[R][kCols];
@@ -310,10 +307,10 @@ PAGED_VNNI512 void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int
 // rows of codes x with its 8 steps of weight codes w (steps s and 4 + s at
 // w[2s], w[2s + 1]; two chains, steps 0-3 and 4-7), then acc's fp32 step.
 template <QType T, int R>
-PAGED_VNNI512_INLINE void direct_block(const LinearArgs& a, const PanelView& p, int64_t b, int c, const __m512i w[8],
-                                       __m512 acc[R]) {
+PAGED_ALWAYS_INLINE void direct_block(const LinearArgs& a, const PanelView& p, int64_t b, int c, const __m512i w[8],
+                                      __m512 acc[R]) {
   const int64_t nb = a.blocks(), K = a.K;
-  const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_VNNI512_INLINE_LAMBDA {
+  const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_ALWAYS_INLINE_LAMBDA {
     __m512i dot[2][R];
     for (int r = 0; r < R; ++r) {
       dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b]);
@@ -343,7 +340,7 @@ PAGED_VNNI512_INLINE void direct_block(const LinearArgs& a, const PanelView& p, 
 // transposed and multiplied straight from registers; only its scales come
 // from the panel.
 template <QType T, int R>
-PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
+void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t chunk_blocks = T == QType::Q8_0 ? 2 : 4;  // blocks per 64 bytes of packed codes
   const __m512i bias = _mm512_set1_epi8(char(0x80));
@@ -376,7 +373,7 @@ PAGED_VNNI512 void direct_column(const LinearArgs& a, const PanelView& p, int64_
 // registers. While column 0 reads a block, the chunk's lines `p.ahead` bytes
 // on are prefetched, its share of them per block.
 template <QType T, int R>
-PAGED_VNNI512 void nibble_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
+void nibble_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
   const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -406,6 +403,12 @@ constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int,
   return {&tile<T, R + 1, Two, Nib>...};
 }
 
+// Baseline code, outside the target region (as before the regions: kept
+// where it was, so the kernels compile to the same instructions): the
+// column masks and a persistent panel's view here, its chunk size and
+// chunk_panel below; weight_panels.cpp and the AMX builds reach them too.
+PAGED_TARGET_END()
+
 // A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
 // or 4-bit nibbles), d, then q4_1's m.
 PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb) {
@@ -423,17 +426,19 @@ void column_masks(int64_t n0, int64_t n1, __mmask16 mask[kCols]) {
     mask[c] = __mmask16((1u << int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes))) - 1);
 }
 
+PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
+
 // The chunk's panel: scales always, codes unless `scales_only`.
 template <QType T>
-PAGED_VNNI512 void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[kCols], bool scales_only,
-                         const PanelView& p) {
+void build(const LinearArgs& a, int64_t n0, const __mmask16 mask[kCols], bool scales_only,
+           const PanelView& p) {
   for (int c = 0; c < kCols; ++c) build_scales<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   if (!scales_only)
     for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
 }
 
 template <QType T>
-PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
+void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1) {
   static constexpr auto one = tile_table<T, false, false>(std::make_integer_sequence<int, kTileRows1>());
   static constexpr auto two = tile_table<T, true, false>(std::make_integer_sequence<int, kTileRows2>());
   static constexpr auto one_nib = tile_table<T, false, T != QType::Q8_0>(std::make_integer_sequence<int, kTileRows1>());
@@ -449,7 +454,7 @@ PAGED_VNNI512 void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, in
 // A persistent 4-bit chunk's nibbles widened to the byte panel's codes
 // (codes, kBlockBytes per block), prefetching the whole chunk `p.ahead`
 // bytes on (its nibbles and scales; `chunk` bytes), a block's share at a time.
-PAGED_VNNI512 void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
+void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
   for (int64_t b = 0; b < nb; ++b) {
     prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
     uint8_t* dst = codes + b * kBlockBytes;
@@ -469,7 +474,7 @@ PAGED_VNNI512 void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, 
 // threads, int8, best of three alternating rounds: M=16 12.2 -> 11.7 ms,
 // M=64 32.3 -> 29.3, M=256 125.5 -> 111.6).
 template <QType T>
-PAGED_VNNI512 PanelView scratch_nibble_panel(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
+PanelView scratch_nibble_panel(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
   scratch.d.resize(size_t(nb * kPanel));
   if (T == QType::Q4_1) scratch.m.resize(size_t(nb * kPanel));
@@ -483,7 +488,7 @@ PAGED_VNNI512 PanelView scratch_nibble_panel(const LinearArgs& a, int64_t n0, in
 }
 
 template <QType T>
-PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
+void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
   static constexpr auto nibble = nibble_table<T>(std::make_integer_sequence<int, kDirectRows>());
   // Without persistent panels, calls of few rows multiply the packed codes
@@ -507,8 +512,8 @@ PAGED_VNNI512 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& 
 // values in two vectors: |x| and a finiteness test, the maximum, one scalar
 // division for dx, then per vector a division, clamp, rounding to nearest
 // even (explicitly, whatever MXCSR says) and a narrowing store.
-PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr,
-                               float* xs) {
+void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr,
+                 float* xs) {
   const int32_t offset = unsigned_offset(t);
   const __m512 limit = _mm512_set1_ps(float(kI8Max)), inf = _mm512_set1_ps(INFINITY);
   for (int64_t b = 0; b < K / kBlock; ++b) {
@@ -538,8 +543,8 @@ PAGED_VNNI512 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes
 // rounding mode, so the compiler cannot fuse them into an fma; division,
 // clamp, round half to even), so bitwise equal. Was the plain C++ one at
 // ~3% of a 16-stream serving run.
-PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
-                               int32_t* lo_corr, float* xs) {
+void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
+                 int32_t* lo_corr, float* xs) {
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const int32_t offset = unsigned_offset(t);
   const __m512 limit = _mm512_set1_ps(float(kI8Max)), magic = _mm512_set1_ps(kI8RoundMagic);
@@ -571,13 +576,17 @@ PAGED_VNNI512 void x8_low_term(const float* x, int64_t K, QType t, const int8_t*
   }
 }
 
+PAGED_TARGET_END()  // baseline: panel_chunk_bytes
+
 int64_t panel_chunk_bytes(QType t, int64_t K) {
   const int64_t nb = K / kBlock;
   return nb * (t == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) +
          (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));
 }
 
-PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
+PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
+
+void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
   const PanelView p = chunk_view(dst, a.qtype, a.blocks());
@@ -587,6 +596,8 @@ PAGED_VNNI512 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1
     case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, false, p); break;
   }
 }
+
+PAGED_TARGET_END()  // baseline: chunk_panel
 
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
@@ -620,8 +631,10 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
   return p;
 }
 
-PAGED_VNNI512 void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0,
-                              int64_t n1) {
+PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
+
+void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0,
+                int64_t n1) {
   switch (a.qtype) {
     case QType::Q4_0: tiles<QType::Q4_0>(a, p, r0, r1, n0, n1); break;
     case QType::Q4_1: tiles<QType::Q4_1>(a, p, r0, r1, n0, n1); break;
@@ -629,7 +642,7 @@ PAGED_VNNI512 void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r
   }
 }
 
-PAGED_VNNI512 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
+void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
   switch (a.qtype) {
     case QType::Q4_0: rows<QType::Q4_0>(a, n0, n1, panel); break;
     case QType::Q4_1: rows<QType::Q4_1>(a, n0, n1, panel); break;
@@ -638,5 +651,6 @@ PAGED_VNNI512 void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Pa
 }
 
 }  // namespace paged::cpu::linear::isa_avx512
+PAGED_TARGET_END()
 
 #pragma GCC diagnostic pop

@@ -14,19 +14,16 @@
 // K and V are converted to float32 once for all the item's tiles.
 #include "attention/prompt_lanes.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <limits>
 #include <vector>
 
-#include "isa_select.h"
+#include "arch/target.h"
 #include "linear/aligned.h"
 
-#if defined(PAGED_ISA_X86)
-
-#include <immintrin.h>
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 builds
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -34,9 +31,9 @@
 namespace paged::cpu::attn::isa_avx512_lanes {
 namespace {
 
-#include "attention/vec_avx512.inc"  // Vec: the cache loads and exp of the float32 kernel
+#include "arch/x86/attention/vec_avx512.inc"  // Vec: the cache loads and exp of the float32 kernel
 
-#include "attention/prompt_tiles_avx512.inc"  // Item, ItemTiles, LaneState, lazy_max, run_items
+#include "arch/x86/attention/prompt_tiles_avx512.inc"  // Item, ItemTiles, LaneState, lazy_max, run_items
 
 constexpr int kKeyBlock = 8;   // keys whose scores share each load of Q^T[d]
 constexpr int kDimBlock = 16;  // dims whose outputs share each load of P^T[key]
@@ -174,8 +171,6 @@ class ItemRunner : public ItemTiles<ItemRunner> {
 
 }  // namespace
 
-bool supported() { return cpu_has_avx512(); }
-
 void prompt_attention(const AttnArgs& a) {
   run_items<ItemRunner, Scratch>(a, kMinParallelWork);
 }
@@ -183,6 +178,4 @@ void prompt_attention(const AttnArgs& a) {
 }  // namespace paged::cpu::attn::isa_avx512_lanes
 
 #pragma GCC diagnostic pop
-#pragma GCC pop_options
-
-#endif  // PAGED_ISA_X86 (the build compiles this file for x86 only)
+PAGED_TARGET_END()

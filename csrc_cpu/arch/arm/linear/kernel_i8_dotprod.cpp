@@ -8,14 +8,10 @@
 
 #include <algorithm>
 
-#include "linear/neon_panel.h"
+#include "arch/arm/linear/neon_panel.h"
+#include "arch/target.h"
 
-#if defined(__clang__)  // Apple clang (macOS): the same, as a function attribute
-#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("arch=armv8.2-a+dotprod")
-#endif
+PAGED_TARGET_BEGIN(PAGED_TARGET_ARM_DOTPROD)
 
 namespace paged::cpu::linear::isa_dotprod {
 namespace {
@@ -26,12 +22,8 @@ inline int32x4_t dot32(const int8_t* w, int8x16_t x0, int8x16_t x1) {
 
 }  // namespace
 
-#include "linear/kernel_i8_neon.inc"
+#include "arch/arm/linear/kernel_i8_neon.inc"
 
 }  // namespace paged::cpu::linear::isa_dotprod
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+PAGED_TARGET_END()

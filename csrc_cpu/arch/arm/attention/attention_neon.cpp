@@ -6,6 +6,6 @@
 #include "attention/kernel_common.h"
 
 namespace paged::cpu::attn::isa_neon {
-#include "attention/vec_neon.inc"
+#include "arch/arm/attention/vec_neon.inc"
 #include "attention/kernel_impl.inc"
 }  // namespace paged::cpu::attn::isa_neon

@@ -16,13 +16,11 @@
 #include <algorithm>
 #include <cstring>
 
-#include "isa_select.h"
+#include "arch/x86/amx/amx_tiles.h"
+#include "arch/x86/linear/int8_avx512.h"
 #include "linear/aligned.h"
-#include "linear/amx_tiles.h"
-#include "linear/int8_avx512.h"
 
-#if defined(PAGED_HAVE_AMX)
-
+PAGED_TARGET_BEGIN(PAGED_AMX_ISA)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 build
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -39,7 +37,7 @@ constexpr amx::TileConfig kConfig = amx::full_tiles_config();  // 16 x 32 bf16 o
 // Tiles: x A0 (rows 0-15), A1 (rows 16-31); weight B0 (columns 0-15), B1
 // (16-31); sums C[row tile][column tile] = 4 + 2 * row tile + column tile.
 template <bool TwoRowTiles>
-PAGED_AMX_INLINE void sweep(const uint16_t* x, const uint16_t* w0, const uint16_t* w1, int64_t steps) {
+PAGED_ALWAYS_INLINE void sweep(const uint16_t* x, const uint16_t* w0, const uint16_t* w1, int64_t steps) {
   using namespace amx;
   tile_zero<4>();
   tile_zero<5>();
@@ -68,19 +66,19 @@ PAGED_AMX_INLINE void sweep(const uint16_t* x, const uint16_t* w0, const uint16_
 
 // RNE to bfloat16 (torch's c10::round_to_nearest_even), NaN -> 0x7FC0: the
 // 16 results in the low halves of 32-bit lanes.
-PAGED_AMX_INLINE __m512i bf16_lanes(__m512 v) {
+PAGED_ALWAYS_INLINE __m512i bf16_lanes(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
   return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
 }
 
-PAGED_AMX_INLINE __m256i to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
+PAGED_ALWAYS_INLINE __m256i to_bf16(__m512 v) { return _mm512_cvtepi32_epi16(bf16_lanes(v)); }
 
 // One group of x rows (<= 32) times one chunk's two B tile columns over all
 // K, into out[rows, cols] (row stride a.N).
-PAGED_AMX_INLINE void group(const Bf16Args& a, const uint16_t* x, const uint16_t* w0, const uint16_t* w1,
-                            int64_t rows, int64_t cols, float* out) {
+PAGED_ALWAYS_INLINE void group(const Bf16Args& a, const uint16_t* x, const uint16_t* w0, const uint16_t* w1,
+                               int64_t rows, int64_t cols, float* out) {
   const int64_t steps = a.K / kBf16Step;
   amx::ensure_config(kConfig);
   const bool two = rows > kTile;
@@ -119,7 +117,7 @@ PAGED_AMX_INLINE void group(const Bf16Args& a, const uint16_t* x, const uint16_t
 // weights 18 vector ops instead of 27 (the tile source is the fixed cost of
 // every call with prompt rows, docs/kernels.md).
 template <QType T>
-PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t* tiles) {
+void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t* tiles) {
   using isa_avx512::kCols;
   using isa_avx512::kLanes;
   using isa_avx512::kPanel;
@@ -160,13 +158,7 @@ PAGED_AMX void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t*
 
 }  // namespace
 
-bool supported() {
-  // AVX512-VNNI too: the rows read the int8 kernels' panels (isa_avx512)
-  return cpu_has_avx512vnni() && runtime::cpu_has("avx512bf16") && runtime::cpu_has("amx_bf16") &&
-         amx::tile_state_granted();
-}
-
-PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed) {
+void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint16_t* packed) {
   const int64_t steps = K / kBf16Step;
   uint16_t* dst = packed + g * steps * kStepElems;
   for (int64_t i = 0; i < kBf16Rows; ++i) {
@@ -185,7 +177,7 @@ PAGED_AMX void pack_group(const float* x, int64_t M, int64_t K, int64_t g, uint1
   }
 }
 
-PAGED_AMX void item(const Bf16Args& a, int64_t i) {
+void item(const Bf16Args& a, int64_t i) {
   const int64_t groups = a.groups(), steps = a.K / kBf16Step;
   const int64_t g = i % groups, c = i / groups;
   const uint16_t* w0 = a.w + 2 * c * steps * kTileElems;
@@ -193,7 +185,7 @@ PAGED_AMX void item(const Bf16Args& a, int64_t i) {
         std::min(kBf16Cols, a.N - c * kBf16Cols), a.out + g * kBf16Rows * a.N + c * kBf16Cols);
 }
 
-PAGED_AMX void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QType t, int64_t n0, int64_t n1) {
+void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QType t, int64_t n0, int64_t n1) {
   const int64_t steps = a.K / kBf16Step;
   static thread_local AlignedVector<uint16_t> tiles;  // the chunk's B tiles, reused by every group
   if (tiles.size() < size_t(2 * steps * kTileElems)) tiles.resize(size_t(2 * steps * kTileElems));
@@ -211,14 +203,4 @@ PAGED_AMX void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QTy
 }  // namespace paged::cpu::linear::isa_amx_bf16
 
 #pragma GCC diagnostic pop
-
-#else  // !PAGED_HAVE_AMX: nothing offered
-
-namespace paged::cpu::linear::isa_amx_bf16 {
-bool supported() { return false; }
-void pack_group(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
-void item(const Bf16Args&, int64_t) {}
-void panel_rows(const Bf16Args&, const isa_avx512::PanelView&, QType, int64_t, int64_t) {}
-}  // namespace paged::cpu::linear::isa_amx_bf16
-
-#endif
+PAGED_TARGET_END()

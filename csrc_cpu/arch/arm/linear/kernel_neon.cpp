@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "linear/neon_codes.h"
+#include "arch/arm/linear/neon_codes.h"
 
 namespace paged::cpu::linear::isa_neon {
 namespace {

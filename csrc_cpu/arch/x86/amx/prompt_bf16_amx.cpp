@@ -20,15 +20,10 @@
 #include <limits>
 #include <vector>
 
-#include "isa_select.h"
+#include "arch/x86/amx/amx_tiles.h"
 #include "linear/aligned.h"
-#include "linear/amx_tiles.h"
-#include "runtime/runtime.h"
 
-#if defined(PAGED_HAVE_AMX)
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,amx-tile,amx-int8,amx-bf16")
+PAGED_TARGET_BEGIN(PAGED_AMX_ISA)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC bug 105593, as in the AVX-512 builds
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -36,9 +31,9 @@
 namespace paged::cpu::attn::isa_amx_bf16 {
 namespace {
 
-#include "attention/vec_avx512.inc"  // Vec: the float32 kernel's cache loads
+#include "arch/x86/attention/vec_avx512.inc"  // Vec: the float32 kernel's cache loads
 
-#include "attention/prompt_tiles_avx512.inc"  // Item, ItemTiles, LaneState, lazy_max, run_items
+#include "arch/x86/attention/prompt_tiles_avx512.inc"  // Item, ItemTiles, LaneState, lazy_max, run_items
 
 namespace amx = linear::amx;
 
@@ -219,11 +214,6 @@ class ItemRunner : public ItemTiles<ItemRunner> {
 
 }  // namespace
 
-bool supported() {
-  return cpu_has_avx512() && runtime::cpu_has("avx512bf16") && runtime::cpu_has("amx_bf16") &&
-         amx::tile_state_granted();
-}
-
 void prompt_attention(const AttnArgs& a) {
   run_items<ItemRunner, Scratch>(a, kMinParallelWork);
 }
@@ -231,13 +221,4 @@ void prompt_attention(const AttnArgs& a) {
 }  // namespace paged::cpu::attn::isa_amx_bf16
 
 #pragma GCC diagnostic pop
-#pragma GCC pop_options
-
-#else  // !PAGED_HAVE_AMX: nothing offered
-
-namespace paged::cpu::attn::isa_amx_bf16 {
-bool supported() { return false; }
-void prompt_attention(const AttnArgs&) {}
-}  // namespace paged::cpu::attn::isa_amx_bf16
-
-#endif
+PAGED_TARGET_END()

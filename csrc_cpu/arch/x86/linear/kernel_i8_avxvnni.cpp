@@ -12,10 +12,10 @@
 #include <cstring>
 #include <utility>
 
+#include "arch/target.h"
 #include "linear/int8.h"
 
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avxvnni")
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avxvnni")
 
 namespace paged::cpu::linear::isa_avxvnni {
 namespace {
@@ -45,8 +45,8 @@ struct Dot {
 
 }  // namespace
 
-#include "linear/kernel_i8_ymm.inc"
+#include "arch/x86/linear/kernel_i8_ymm.inc"
 
 }  // namespace paged::cpu::linear::isa_avxvnni
 
-#pragma GCC pop_options
+PAGED_TARGET_END()
