@@ -172,8 +172,8 @@ std::vector<LinearBuild> linear_builds() {
                     isa_avx512::x8_low_term}),
        has_avx512vnni},
 #if defined(PAGED_HAVE_AMX)
-      // listed after avx512, so auto never picks it: no faster than avx512 in
-      // the engine (docs/kernels.md, "AMX"); opt in with PAGED_CPU_ISA=amx or
+      // listed after avx512, so auto never picks it (no faster in the engine:
+      // docs/kernels.md, "AMX"); opt in with PAGED_CPU_ISA=amx or
       // set_linear_isa("amx")
       {"amx", "avx512",
        with_panels({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_amx::int8_rows, isa_avx512::x8_quantize,

@@ -1,5 +1,5 @@
 """Lane-major float32 prompt attention (prefill_attention_lanes,
-csrc_cpu/attention/prompt_lanes_avx512.cpp): what --linear-activations
+csrc_cpu/arch/x86/attention/prompt_lanes_avx512.cpp): what --linear-activations
 mixed runs for prompt rows on AVX-512 CPUs (Zen 4, Xeons without AMX use).
 
 Its definition is the float32 softmax(q * scale . k) . v with its own

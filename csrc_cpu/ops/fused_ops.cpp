@@ -24,10 +24,8 @@ IsaSelector<const RowKernels*>& selector() { return fused_ops_selector(); }
 const RowKernels* active() { return selector().active().kernel; }
 
 // Below this many elements an OpenMP region costs more than it saves; such
-// calls (batch-1 decode) run on the calling thread. A region with the team
-// spinning costs ~1-2 us, a row op ~0.3-1 ns an element: at 1 << 16 a
-// 16-row decode step ran its norms, RoPE and SiLU on one thread while the
-// other spun (~1% of the step on the 2-vCPU Zen 4, in-process A/B).
+// calls (batch-1 decode) run on the calling thread. Not much higher: a
+// 16-row decode step's norms, RoPE and SiLU must still split over the team.
 constexpr int64_t kSerialElements = int64_t(1) << 13;
 
 // Runs fn(begin, end) over contiguous row ranges, one per thread. Each row is

@@ -3,7 +3,7 @@
 // whose kernel does not save ZMM state, or has not granted AMX tile state,
 // cannot use those instructions). aarch64: the kernel's HWCAP words on Linux
 // (getauxval, which is also what qemu-user emulates per -cpu), sysctl's
-// hw.optional.arm.* on macOS. Every kernel family's ISA choice (isa_select.h)
+// hw.optional.arm.* on macOS. Every kernel family's ISA choice (kernel_builds.cpp)
 // and the Python side (dtype choice, `paged env`) ask this detector, so hiding
 // a feature moves the whole process to the older generation's paths.
 #include "runtime/runtime.h"

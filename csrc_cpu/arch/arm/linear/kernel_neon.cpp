@@ -1,7 +1,7 @@
 // Advanced SIMD (NEON) build of both float32-activation paths
 // (quant_linear.h), aarch64 only: the 8 accumulator lanes as two float32x4
 // (lanes 0-3, 4-7), so each output follows the scalar build's order of
-// operations and matches it bit for bit (csrc_cpu/tests/kernel_isa_driver).
+// operations and matches it bit for bit (csrc_cpu/tests/kernel_linear_driver.cpp).
 //  - int16 path (M <= kInt16MaxRows): per block, the codes widened to int16
 //    once and multiplied with every row's hi and lo codes (vmull_s16); the
 //    pairwise adds give lane l the products of elements 2l, 2l+1 (+16).

@@ -41,9 +41,9 @@ constexpr TileConfig full_tiles_config() {
 }
 
 // Loads `want` unless this thread's tiles already run it: one sttilecfg and
-// a compare per call (~9 ns) instead of an ldtilecfg (~90 ns, a tenth of a
-// small call). Another kernel or library on the thread (oneDNN in torch) may
-// have loaded its own since, which the compare sees.
+// a compare per call, much cheaper than an ldtilecfg. Another kernel or
+// library on the thread (oneDNN in torch) may have loaded its own since,
+// which the compare sees.
 PAGED_ALWAYS_INLINE void ensure_config(const TileConfig& want) {
   TileConfig have;
   _tile_storeconfig(&have);

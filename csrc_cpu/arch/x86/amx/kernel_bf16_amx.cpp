@@ -6,11 +6,8 @@
 // rows, made per chunk from the int8 kernels' panel (panel_tiles): the same
 // values either way.
 //
-// Measured on one core of the Emerald Rapids Xeon (3072 x 576 x 256): the
-// unit alone, tiles in registers, ~1150 G MAC/s; this loop with x packed
-// per step (both A tiles in one 2 KB run) and the next step's x prefetched
-// into L1 ~340-360 G MAC/s, without the prefetch ~270, x read from its rows
-// (stride K) ~215: the tile loads from L2 are the bound (docs/kernels.md).
+// The tile loads from L2 are the bound, not the unit: x is packed per step
+// (both A tiles in one 2 KB run) and the next step's x prefetched into L1.
 #include "linear/bf16_prompt.h"
 
 #include <algorithm>

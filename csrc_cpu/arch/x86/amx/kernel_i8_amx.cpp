@@ -15,15 +15,14 @@
 // loads, dot product and store to the thread's buffer are issued before
 // block b's sums are read back and run through the fp32 steps.
 //
-// A tdpbsud over one block does 16 x 16 x 32 multiply-adds in ~7.5 ns on
-// one core (a K of 64 bytes costs the same, but blocks of 32 have their own
-// scales): ~1100 G int8 MACs/s against ~64 per cycle of zmm vpdpbusd. What
-// bounds it are the fp32 steps (4 vector ops per 16 outputs and block for
-// q4_1, 6 with int8x2's fold), which did not overlap with the tile work in
-// any schedule tried: in cache on one core this build runs 1.1-1.5x the
-// VNNI build, in the engine no faster (docs/kernels.md, "AMX"), so it is
-// opt-in. Calls of fewer than kAmxMinRows rows are the VNNI build's (the
-// weight streams there; a tile of few rows wastes the unit).
+// A tdpbsud over one block does 16 x 16 x 32 multiply-adds (a K of 64 bytes
+// costs the same, but blocks of 32 have their own scales), far more than
+// zmm vpdpbusd. What bounds it are the fp32 steps (4 vector ops per 16
+// outputs and block for q4_1, 6 with int8x2's fold), which did not overlap
+// with the tile work in any schedule tried: in the engine it is no faster
+// than the VNNI build (docs/kernels.md, "AMX"), so it is opt-in. Calls of
+// fewer than kAmxMinRows rows are the VNNI build's (the weight streams
+// there; a tile of few rows wastes the unit).
 //
 // Tiles load 16 rows of x codes at a time: the last group of a call reads
 // up to 15 rows past M, which int8.h's kI8PadRows makes every caller

@@ -29,12 +29,11 @@ namespace paged::cpu::linear::isa_avx2 {
 namespace tiles {
 
 // Direct passes: all M <= kDirectMaxRows x rows by kDirectOutputs / M weight
-// rows, so the accumulators stay within the 16 ymm (4 x 4 spilled: ~1.8x slower).
+// rows, so the accumulators stay within the 16 ymm (a 4 x 4 tile spills).
 constexpr int kDirectOutputs = 8;
 
 // Packed rows stream from DRAM at M = 1 (the model's weights do not fit in
-// L3); asking for the bytes this far ahead keeps more misses in flight (1 thread,
-// whole model at M = 1: ~15 ms without, 10-14 ms with 1.5-6 KB; noisy host).
+// L3); asking for the bytes this far ahead keeps more misses in flight.
 constexpr int64_t kPrefetchBytes = 3072;
 inline void prefetch_ahead(const uint8_t* p) {
   // As an integer: the address may lie past the weight (a prefetch never faults).

@@ -9,40 +9,30 @@
 // and/shift for the nibbles, or + 128 for q8 codes); d (and m) likewise.
 // A work item is 32 weight rows (kI8ChunkRows), 2 columns of 16, and:
 //  - calls of <= kDirectRows rows feed the transposed codes straight from
-//    registers to vpdpbusd (M = 1 is bound by streaming the weight; storing
-//    and reloading a panel cost 1.7x: 103 vs 59 us for 3072 x 576 cached);
+//    registers to vpdpbusd (few rows are bound by streaming the weight,
+//    where storing and reloading a panel costs more than it saves);
 //  - more rows widen the item's codes once into the thread's panel,
 //    [block][step of 4 codes][column][row][4] bytes, which register tiles of
 //    R x rows x 32 weight rows then sweep (each weight vector serves R rows,
 //    each x broadcast 2 columns): per block and 4-row tile 64 vpdpbusd (128
 //    for int8x2), then per output vector a convert, a multiply and an fma
-//    (two for q4_1), ~25% of the time at M=256 (measured by leaving them
-//    out). Those fp32 steps and vpdpbusd share Zen 4's two multiply pipes,
-//    which bounds the tile at ~73% (int8) / ~84% (int8x2) of one vpdpbusd
-//    per cycle; measured ~0.63 / ~0.70 per cycle (1 thread, in cache, M=256,
-//    3.7 GHz assumed). Passes over 16 blocks of K at a time were slower.
+//    (two for q4_1). Those fp32 steps share the multiply pipes with
+//    vpdpbusd, which bounds the tile below one vpdpbusd per cycle.
 // While an item's rows are read, the same lines two items on (the thread's,
 // under the static schedule) are prefetched into L2: at decode the weight
-// streams from DRAM (1 thread, 30 rotating 3072 x 576, M=1: 362 us without,
-// 108 us with).
+// streams from DRAM.
 // Persistent panels (LinearArgs::panels, weight_panels.h) hold each item's
 // panel built once by the same code (build_panel_chunk), so no call
 // transposes: q8_0's as bytes, which the tiles read in place at every M
-// (its panel is as large as its packed weight; LM head 49152 x 576 at M = 1
-// 672 -> 407 us); 4-bit ones as the transposed nibble dwords
-// (kNibbleBlockBytes a block: as many bytes as the packed codes), read in
-// place by both paths in one sequential stream: calls of <= kDirectRows
-// rows by nibble_column, larger ones by tiles that split each nibble load
-// into two steps' codes (an and and a shift, which run beside vpdpbusd on
-// Zen 4's other vector pipes). Against a panel of one byte per code
-// (2026-12-03, 2 threads, the default model's 30 layers of random weights
-// rotated, best of two to four alternating rounds, ms): int8x2 M=1 8.0 ->
-// 5.5, M=2 7.3 -> 6.1, M=4 9.6 -> 8.4, M=16 15.2 -> 14.7, M=48 36.5 ->
-// 35.7; int8 M=16 11.0 -> 9.2, M=64 29.9 -> 27.3, M=256 105 -> 96.8 (half
-// the bytes through L1 and L2; widening the nibbles to bytes per item
-// instead cost ~5% at M=16). 0.75 instead of 1.25 bytes per 4-bit weight:
-// 157 -> 106 MiB of panels for the default model. The AMX builds, whose
-// tiles load bytes, get a 4-bit item widened once (widen_nibbles).
+// (its panel is as large as its packed weight); 4-bit ones as the
+// transposed nibble dwords (kNibbleBlockBytes a block: as many bytes as the
+// packed codes), read in place by both paths in one sequential stream:
+// calls of <= kDirectRows rows by nibble_column, larger ones by tiles that
+// split each nibble load into two steps' codes (an and and a shift, which
+// run beside vpdpbusd on the other vector pipes). Half the bytes of a panel
+// of one byte per code go through L1 and L2 (0.75 instead of 1.25 bytes per
+// 4-bit weight). The AMX builds, whose tiles load bytes, get a 4-bit item
+// widened once (widen_nibbles).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -65,15 +55,12 @@ PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
 namespace paged::cpu::linear::isa_avx512 {
 namespace {
 
-// x rows per register tile: 6 one-term (int8) rows (1-4% faster than 4 at
-// M = 16-256, same rounds as below) and 4 two-term (int8x2) ones, whose
-// tile holds twice the int32 sums
+// x rows per register tile: 6 one-term (int8) rows (a little faster than 4)
+// and 4 two-term (int8x2) ones, whose tile holds twice the int32 sums
 constexpr int kTileRows1 = 6, kTileRows2 = 4;
-// Calls of up to this many rows skip the panel of codes (1 thread, q4_1
-// 3072 x 576, 30 weights: M=8 202 vs 262 us; M=12 386 vs 317 us the other
-// way); with persistent 4-bit panels they take nibble_column (2 threads,
-// the default model's 30 layers, int8x2, against tiles over widened codes:
-// M=6 7.01 vs 8.41 ms, M=8 9.12 vs 9.72 ms).
+// Calls of up to this many rows skip the panel of codes (below it, building
+// the panel costs more than it saves); with persistent 4-bit panels they
+// take nibble_column, faster there than tiles over widened codes.
 constexpr int kDirectRows = 8;
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -103,8 +90,7 @@ PAGED_ALWAYS_INLINE void transpose16(__m512i v[16]) {
 
 // Prefetches into L2 the line `ahead` bytes past p, computed as an integer:
 // the address may lie past the weight (a prefetch never faults). Into L1 the
-// prefetches held up the loads (1 thread, 30 rotating 3072 x 576, M=1: 151 us
-// to L1, 108 us to L2, 2 items ahead; M=16 353 vs 288 us).
+// prefetches held up the loads.
 PAGED_ALWAYS_INLINE void prefetch_ahead(const void* p, int64_t ahead) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead)), _MM_HINT_T1);
 }
@@ -227,9 +213,7 @@ PAGED_ALWAYS_INLINE __m512i fold(__m512i hi, __m512i lo) { return _mm512_add_epi
 // low codes' sums in). Both terms run in one pass over the block's 8 steps,
 // each weight vector loaded once for both: 2 weight vectors live instead of
 // the block's 16, which with the accumulators had spilled the fp32 sums to
-// the stack (1 thread, q4_1 3072 x 576 in cache, int8x2: M=16 342 -> 325 us,
-// 6144 x 576 q8_0 M=16 713 -> 647 us, best of three alternating rounds);
-// the sums are the same integers in any order.
+// the stack; the sums are the same integers in any order.
 template <QType T, int R, bool Two, bool Nib>
 PAGED_ALWAYS_INLINE void tile_sums(const uint8_t* w, const LinearArgs& a, int64_t r0, int64_t b,
                                    __m512i isum[R][kCols]) {
@@ -470,9 +454,7 @@ void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes
 
 // Without persistent panels: chunk [n0, n1)'s 4-bit panel built per call in
 // the persistent layout (nibbles: half the stores, and the tiles read half
-// the bytes) instead of as bytes (the default model's 30 layers rotated, 2
-// threads, int8, best of three alternating rounds: M=16 12.2 -> 11.7 ms,
-// M=64 32.3 -> 29.3, M=256 125.5 -> 111.6).
+// the bytes) instead of as bytes.
 template <QType T>
 PanelView scratch_nibble_panel(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
@@ -541,8 +523,8 @@ void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, i
 // int8x2's low term, the scalar definition (kernel_i8_scalar.cpp) in vector
 // lanes: the same exact IEEE steps (multiply and subtract with an explicit
 // rounding mode, so the compiler cannot fuse them into an fma; division,
-// clamp, round half to even), so bitwise equal. Was the plain C++ one at
-// ~3% of a 16-stream serving run.
+// clamp, round half to even), so bitwise equal, and vectorized: the plain
+// C++ one showed in serving profiles.
 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
                  int32_t* lo_corr, float* xs) {
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;

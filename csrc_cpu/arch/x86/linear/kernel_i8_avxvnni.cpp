@@ -1,10 +1,9 @@
 // AVX-VNNI build of the int8 path (int8.h; shared body and layout in
 // kernel_i8_ymm.inc): a block's exact int32 sums for 8 weight rows per vector
 // from VEX vpdpbusd (unsigned codes, q8 codes + 128, times signed x codes;
-// the accumulator starts at int8.h's corr). Compiled everywhere, selected
-// where CPUID reports AVX-VNNI but not AVX512_VNNI (Alder Lake and later,
-// Zen 5, or an AVX-512 Xeon with PAGED_CPU_HIDE=avx512vnni); tested natively
-// on an Emerald Rapids Xeon, which has both.
+// the accumulator starts at int8.h's corr). Selected where CPUID reports
+// AVX-VNNI but not AVX512_VNNI (Alder Lake and later, Zen 5, or an AVX-512
+// CPU with PAGED_CPU_HIDE=avx512vnni).
 #include <immintrin.h>
 
 #include <algorithm>
