@@ -132,3 +132,79 @@ def test_env_shows_the_builds_next_to_the_flags():
         # where the CPU has it, comes before avx512f)
         hidden = [line.split()[1:] for line in out.stdout.splitlines() if line.split()[:1] == ["hidden"]]
         assert "avx512f-" in out.stdout and hidden and "avx512f" in hidden[0], out.stdout
+
+
+# -- the kernel build table (csrc_cpu/kernel_builds.cpp) ------------------------------
+SELECTABLE = {"attention": ("attention_isa", "supported_attention_isas"),
+              "linear": ("linear_isa", "supported_linear_isas"),
+              "fused_ops": ("fused_ops_isa", "supported_fused_ops_isas")}
+#: families that run the first build the CPU allows -> the entry point saying whether one runs
+FOLLOWING = {"lanes_prompt_attention": "lanes_prompt_attention_supported",
+             "bf16_prompt_attention": "bf16_prompt_attention_supported",
+             "bf16_prompt_rows": "bf16_prompt_supported", "f16_cache_row": None}
+
+
+def test_table_lists_every_family_with_levels_of_this_architecture():
+    table, levels = _C_cpu.kernel_builds(), _C_cpu.kernel_levels()
+    assert set(table) == set(SELECTABLE) | set(FOLLOWING)
+    assert tuple(level["name"] for level in levels) == cpu_isa.LEVELS
+    runs = [level["runs"] for level in levels]
+    assert runs == sorted(runs) and runs[-1], runs  # a CPU of a level runs every lower one
+    for family, entry in table.items():
+        assert entry["selectable"] == (family in SELECTABLE), family
+        for b in entry["builds"]:
+            assert b["level"] in cpu_isa.LEVELS, (family, b)
+            assert not b["active"] or b["runs"], (family, b)
+        assert sum(b["active"] for b in entry["builds"]) <= 1, (family, entry)
+
+
+def test_table_agrees_with_the_selectors_and_entry_points():
+    table = _C_cpu.kernel_builds()
+    for family, (current, supported) in SELECTABLE.items():
+        builds = table[family]["builds"]
+        assert builds[-1]["name"] == "scalar" and builds[-1]["runs"]
+        assert [b["name"] for b in builds if b["runs"]] == getattr(_C_cpu, supported)()
+        assert [b["name"] for b in builds if b["active"]] == [getattr(_C_cpu, current)()]
+    for family, supported in FOLLOWING.items():
+        active = any(b["active"] for b in table[family]["builds"])
+        if supported:
+            assert active == bool(getattr(_C_cpu, supported)()), family
+        else:
+            assert active, family  # the float16 cache write has a scalar build
+
+
+def test_lanes_prompt_attention_follows_the_attention_level():
+    """Active only while attention runs a build of its level: a forced lower
+    attention build keeps the float32 prompt kernel."""
+    lanes = lambda: [b for b in _C_cpu.kernel_builds()["lanes_prompt_attention"]["builds"] if b["active"]]  # noqa: E731
+    for level in cpu_isa.supported_levels():
+        with cpu_isa.use_level(level):
+            active = lanes()
+            assert all(cpu_isa.LEVELS.index(b["level"]) >= cpu_isa.LEVELS.index(level) for b in active)
+            assert bool(active) == bool(_C_cpu.lanes_prompt_attention_supported())
+
+
+def test_set_kernel_build_names_the_families_it_takes():
+    with pytest.raises(ValueError, match="family: expected one of attention, linear, fused_ops .*got 'f16_cache_row'"):
+        _C_cpu.set_kernel_build("f16_cache_row", "scalar")
+    with pytest.raises(ValueError, match="attention ISA: expected one of auto"):
+        _C_cpu.set_kernel_build("attention", "avx9000")
+    try:
+        _C_cpu.set_kernel_build("fused_ops", "scalar")
+        assert _C_cpu.fused_ops_isa() == "scalar"
+    finally:
+        _C_cpu.set_kernel_build("fused_ops", "auto")
+
+
+def test_hiding_a_level_shows_in_the_table():
+    """A child at each level: no build above it runs, and the levels it runs start there."""
+    code = "import json; from paged import _C_cpu as C; print(json.dumps([C.kernel_builds(), C.kernel_levels()]))"
+    for level in cpu_isa.supported_levels():
+        out = child(code, cpu_isa.hide_env(level)["PAGED_CPU_HIDE"])
+        assert out.returncode == 0, out.stderr
+        table, levels = json.loads(out.stdout)
+        assert [entry["name"] for entry in levels if entry["runs"]][0] == level
+        cap = cpu_isa.LEVELS.index(level)
+        for family, entry in table.items():
+            for b in entry["builds"]:
+                assert not b["runs"] or cpu_isa.LEVELS.index(b["level"]) >= cap, (level, family, b)

@@ -1,5 +1,6 @@
 """The C++ kernel drivers (csrc_cpu/tests/kernel_*_driver.cpp): every SIMD
-build this CPU runs against the scalar build on random inputs, the
+build of the kernel table (csrc_cpu/kernel_builds.cpp) this CPU runs
+against the scalar build on random inputs, the
 quantized linear bit for bit, attention within the drivers' stated
 tolerance. Oracle: the scalar build, plain C++ written from the contracts in
 docs/kernels.md.
@@ -42,3 +43,6 @@ def test_driver_passes_without_openmp(no_openmp_build, driver):
     if driver.startswith("kernel_"):
         family = driver.split("_")[1]
         assert f"{family}: auto picks" in out, out
+    if driver == "kernel_attention_driver":  # the prompt-row families of the table, each run or said not to
+        for prompt_family in ("bf16_prompt_attention", "lanes_prompt_attention"):
+            assert f"\n{prompt_family} " in out or f"\n{prompt_family}: " in out, out
