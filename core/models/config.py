@@ -1,4 +1,15 @@
-"""ModelConfig: the architecture facts a model and its loaders agree on."""
+"""ModelConfig: the sizes, tokens and decoder description a model and its
+loaders agree on.
+
+The decoder itself is data (``decoder``: core/models/spec.py DecoderSpec),
+built by the loaders' family mappings (core/models/families/). A config
+made by hand with the flat Llama-family fields (``rms_norm_eps``,
+``rope_theta``, ``rope_scaling``, ``qkv_bias``, ``sliding_window``,
+``tie_word_embeddings``) and no ``decoder`` describes the Llama layer with
+those options; with a ``decoder`` the flat fields are summaries of it (the
+final norm's eps, the first layer's RoPE, the widest window), kept for the
+code that reads one value.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +18,11 @@ from typing import Any
 
 import torch
 
-#: architectures the Llama-family torch module implements (HF ``architectures``
-#: names and GGUF ``general.architecture`` names both map to one of these)
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "mistral")
+from paged.core.models.spec import DecoderSpec, llama_like
+
+#: the families paged implements (HF ``architectures`` names and GGUF
+#: ``general.architecture`` names map to one of these: core/models/families/)
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
 
 
 @dataclass
@@ -34,6 +47,8 @@ class ModelConfig:
     #: every token id that ends generation (eos_token_id first); HF
     #: generation_config may list several
     stop_token_ids: list[int] = field(default_factory=list)
+    #: the decoder as data; None: the Llama layer with the flat fields above
+    decoder: DecoderSpec | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -49,6 +64,25 @@ class ModelConfig:
                              f"num_kv_heads ({self.num_kv_heads})")
         if self.eos_token_id is not None and self.eos_token_id not in self.stop_token_ids:
             self.stop_token_ids = [self.eos_token_id, *self.stop_token_ids]
+        d = self.decoder
+        if d is not None:
+            if d.num_layers != self.num_layers:
+                raise ValueError(f"ModelConfig.decoder: expected {self.num_layers} layers, got {d.num_layers}")
+            first = d.layers[0].attention
+            self.rms_norm_eps = d.final_norm.eps
+            self.rope_theta, self.rope_scaling = first.rope.theta, first.rope.scaling
+            self.tie_word_embeddings = d.tie_word_embeddings
+            self.qkv_bias = any(layer.attention.qkv_bias for layer in d.layers)
+            self.sliding_window = d.widest_window() or None
+
+    @property
+    def spec(self) -> DecoderSpec:
+        """The decoder description (``decoder``, or the Llama layer from the flat fields)."""
+        if self.decoder is not None:
+            return self.decoder
+        return llama_like(self.num_layers, eps=self.rms_norm_eps, theta=self.rope_theta, scaling=self.rope_scaling,
+                          qkv_bias=self.qkv_bias, sliding_window=self.sliding_window or 0,
+                          tie_word_embeddings=self.tie_word_embeddings)
 
 
 # -- dtype resolution -------------------------------------------------------

@@ -1,31 +1,55 @@
-"""Building blocks shared by the Llama-family models: the matmul dispatch,
-rotary embedding tables and the elementwise ops of a layer as torch ops (any
-device). A platform's Worker may hand the model faster ops with the same
-interface (``TorchLayerOps``), e.g. backends/cpu/layer_ops.py; the model
-never asks which device it is on."""
+"""Building blocks shared by every decoder family: the matmul dispatch and
+the roles of matrices, rotary embedding tables and the elementwise ops of a
+layer as torch ops (any device). A platform's Worker may hand the model
+faster ops with the same interface (``TorchLayerOps``), e.g.
+backends/cpu/layer_ops.py; the model never asks which device it is on."""
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from paged.core.models.spec import RopeSpec, rope_kind
+
+#: what a matrix does in the model (``MatrixRole.kind``)
+MATRIX_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head", "embed")
+
+
+@dataclass(frozen=True)
+class MatrixRole:
+    """What one weight matrix is, handed to the platform's packed-weight
+    factory when it is made (a factory with ``takes_role = True``), so a
+    platform's precision plan can choose its arithmetic once, at
+    construction: ``kind`` one of MATRIX_KINDS (``qkv``: the K/V projection,
+    whose outputs the cache keeps), ``layer`` its decoder layer (None for
+    the LM head and the embedding) of ``num_layers``."""
+
+    kind: str
+    layer: int | None = None
+    num_layers: int = 0
+
+    @property
+    def kv_projection(self) -> bool:
+        return self.kind == "qkv"
+
 
 def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
-           first_prompt_row: int | None = None, kv_projection: bool = False) -> torch.Tensor:
+           first_prompt_row: int | None = None) -> torch.Tensor:
     """x @ weight.T + bias. ``weight`` is a dense tensor, or a packed
     (quantized) weight object that brings its own ``linear(x, bias)``.
-    ``first_prompt_row`` (rows from there on are prompt rows) goes to packed
-    weights that take it, which may compute those rows more cheaply (the CPU's
-    "mixed" activations), with ``kv_projection`` (the outputs are the K/V the
-    cache keeps, read by every later token); None says nothing about the rows."""
+    ``first_prompt_row`` is a fact about the rows (from there on they are
+    prompt rows, whose next token is known; AttentionMetadata's), handed to
+    packed weights, whose arithmetic for such rows their platform chose when
+    it made them; None says nothing about the rows."""
     if isinstance(weight, torch.Tensor):
         return F.linear(x, weight, bias)
     if first_prompt_row is None:
         return weight.linear(x, bias)
-    return weight.linear(x, bias, first_prompt_row=first_prompt_row, kv_projection=kv_projection)
+    return weight.linear(x, bias, first_prompt_row=first_prompt_row)
 
 
 def embedding_rows(ids: torch.Tensor, table) -> torch.Tensor:
@@ -38,14 +62,22 @@ def embedding_rows(ids: torch.Tensor, table) -> torch.Tensor:
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
                   freq_factors: torch.Tensor | None = None) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2] (float32), with the model's rope scaling.
+    """Inverse frequencies [head_dim // 2] (float32), with the model's rope
+    scaling (``head_dim``: the rotary dimension, all of the head or part of it).
 
-    Supported ``rope_type``: default/None, linear, llama3 (HF parameters) and
+    Supported ``rope_type``: default/None, linear, llama3 (HF parameters),
     freq_factors (llama.cpp's precomputed ``rope_freqs`` tensor, which encodes
-    llama3 scaling in GGUF files).
+    llama3 scaling in GGUF files) and longrope (Phi-3's per-frequency
+    factors; ``longrope_factors`` says which set).
     """
+    kind = rope_kind(scaling)
+    if kind == "longrope":  # HF: 1 / (factor * base ** (2i / d)), in this order
+        shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        factors = torch.tensor(longrope_factors(scaling), dtype=torch.float32)
+        if factors.numel() != shape.numel():
+            raise ValueError(f"longrope factors: expected {shape.numel()} values, got {factors.numel()}")
+        return 1.0 / (factors * theta ** shape)
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind in (None, "default"):
         return inv_freq
     if kind == "linear":
@@ -57,7 +89,35 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None,
         return inv_freq / freq_factors.float().reshape(-1)
     if kind == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3, longrope)")
+
+
+def longrope_factors(scaling: dict) -> list[float]:
+    """The factor set a LongRoPE model rotates every position with: the
+    short factors (HF's below original_max_position_embeddings), or the
+    long ones when ``PAGED_LONGROPE=long``. HF switches a whole sequence to
+    the long set once it grows past the original length, which rotates
+    every earlier key anew; a KV cache keeps keys rotated once, so paged
+    keeps one set for all positions (docs/models.md, "LongRoPE")."""
+    import os
+
+    which = os.environ.get("PAGED_LONGROPE", "short")
+    if which not in ("short", "long"):
+        raise ValueError(f"PAGED_LONGROPE: expected 'short' or 'long', got {which!r}")
+    return [float(f) for f in scaling[f"{which}_factor"]]
+
+
+def rope_attention_factor(scaling: dict | None, max_positions: int) -> float:
+    """What cos and sin are multiplied by: LongRoPE's attention factor
+    (HF's default sqrt(1 + ln(s) / ln(original)) for s = max positions /
+    original, or the checkpoint's own), 1 otherwise."""
+    if rope_kind(scaling) != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or max_positions / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
@@ -77,48 +137,80 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 
 class RotaryTable:
     """Rotary tables over [max_positions] computed once, on first use, in the
-    form the chosen ops need (``TorchLayerOps`` or a platform's):
+    form the chosen ops need (``TorchLayerOps`` or a platform's). The first
+    ``rotary_dim`` dimensions of each head rotate (default: all of
+    ``head_dim``; Phi-4-mini rotates 3/4), the rest pass through:
 
-    - ``cos`` / ``sin`` [max_positions, head_dim] in the model dtype for the
-      torch path. Half rotation (HF Llama / neox): out = x * cos + cat(x2, x1)
-      * sin_signed, where sin_signed = cat(-sin, sin), so one step costs a cat
-      and an addcmul.
-    - ``cos_sin_cache`` float32 [max_positions, head_dim] = cat(cos, sin) of
-      the half angles, for fused kernels (the CPU's).
+    - ``cos`` / ``sin`` [max_positions, rotary_dim] in the model dtype for
+      the torch path. Half rotation (HF Llama / neox): out = x * cos +
+      cat(x2, x1) * sin_signed, where sin_signed = cat(-sin, sin), so one
+      step costs a cat and an addcmul.
+    - ``cos_sin_cache`` float32 [max_positions, rotary_dim] = cat(cos, sin)
+      of the half angles, for fused kernels (the CPU's, which rotate whole
+      heads: ``partial`` models run torch's rotation).
+
+    LongRoPE's attention factor multiplies cos and sin in both forms, as HF does.
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None,
-                 dtype: torch.dtype, device: torch.device, freq_factors: torch.Tensor | None = None):
-        self.inv_freq = rope_inv_freq(head_dim, theta, scaling, freq_factors)
+                 dtype: torch.dtype, device: torch.device, freq_factors: torch.Tensor | None = None,
+                 rotary_dim: int | None = None):
+        self.head_dim = head_dim
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if not 0 < self.rotary_dim <= head_dim or self.rotary_dim % 2:
+            raise ValueError(f"rotary_dim: expected an even number in (0, head_dim = {head_dim}], "
+                             f"got {self.rotary_dim}")
+        self.inv_freq = rope_inv_freq(self.rotary_dim, theta, scaling, freq_factors)
+        self.attention_factor = rope_attention_factor(scaling, max_positions)
         self.dtype, self.device = dtype, device
-        self.half = head_dim // 2
+        self.half = self.rotary_dim // 2
         self.max_positions = max_positions
+
+    @classmethod
+    def for_spec(cls, rope: RopeSpec, head_dim: int, max_positions: int, dtype: torch.dtype,
+                 device: torch.device, freq_factors: torch.Tensor | None = None) -> "RotaryTable":
+        return cls(head_dim, max_positions, rope.theta, rope.scaling, dtype, device, freq_factors,
+                   rope.dim(head_dim))
+
+    @property
+    def partial(self) -> bool:
+        return self.rotary_dim != self.head_dim
 
     def _angles(self) -> torch.Tensor:
         return torch.outer(torch.arange(self.max_positions, dtype=torch.float32), self.inv_freq)
 
+    def _scaled(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.attention_factor == 1.0 else t * self.attention_factor
+
     @functools.cached_property
     def cos(self) -> torch.Tensor:
-        cos = self._angles().cos()
+        cos = self._scaled(self._angles().cos())
         return torch.cat((cos, cos), dim=-1).to(device=self.device, dtype=self.dtype).contiguous()
 
     @functools.cached_property
     def sin(self) -> torch.Tensor:
-        sin = self._angles().sin()
+        sin = self._scaled(self._angles().sin())
         return torch.cat((-sin, sin), dim=-1).to(device=self.device, dtype=self.dtype).contiguous()
 
     @functools.cached_property
     def cos_sin_cache(self) -> torch.Tensor:
         angles = self._angles()
-        return torch.cat((angles.cos(), angles.sin()), dim=-1).to(self.device).contiguous()
+        return torch.cat((self._scaled(angles.cos()), self._scaled(angles.sin())), dim=-1).to(self.device).contiguous()
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin rows for ``positions`` shaped [T, 1, D] to broadcast over heads."""
+        """cos, sin rows for ``positions`` shaped [T, 1, rotary_dim] to broadcast over heads."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, N, D] -> rotated copy."""
+        """x [T, N, D] -> rotated copy (the first rotary_dim of each head)."""
         h = self.half
+        if self.partial:
+            r = self.rotary_dim
+            return torch.cat((self.apply_full(x[..., :r], cos, sin, h), x[..., r:]), dim=-1)
+        return self.apply_full(x, cos, sin, h)
+
+    @staticmethod
+    def apply_full(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, h: int) -> torch.Tensor:
         rotated = torch.cat((x[..., h:], x[..., :h]), dim=-1)
         return torch.addcmul(x * cos, rotated, sin)
 
@@ -167,6 +259,38 @@ class TorchLayerOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GELU with the tanh approximation (HF's gelu_pytorch_tanh) of the
+        gate times up (Gemma's MLP)."""
+        inter = gate_up.shape[-1] // 2
+        return F.gelu(gate_up[:, :inter], approximate="tanh") * gate_up[:, inter:]
+
+    def activation(self, x: torch.Tensor, kind: str) -> torch.Tensor:
+        """An ungated MLP's activation ("silu" or "gelu_tanh")."""
+        return F.silu(x) if kind == "silu" else F.gelu(x, approximate="tanh")
+
+    def layer_norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   eps: float) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+    def add_layer_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (layer_norm(x + residual), x + residual)."""
+        residual = x + residual
+        return self.layer_norm(residual, weight, bias, eps), residual
+
+    def qk_norm(self, qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, num_heads: int,
+                num_kv_heads: int, head_dim: int, eps: float) -> torch.Tensor:
+        """RMSNorm of every Q and K head (weights [head_dim]) of fused qkv
+        rows [T, (H + 2 Hkv) * D], before the rotation (Qwen3, Gemma 3);
+        V is untouched. Returns the rows (normed in place)."""
+        t, qd, kd = qkv.shape[0], num_heads * head_dim, num_kv_heads * head_dim
+        q = qkv[:, :qd].view(t, num_heads, head_dim)
+        k = qkv[:, qd:qd + kd].view(t, num_kv_heads, head_dim)
+        qkv[:, :qd] = F.rms_norm(q, (head_dim,), q_weight, eps).view(t, qd)
+        qkv[:, qd:qd + kd] = F.rms_norm(k, (head_dim,), k_weight, eps).view(t, kd)
+        return qkv
 
     def rope_inputs(self, rope: RotaryTable, positions: torch.Tensor):
         """Per-step rotary inputs, shared by every layer."""

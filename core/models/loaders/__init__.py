@@ -60,7 +60,7 @@ def load_model_files(path: str | Path, dtype: torch.dtype = torch.float32, *,
 
 def check_weights(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
     """Every tensor the model needs is present with the right shape."""
-    from paged.core.models.llama import expected_weight_shapes
+    from paged.core.models.decoder import expected_weight_shapes
 
     for name, shape in expected_weight_shapes(config).items():
         if name not in weights:
