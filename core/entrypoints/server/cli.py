@@ -93,6 +93,10 @@ def _uvicorn_log_level(level: str) -> str:
 def _served_name(args, engine) -> str:
     if args.served_model_name:
         return args.served_model_name
+    from paged.core.models.hub import RepoSpec
+
+    if args.model and not os.path.exists(args.model) and RepoSpec.parse(args.model):
+        return args.model  # a Hub name is served as given, as vLLM does (org/name, org/name:QUANT)
     path = engine.model_path
     if path:
         base = os.path.basename(os.path.normpath(path))
