@@ -7,6 +7,7 @@
 #include "attention/prompt_bf16.h"
 #include "attention/prompt_lanes.h"
 #include "linear/int8.h"
+#include "linear/s16.h"
 #include "runtime/runtime.h"
 
 #if defined(PAGED_ISA_X86)
@@ -157,12 +158,17 @@ std::vector<AttentionBuild> attention_builds() {
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
 #if defined(PAGED_ISA_X86)
+  // every x86 build past scalar runs the s16 layout on its AVX2 kernel (s16.h)
+  const auto with_s16 = [](Kernels k) {
+    k.s16_rows = isa_avx2::s16_rows;
+    return k;
+  };
   // avx512's persistent weight panels (weight_panels.h), which amx reads as they lie
-  const auto with_panels = [](Kernels k) {
+  const auto with_panels = [&](Kernels k) {
     k.panel_layout = "avx512";
     k.panel_chunk_bytes = isa_avx512::panel_chunk_bytes;
     k.build_panel_chunk = isa_avx512::build_panel_chunk;
-    return k;
+    return with_s16(k);
   };
 #endif
   return {
@@ -183,12 +189,12 @@ std::vector<LinearBuild> linear_builds() {
       // AVX-VNNI without AVX-512 (Alder Lake, Zen 5): newer than the avx2
       // level, which hides it, so of the top level
       {"avxvnni", "avx512",
-       {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize,
-        isa_scalar::x8_low_term},
+       with_s16({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avxvnni::int8_rows, isa_avx2::x8_quantize,
+                 isa_scalar::x8_low_term}),
        has_avxvnni},
       {"avx2", "avx2",
-       {isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize,
-        isa_scalar::x8_low_term},
+       with_s16({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows, isa_avx2::x8_quantize,
+                 isa_scalar::x8_low_term}),
        has_avx2},
 #elif defined(PAGED_ISA_ARM64)
       {"i8mm", "i8mm",

@@ -94,6 +94,9 @@ class LayerStack:
                 return None
         if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
             return None
+        s16 = any(w.qtype == "s16" for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+        if s16 and activations & {"float32", "mixed-bf16"}:  # s16 runs those as a dense GEMM / two terms in Python
+            return None
         native = _C_cpu.LayerStack(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size,
                                    spec.intermediate_size, spec.rms_norm_eps, backend.scale, backend.sliding_window,
                                    dl(spec.final_norm), activations.pop())

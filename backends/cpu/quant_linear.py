@@ -194,12 +194,14 @@ class CpuPackedLinear:
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         rows = x2.shape[0]
-        if self.activations == "float32" and 0 < DENSE_ROWS <= rows:
-            out = F.linear(x2, self._dequantized(), bias)
+        if self.activations == "float32" and (0 < DENSE_ROWS <= rows or self.qtype == "s16"):
+            out = F.linear(x2, self._dequantized(), bias)  # s16 has no float32-activation kernel
         else:
             out = torch.empty((rows, self.out_features), dtype=torch.float32)
             split = -1 if first_prompt_row is None else min(first_prompt_row, rows)
-            if self.activations == "mixed-bf16":  # prompt rows in bfloat16, QKV's too
+            if self.activations == "mixed-bf16" and self.qtype == "s16":  # no bfloat16 tiles: two terms
+                self._packed(x2, out, "int8x2", -1)
+            elif self.activations == "mixed-bf16":  # prompt rows in bfloat16, QKV's too
                 self._packed(x2, out, "int8x2", split, "bf16")
             elif self.activations == "mixed":  # two_term_rows 0: every row on one term, as "int8"
                 self._packed(x2, out, "int8x2", 0 if self.one_term and not kv_projection else -1)
@@ -261,7 +263,8 @@ def plan_weight_panels(linears) -> int:
     Returns the panel bytes (0 when off or the build has none)."""
     from paged import _C_cpu
 
-    mats = [w for w in linears if isinstance(w, CpuPackedLinear) and w.activations != "float32"]
+    mats = [w for w in linears
+            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS]
     if not mats:
         return 0
     setting, packed = panels_setting(), sum(w.nbytes for w in mats)

@@ -17,7 +17,8 @@ void register_linear(nb::module_& m) {
   m.def("quant_linear", &l::quant_linear, "x"_a, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "activations"_a = "float32", "two_term_rows"_a = -1, "panels"_a.none() = nb::none(),
         "prompt_rows"_a = "int8",
-        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks. activations='float32': "
+        "out[M, N] = x[M, K] @ W^T, W [N, K] packed as GGUF q4_0 / q4_1 / q8_0 blocks or s16 (int8 codes, a scale and "
+        "optional offset per 16 weights; int8 paths only). activations='float32': "
         "calls of M <= 2 rows quantize x to two-term int16 per 32-block, more rows compute in fp32; "
         "activations='int8': x quantized to int8 per 32-block, integer dot products, bitwise the same for a "
         "row whatever the call; 'int8x2': a second int8 term (the residual), for rows [0, two_term_rows) only "

@@ -16,6 +16,7 @@
 #include "attention/tensor_args.h"
 #include "linear/bf16_prompt.h"
 #include "linear/int8.h"
+#include "linear/s16.h"
 #include "linear/weight_panels.h"
 
 namespace nb = nanobind;
@@ -31,7 +32,8 @@ QType parse_qtype(const std::string& s) {
   if (s == "q4_0") return QType::Q4_0;
   if (s == "q4_1") return QType::Q4_1;
   if (s == "q8_0") return QType::Q8_0;
-  fail("qtype", "'q4_0', 'q4_1' or 'q8_0'", "'" + s + "'");
+  if (s == "s16") return QType::S16;
+  fail("qtype", "'q4_0', 'q4_1', 'q8_0' or 's16'", "'" + s + "'");
 }
 
 attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) { return tensor_of(name, a, want, 2); }
@@ -67,25 +69,27 @@ attn::TensorArg tensor_of(const char* name, const Array& a, nb::dlpack::dtype wa
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m) {
   a.qtype = parse_qtype(qtype);
-  const bool q8 = a.qtype == QType::Q8_0;
-  const attn::TensorArg tq = matrix("qs", qs, q8 ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+  const bool bytes = a.qtype == QType::Q8_0 || a.qtype == QType::S16;  // one int8 code per weight
+  const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
   a.N = tq.dim(0);
-  a.K = q8 ? tq.dim(1) : 2 * tq.dim(1);
+  a.K = bytes ? tq.dim(1) : 2 * tq.dim(1);
   if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0)
     fail("qs",
          std::string("N >= 1 rows and K a positive multiple of 32") +
-             (q8 ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"),
+             (bytes ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"),
          "shape " + tq.shape_str() + ", K = " + std::to_string(a.K));
-  const std::string per_block = "one scale per 32 weights of each row";
+  const bool s16 = a.qtype == QType::S16;
+  const int64_t groups = s16 ? a.K / kS16Half : a.blocks();
+  const std::string per_group = s16 ? "one scale per 16 weights of each row" : "one scale per 32 weights of each row";
   const attn::TensorArg td = matrix("d", d, nb::dtype<float>());
-  require_shape(td, a.N, a.blocks(), per_block);
+  require_shape(td, a.N, groups, per_group);
   a.qs = static_cast<const uint8_t*>(tq.data);
   a.d = static_cast<const float*>(td.data);
   a.m = nullptr;
-  if (a.qtype == QType::Q4_1) {
+  if (a.qtype == QType::Q4_1 || (s16 && !absent(m))) {
     if (absent(m)) fail("m", "a tensor for qtype 'q4_1' (w = d * q + m)", m ? "an empty tensor" : "None");
     const attn::TensorArg tm = matrix("m", *m, nb::dtype<float>());
-    require_shape(tm, a.N, a.blocks(), per_block);
+    require_shape(tm, a.N, groups, per_group);
     a.m = static_cast<const float*>(tm.data);
   } else if (!absent(m)) {
     fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
@@ -302,6 +306,15 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
     fail("prompt_rows", "'int8' with activations '" + activations + "' ('bf16' is int8x2's)", "'bf16'");
   if (bf16_rest && !bf16_prompt_supported())
     fail("prompt_rows", "'int8' on this CPU (no AMX-BF16 tiles: bf16_prompt_supported() is False)", "'bf16'");
+  if (a.qtype == QType::S16) {
+    if (act == Activations::Float32)
+      fail("activations", "'int8' or 'int8x2' for qtype 's16' (float32 activations dequantize it: quant_dequantize)",
+           "'float32'");
+    if (bf16_rest) fail("prompt_rows", "'int8' for qtype 's16' (its bfloat16 tiles come from q4/q8 panels)", "'bf16'");
+    if (panels && panels->size()) fail("panels", "None for qtype 's16' (it has no panel layout)", "a tensor");
+    nb::gil_scoped_release no_gil;
+    return s16_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)));
+  }
   if (panels && act != Activations::Float32) a.panels = check_panels(a, *panels);  // float32 ignores them
   nb::gil_scoped_release no_gil;
   if (act != Activations::Float32)
@@ -334,6 +347,7 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   float* w = static_cast<float*>(to.data);
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
+  if (a.qtype == QType::S16) return s16_dequantize(a, w);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and
   // the values stay exactly gguf's.

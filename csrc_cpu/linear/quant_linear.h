@@ -62,7 +62,9 @@ constexpr int64_t kInt16MaxRows = 2;
 constexpr int64_t kDirectMaxRows = 4;
 static_assert(kInt16MaxRows <= kDirectMaxRows, "the int16 kernels only have direct tiles");
 
-enum class QType { Q4_0, Q4_1, Q8_0 };
+// Q4_0 / Q4_1 / Q8_0: GGUF's own blocks (scales widened to float32); S16:
+// int8 codes with a scale (and offset) per 16 weights (s16.h).
+enum class QType { Q4_0, Q4_1, Q8_0, S16 };
 
 // What the kernels multiply the weight codes by: x itself (the float32 paths
 // above), its int8 quantization (int8.h), or two int8 terms (int8.h).
@@ -103,7 +105,7 @@ struct LinearArgs {
   const uint8_t* panels = nullptr;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
-  int64_t row_bytes() const { return qtype == QType::Q8_0 ? K : K / 2; }
+  int64_t row_bytes() const { return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2; }
 };
 
 // Computes out[:, n0:n1]. `scratch` is the calling thread's buffer (grown as
@@ -121,6 +123,10 @@ using Int8Quantize = void (*)(const float* x, int64_t K, QType t, int8_t* codes,
 using Int8LowTerm = void (*)(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx,
                              int32_t* lo_corr, float* xs);
 
+// The s16 layout's kernel (s16.h).
+struct S16Args;
+using S16Kernel = void (*)(const S16Args& s, int64_t n0, int64_t n1);
+
 // The kernels of one ISA build.
 struct Kernels {
   RowsKernel int16_rows;  // float32 activations, M <= kInt16MaxRows
@@ -135,6 +141,8 @@ struct Kernels {
   const char* panel_layout = nullptr;
   int64_t (*panel_chunk_bytes)(QType t, int64_t K) = nullptr;
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
+  // the s16 layout's int8 paths (null: the scalar definition, isa_scalar::s16_rows)
+  S16Kernel s16_rows = nullptr;
 };
 
 namespace isa_scalar {

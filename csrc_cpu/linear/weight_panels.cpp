@@ -42,6 +42,7 @@ int64_t chunk_bytes(QType t, int64_t K) {
 int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8ChunkRows; }
 
 int64_t total_bytes(const LinearArgs& a) {
+  if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
   if (per_chunk == 0)
     fail("linear ISA", "a build with weight panels ('avx512', 'amx')", "'" + std::string(current_isa()) + "'");

@@ -1,0 +1,137 @@
+// The s16 layout's int8 paths (s16.h): x quantized with the active build's
+// int8 quantizer, the half sums for weights with offsets, then the weight
+// rows in chunks over the threads; and the plain C++ kernel, the definition
+// every build matches bit for bit. Built without FMA contraction (the
+// baseline ISA): the products and sums below round exactly as written.
+#include "linear/s16.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "linear/int8.h"
+#include "runtime/parallel.h"
+
+namespace paged::cpu::linear {
+namespace {
+
+struct S16Scratch {
+  std::vector<int8_t> codes, lo;
+  std::vector<float> scale, sums, half;
+  std::vector<int32_t> corr, lo_corr;
+};
+
+template <class V>
+auto* grow(V& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+  return v.data();
+}
+
+// xs[r, h] = fl(dx[r, h/2] * float(sum of the half's codes c)) (s16.h).
+void half_sums(const LinearArgs& a, int64_t r, float* xs) {
+  const int64_t K = a.K;
+  const int8_t* hi = a.x8 + r * K;
+  const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
+  for (int64_t h = 0; h < K / kS16Half; ++h) {
+    int32_t sum = 0;
+    for (int64_t k = h * kS16Half; k < (h + 1) * kS16Half; ++k) sum += lo ? hi[k] * 256 + lo[k] : hi[k];
+    xs[h] = a.x8_scale[r * (K / kBlock) + h / 2] * float(sum);
+  }
+}
+
+}  // namespace
+
+namespace isa_scalar {
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
+  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
+  for (int64_t r = 0; r < a.M; ++r) {
+    const int8_t* hi = a.x8 + r * K;
+    const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
+    for (int64_t n = n0; n < n1; ++n) {
+      const int8_t* w = codes + n * K;
+      float acc[kLanes] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const float dx = a.x8_scale[r * nb + b];
+        const float scale[2] = {a.d[n * nh + 2 * b] * dx, a.d[n * nh + 2 * b + 1] * dx};
+        for (int l = 0; l < kLanes; ++l) {
+          int32_t isum = 0;
+          for (int j = 0; j < 4; ++j) {
+            const int64_t k = b * kBlock + 4 * l + j;
+            isum += int32_t(w[k]) * (lo ? hi[k] * 256 + lo[k] : hi[k]);
+          }
+          acc[l] = std::fma(scale[l / 4], float(isum), acc[l]);
+        }
+      }
+      float out = hsum8(acc);
+      if (a.m) {
+        float sm = 0.f;
+        for (int64_t h = 0; h < nh; ++h) sm = std::fma(a.m[n * nh + h], s.xs[r * nh + h], sm);
+        out = out + sm;
+      }
+      a.out[r * a.N + n] = out;
+    }
+  }
+}
+}  // namespace isa_scalar
+
+S16Kernel s16_kernel() {
+  const S16Kernel k = active_kernels().s16_rows;
+  return k ? k : isa_scalar::s16_rows;
+}
+
+void s16_linear(LinearArgs& a, int64_t two_rows) {
+  const int64_t K = a.K, M = a.M, nb = a.blocks(), nh = K / kS16Half;
+  static thread_local S16Scratch scratch;  // the caller's: its team shares it for this call
+  int8_t* const codes = grow(scratch.codes, M * K);
+  float* const scale = grow(scratch.scale, M * nb);
+  float* const sums = grow(scratch.sums, M * nb);
+  int32_t* const corr = grow(scratch.corr, M * nb);
+  int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
+  int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
+  float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
+  const Kernels kernels = active_kernels();
+  const bool parallel = M * a.N * K >= kSerialMacs;
+  // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
+  parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
+    kernels.x8_quantize(a.x + r * K, K, QType::Q8_0, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
+    if (r < two_rows)
+      kernels.x8_low_term(a.x + r * K, K, QType::Q8_0, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
+                          sums + r * nb);
+  });
+  const S16Kernel kernel = s16_kernel();
+  auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
+    if (r1 <= r0) return;
+    LinearArgs g = a;
+    g.M = r1 - r0;
+    g.x8 = codes + r0 * K;
+    g.x8_lo = two_terms ? lo + r0 * K : nullptr;
+    g.x8_scale = scale + r0 * nb;
+    g.out = a.out + r0 * a.N;
+    S16Args s{&g, half ? half + r0 * nh : nullptr};
+    if (half)
+      for (int64_t r = 0; r < g.M; ++r) half_sums(g, r, half + (r0 + r) * nh);
+    const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
+    parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
+      kernel(s, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows));
+    });
+  };
+  run(0, two_rows, true);
+  run(two_rows, M, false);
+}
+
+void s16_dequantize(const LinearArgs& a, float* out) {
+  const int64_t K = a.K, nh = K / kS16Half;
+  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
+#pragma omp parallel for schedule(static) if (a.N * K >= kSerialMacs)
+  for (int64_t n = 0; n < a.N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const float w = a.d[n * nh + k / kS16Half] * float(codes[n * K + k]);
+      out[n * K + k] = a.m ? w + a.m[n * nh + k / kS16Half] : w;
+    }
+}
+
+}  // namespace paged::cpu::linear

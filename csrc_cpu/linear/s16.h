@@ -1,0 +1,60 @@
+// The s16 weight layout of the quantized linear: int8 codes with one float
+// scale (and optionally one float offset) per 16 weights of a row,
+// w = d[n, k/16] * q[n, k] + m[n, k/16]. Every GGUF type whose scales are
+// finer than 32 weights (Q2_K, Q3_K, Q6_K) or whose codes have 5 bits (Q5_1,
+// Q5_K) unpacks into it exactly (core/models/loaders/quant_layouts.py), and
+// so does every other layout (a fused matrix whose rows come in several
+// types).
+//
+// It runs on the int8 paths only (activations "int8" / "int8x2"; float32
+// activations dequantize it and take the dense GEMM). x is quantized as for
+// every int8 path (int8.h: codes c = xq, or c = 256 * xq + lo with int8x2's
+// low term, and per 32-block scale dx, the low scale for int8x2 rows). Per
+// output (r, n), from acc[l] = +0 for the eight lanes l:
+//   for every 32-block b, in order, and every lane l (elements 4l .. 4l+3 of
+//   the block; lanes 0-3 the first 16, lanes 4-7 the second):
+//     I[l]   = sum of W[n, k] * c[r, k] over the lane's 4 elements     (int32, exact)
+//     s      = fl(d[n, 2b + l/4] * dx[r, b])
+//     acc[l] = fma(s, float(I[l]), acc[l])
+//   out = hsum8(acc)                                  (quant_linear.h's order)
+//   with offsets: sm = +0, then over every half h = 0, 1, ... in order
+//     sm = fma(m[n, h], xs[r, h], sm),  xs[r, h] = fl(dx[r, h/2] * float(sum of c over the half))
+//   and out = fl(out + sm).
+// |I| <= 4 * 128 * 32639 < 2^24, so float(I) is exact on both paths, and so
+// is float(sum of c) (|sum| <= 16 * 32639). A row's outputs depend only on
+// the row and the weight: bitwise the same alone or in any call, any thread
+// count and every build (the scalar build is the definition; the AVX2 build,
+// which the x86 builds share, reproduces its lanes).
+#pragma once
+
+#include <cstdint>
+
+#include "linear/quant_linear.h"
+
+namespace paged::cpu::linear {
+
+constexpr int64_t kS16Half = 16;  // weights per scale
+
+// One call's operands: the weight (a.qs int8 [N, K], a.d / a.m [N, K/16]),
+// x quantized (a.x8, a.x8_lo, a.x8_scale as int8.h), the half sums xs
+// [M, K/16] when the weight has offsets, and the output.
+struct S16Args {
+  const LinearArgs* a;
+  const float* xs = nullptr;
+};
+
+namespace isa_scalar {
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
+}
+namespace isa_avx2 {
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1);  // arch/x86/linear/kernel_s16_avx2.cpp
+}
+
+// The int8 / int8x2 linear on an s16 weight: rows [0, two_rows) with the low term.
+void s16_linear(LinearArgs& a, int64_t two_rows);
+// w into out [N, K] (a.out), fl(d * q) then + m, as gguf computes it.
+void s16_dequantize(const LinearArgs& a, float* out);
+// The s16 kernel of the active linear build (its table entry, kernel_builds.cpp).
+S16Kernel s16_kernel();
+
+}  // namespace paged::cpu::linear

@@ -1,0 +1,173 @@
+"""CPU quantized linear on the s16 layout (int8 codes, a float scale and
+optional offset per 16 weights: csrc_cpu/linear/s16.h), the layout the
+K-quants with 16-weight scales, Q5_1/Q5_K and fused matrices of mixed types
+run in.
+
+Oracles: the documented arithmetic evaluated exactly (each fma of the eight
+lane chains and of the offset chain in rationals, rounded once to float32)
+for every build this CPU runs, with int8 and int8x2 activations; x @ W^T in
+float64 within the rounding of x; a row's bits alone vs in calls of any
+size on 1 and 2 threads in every build; real GGUF K-quant blocks (random,
+checked against gguf's dequantizer in test_quant_layouts.py) through the
+CpuPackedLinear that the engine builds.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from paged import _C_cpu as C
+from test_quant_layouts import random_blocks
+from test_quant_linear_int8 import quantize, round_f32
+from test_quant_linear_int8x2 import quantize_x2
+
+SUPPORTED = C.supported_linear_isas()
+
+
+def s16_weight(n: int, k: int, seed: int, offsets: bool):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int32).to(torch.int8)
+    d = torch.rand(n, k // 16, generator=gen) * 0.02
+    d[0, 1] = 0.0
+    m = (torch.randn(n, k // 16, generator=gen) * 0.01) if offsets else None
+    return codes, d, m
+
+
+def run(x, qs, d, m, activations="int8") -> torch.Tensor:
+    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
+    C.quant_linear(x, "s16", qs, d, m, out, activations)
+    return out
+
+
+def quantized_x(x: torch.Tensor, activations: str):
+    """(c int64 [M, K], scale float32 [M, K/32]) as int8.h quantizes x: the
+    codes (256 * xq + lo for int8x2) and the per-block scale they multiply."""
+    if activations == "int8":
+        xq, dx, _ = quantize(x)
+        return xq, dx
+    c, s, _ = quantize_x2(x)
+    return c, s
+
+
+def exact_oracle(x, qs, d, m, activations) -> torch.Tensor:
+    c, scale = quantized_x(x, activations)
+    rows, k = c.shape
+    n = qs.shape[0]
+    w = qs.to(torch.int64)
+    out = torch.empty(rows, n)
+    for r in range(rows):
+        for j in range(n):
+            acc = [0.0] * 8
+            for b in range(k // 32):
+                s = [float(np.float32(d[j, 2 * b + h].item()) * np.float32(scale[r, b].item())) for h in (0, 1)]
+                for lane in range(8):
+                    ks = range(32 * b + 4 * lane, 32 * b + 4 * lane + 4)
+                    isum = sum(int(w[j, kk]) * int(c[r, kk]) for kk in ks)
+                    acc[lane] = round_f32(Fraction(s[lane // 4]) * isum + Fraction(acc[lane]))
+            total = float(np.float32(((np.float32(acc[0]) + np.float32(acc[4])) + (np.float32(acc[2]) + np.float32(acc[6])))
+                                     + ((np.float32(acc[1]) + np.float32(acc[5])) + (np.float32(acc[3]) + np.float32(acc[7])))))
+            if m is not None:
+                sm = 0.0
+                for h in range(k // 16):
+                    half = int(c[r, 16 * h:16 * h + 16].sum())
+                    xs = float(np.float32(scale[r, h // 2].item()) * np.float32(half))
+                    sm = round_f32(Fraction(float(np.float32(m[j, h].item()))) * Fraction(xs) + Fraction(sm))
+                total = float(np.float32(total) + np.float32(sm))
+            out[r, j] = total
+    return out
+
+
+@pytest.fixture(params=SUPPORTED)
+def build(request):
+    C.set_linear_isa(request.param)
+    yield request.param
+    C.set_linear_isa("auto")
+
+
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+@pytest.mark.parametrize("offsets", [False, True])
+def test_exact_arithmetic(build, activations, offsets):
+    qs, d, m = s16_weight(5, 64, seed=3, offsets=offsets)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+    x[1, :32] *= 1e-3
+    assert torch.equal(run(x, qs, d, m, activations), exact_oracle(x, qs, d, m, activations))
+
+
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+def test_close_to_the_dense_product(activations):
+    qs, d, m = s16_weight(40, 256, seed=5, offsets=True)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(1))
+    w = qs.double() * d.double().repeat_interleave(16, dim=1) + m.double().repeat_interleave(16, dim=1)
+    want = x.double() @ w.T
+    scale = (x.abs().view(4, -1, 32).amax(dim=2) / 127).double().repeat_interleave(32, dim=1)
+    step = scale * (0.5 if activations == "int8" else 0.5 / 256 + 2.0**-20)
+    bound = step @ w.abs().T + 64 * 2.0**-24 * (x.double().abs() @ w.abs().T)
+    assert torch.all((run(x, qs, d, m, activations).double() - want).abs() <= bound)
+
+
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+def test_rows_alone_equal_rows_in_calls(activations):
+    qs, d, m = s16_weight(70, 96, seed=7, offsets=True)
+    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        C.set_linear_isa("scalar")
+        torch.set_num_threads(1)
+        alone = torch.cat([run(x[i:i + 1], qs, d, m, activations) for i in range(9)])
+        for name in SUPPORTED:
+            C.set_linear_isa(name)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                for size in (1, 2, 4, 5, 9):
+                    got = torch.cat([run(x[i:i + size], qs, d, m, activations) for i in range(0, 9, size)])
+                    assert torch.equal(got, alone), (name, t, size)
+    finally:
+        C.set_linear_isa("auto")
+        torch.set_num_threads(threads)
+
+
+def test_argument_errors():
+    qs, d, m = s16_weight(4, 64, seed=1, offsets=True)
+    x, out = torch.randn(2, 64), torch.empty(2, 4)
+    with pytest.raises(ValueError, match=r"d: expected shape \[4, 4\]"):
+        C.quant_linear(x, "s16", qs, d[:, :2].contiguous(), m, out, "int8")
+    with pytest.raises(ValueError, match="activations: expected 'int8' or 'int8x2' for qtype 's16'"):
+        C.quant_linear(x, "s16", qs, d, m, out, "float32")
+    with pytest.raises(ValueError, match=r"qs: expected dtype int8"):
+        C.quant_linear(x, "s16", qs.view(torch.uint8), d, m, out, "int8")
+    dense = torch.empty(4, 64)
+    C.quant_dequantize("s16", qs, d, m, dense)
+    want = qs.float() * d.repeat_interleave(16, dim=1) + m.repeat_interleave(16, dim=1)
+    assert torch.equal(dense, want)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q5_K, Q.Q3_K, Q.Q2_K, Q.Q5_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("activations", ["float32", "int8", "int8x2", "mixed"])
+def test_gguf_k_quants_through_the_packed_linear(qtype, activations):
+    """Random K-quant blocks as the engine holds them (PackedBlocks ->
+    CpuPackedLinear): the int8 paths equal the raw kernel on the unpacked
+    fields, float32 activations the dense product of gguf's values."""
+    from gguf import quants
+
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    n, k = 24, 512
+    raw = random_blocks(qtype, n, k, seed=4)
+    packed = PackedBlocks(qtype, torch.from_numpy(raw), (n, k))
+    lin = CpuPackedLinear(packed, activations)
+    assert lin.qtype == "s16"
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(3))
+    got = lin.linear(x)
+    w = torch.from_numpy(quants.dequantize(raw, qtype).reshape(n, k).astype(np.float32))
+    if activations == "float32":
+        assert torch.allclose(got, x @ w.T, rtol=1e-5, atol=1e-5)
+    else:
+        mode = "int8" if activations == "int8" else "int8x2"  # mixed: two terms outside the one-term layers
+        assert torch.equal(got, run(x, *packed.fields(), mode))
+    assert torch.equal(lin.embedding(torch.tensor([[3, 0], [23, 3]])), w[torch.tensor([[3, 0], [23, 3]])])
