@@ -7,6 +7,10 @@
     print(outs[0].outputs[0].text)
     llm.chat([{"role": "user", "content": "Hi!"}])
 
+    # vLLM's prompt forms, mixed freely with strings and token ids (core/entrypoints/prompts.py)
+    llm.generate([{"prompt": "Hello"}, {"prompt_token_ids": [1, 2, 3]}, "Hi", [4, 5]],
+                 sampling_params=SamplingParams(max_tokens=8))
+
     from paged.core.engine.sampling_params import StructuredOutputsParams
     llm.generate("A person as JSON:", SamplingParams(max_tokens=64,
                  structured_outputs=StructuredOutputsParams(json={"type": "object"})))
@@ -15,31 +19,28 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 from paged.core.engine.engine import Engine
 from paged.core.engine.config import EngineConfig
 from paged.core.engine.outputs import RequestOutput
 from paged.core.engine.sampling_params import SamplingParams
+from paged.core.entrypoints.prompts import Prompt, conversations_of, prompts_of
 
-Prompt = Union[str, list[int]]
 Messages = list[dict]
 
 
-def _is_token_ids(x) -> bool:
-    return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+def normalize_prompts(prompts, vocab_size: Optional[int] = None) -> list[Prompt]:
+    """One prompt or a list of them (strings, token ids, vLLM's {"prompt"} /
+    {"prompt_token_ids"} dicts, mixed) -> a list of engine prompts."""
+    return prompts_of(prompts, vocab_size)
 
 
-def normalize_prompts(prompts) -> list[Prompt]:
-    """str | list[str] | list[int] | list[list[int]] -> a list of prompts."""
-    if isinstance(prompts, str) or _is_token_ids(prompts):
-        return [prompts]
-    if isinstance(prompts, (list, tuple)) and prompts and all(isinstance(p, str) or _is_token_ids(p)
-                                                                for p in prompts):
-        return list(prompts)
-    raise ValueError("prompts must be a string, a list of strings, a list of token ids or a list of "
-                     f"token-id lists, got {type(prompts).__name__}"
-                     + (" (empty)" if isinstance(prompts, (list, tuple)) and not prompts else ""))
+def _params_argument(params, sampling_params):
+    """``params`` or vLLM's keyword ``sampling_params``, not both."""
+    if sampling_params is not None and params is not None:
+        raise ValueError("sampling_params: expected it or params, not both, got both")
+    return sampling_params if sampling_params is not None else params
 
 
 def normalize_params(params, n: int) -> list[SamplingParams]:
@@ -86,23 +87,35 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts, params=None,
-                 on_output: Optional[Callable[[RequestOutput], None]] = None) -> list[RequestOutput]:
+                 on_output: Optional[Callable[[RequestOutput], None]] = None, *,
+                 sampling_params=None) -> list[RequestOutput]:
         """Runs every prompt to completion, batched; outputs in input order.
+        ``prompts``: one prompt or a list (strings, token-id lists, vLLM's
+        ``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``, mixed).
         ``on_output`` sees every intermediate output (for streaming)."""
-        plist = normalize_prompts(prompts)
-        return self._run(plist, normalize_params(params, len(plist)), on_output)
+        plist = prompts_of(prompts, self.engine.model_config.vocab_size)
+        return self._run(plist, normalize_params(_params_argument(params, sampling_params), len(plist)),
+                         on_output)
 
     def chat(self, messages, params=None,
-             on_output: Optional[Callable[[RequestOutput], None]] = None) -> list[RequestOutput]:
-        """One conversation ([{"role", "content"}, ...]) or a list of them,
-        rendered with the model's chat template."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages or [])
-        if not convs or not all(isinstance(c, (list, tuple)) and c for c in convs):
-            raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts, or a list of them")
+             on_output: Optional[Callable[[RequestOutput], None]] = None, *,
+             sampling_params=None) -> list[RequestOutput]:
+        """One conversation ([{"role", "content"}, ...]; content a string or
+        OpenAI's text parts) or a list of them, rendered with the model's
+        chat template."""
+        convs = conversations_of(messages)
         tok = self.engine.tokenizer
-        prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
-                   for c in convs]
-        return self._run(prompts, normalize_params(params, len(prompts)), on_output)
+        prompts = []
+        for i, c in enumerate(convs):
+            try:
+                text = tok.apply_chat_template(c, add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - the template refused the conversation
+                where = "messages" if len(convs) == 1 else f"messages[{i}]"
+                raise ValueError(f"{where}: expected a conversation the chat template accepts, got one it "
+                                 f"refuses ({' '.join(str(exc).split())[:200]})") from None
+            prompts.append(tok.encode(text, add_special_tokens=False))
+        return self._run(prompts, normalize_params(_params_argument(params, sampling_params), len(prompts)),
+                         on_output)
 
     def _run(self, prompts: Sequence[Prompt], params: list[SamplingParams],
              on_output: Optional[Callable[[RequestOutput], None]]) -> list[RequestOutput]:
@@ -111,8 +124,11 @@ class LLM:
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         added: list[str] = []
         try:
-            for rid, prompt, p in zip(ids, prompts, params):
-                engine.add_request(rid, prompt, p)
+            for i, (rid, prompt, p) in enumerate(zip(ids, prompts, params)):
+                try:
+                    engine.add_request(rid, prompt, p)
+                except ValueError as exc:  # name the prompt among several
+                    raise (ValueError(f"prompts[{i}]: {exc}") if len(prompts) > 1 else exc) from None
                 added.append(rid)
             final: dict[str, RequestOutput] = {}
             while len(final) < len(ids) and engine.has_unfinished_requests():
