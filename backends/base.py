@@ -74,11 +74,11 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes sequences have exactly one query token
     max_query_len: int
     max_seq_len: int
-    # Query rows from here on are prompt rows (their next token is known),
-    # the rows before them generate one (decodes and speculative verify
-    # rows). The model's linears may compute prompt rows more cheaply (the
-    # CPU's "mixed" activations), and so may a backend's attention
-    # (CpuBackend.prompt_attention). None: not marked.
+    # A fact about the step's rows: query rows from here on are prompt rows
+    # (their next token is known), the rows before them generate one
+    # (decodes and speculative verify rows). What a platform does with it
+    # was decided when the model was made (its precision plan: the CPU's
+    # backends/cpu/precision.py). None: not marked.
     first_prompt_row: Optional[int] = field(default=None, kw_only=True)
 
     @property

@@ -5,6 +5,11 @@ paths chosen here, not in the model.
   for float32 / bfloat16, else torch's;
 - stack runner: ``LayerStack``, every decoder layer of a step in one C++ call,
   where the model is eligible (backends/cpu/layer_stack.py);
+- precision: one plan (backends/cpu/precision.py) built from
+  ``linear_activations`` before the model, handed to the packed-weight
+  factory (each matrix made with its arithmetic), to the attention backend
+  as it is made (its prompt kernel) and to the stack; nothing is changed
+  after the build;
 - weight panels: the int8 kernel's panels kept per matrix where the model is
   small enough (backends/cpu/quant_linear.py plan_weight_panels), built
   before the stack, which takes them ("mixed-bf16" makes its prompt rows'
@@ -15,8 +20,6 @@ paths chosen here, not in the model.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from paged.backends.cpu import quant_linear
@@ -25,9 +28,10 @@ from paged.backends.cpu.host import isa
 from paged.backends.cpu.host.cpulist import format_cpulist
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
-from paged.backends.cpu.quant_linear import one_term_layers, plan_weight_panels
+from paged.backends.cpu.precision import PlannedPackedLinear, PrecisionPlan, plan_of
+from paged.backends.cpu.quant_linear import plan_weight_panels
 from paged.core.engine.worker import Worker
-from paged.core.models.layers import TorchLayerOps
+from paged.core.models.layers import MatrixRole, TorchLayerOps
 
 __all__ = ["CpuWorker", "prepare_model"]
 
@@ -39,16 +43,42 @@ def cpu_layer_ops(dtype: torch.dtype) -> TorchLayerOps:
 
 class CpuWorker(Worker):
     extra_kv_cache_dtypes = ("float32", "bfloat16", "float16", "int8", "fp8_e4m3")
+    #: the precision plan of the model being loaded (load_model makes it first)
+    plan: PrecisionPlan | None = None
 
     def attention_backend_cls(self):
         return CpuBackend
+
+    def select_attention_backend(self, choice: str | None = None):
+        """The backend class, or for the CPU's own a maker that sets its
+        prompt-row kernel from the plan as it makes it."""
+        cls = super().select_attention_backend(choice)
+        plan = self.plan
+        if plan is None or not issubclass(cls, CpuBackend):
+            return cls
+
+        def make(*args, **kwargs):
+            backend = cls(*args, **kwargs)
+            backend.prompt_attention = plan.prompt_attention
+            return backend
+
+        return make
+
+    def load_model(self, config, weights, dtype, block_size, linear_activations=None, attention_backend=None,
+                   kv_cache_dtype=None):
+        self.plan = PrecisionPlan(linear_activations)  # before anything is made from it
+        return super().load_model(config, weights, dtype, block_size, linear_activations, attention_backend,
+                                  kv_cache_dtype)
 
     def linear_activations(self, setting: str = "auto") -> str | None:
         """auto = mixed, or mixed-bf16 with AMX-BF16 (docs/kernels.md, "Choosing the CPU path")."""
         return quant_linear.resolve_activations(setting) if quant_linear.available() else None
 
     def packed_linear(self, activations: str):
-        return functools.partial(quant_linear.CpuPackedLinear, activations=activations)
+        """Each matrix made with the arithmetic the plan gives its role."""
+        plan = self.plan if self.plan is not None and self.plan.activations == activations else \
+            PrecisionPlan(activations)
+        return PlannedPackedLinear(plan)
 
     def auto_kv_cache_dtype(self, model_dtype, linear_activations: str | None = None):
         """float16 under a float32 model whose linears already quantize their
@@ -86,38 +116,59 @@ class CpuWorker(Worker):
         return cpu_layer_ops(dtype)
 
     def stack_runner(self, model):
-        return LayerStack.for_model(model)
+        return stack_for(model)
 
     def prepare_model(self, model) -> None:
         plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
-        set_prompt_attention(model)
-        set_one_term_layers(model)
         super().prepare_model(model)
+        model.ops = ops_for(model)
 
 
-def set_prompt_attention(model) -> None:
-    """A "mixed-bf16" model's prompt rows attend in bfloat16 too, a "mixed"
-    model's on the lane-major float32 kernel (the backend's
-    prompt_attention; the layer stack follows its activations)."""
-    mats = decoder_matrices(model)
-    modes = {getattr(w, "activations", None) for w in mats}
-    mode = modes.pop() if len(modes) == 1 else None  # per-matrix modes: no prompt kernel of their own
-    kind = {"mixed-bf16": "bf16", "mixed": "lanes"}.get(mode, "float32")
-    for layer in model.decoder_stack().layers:
-        if isinstance(layer.attn_backend, CpuBackend):
-            layer.attn_backend.prompt_attention = kind
+def ops_for(model) -> TorchLayerOps:
+    """The fused C++ passes unless the model has a shape they do not run:
+    they rotate whole heads, so a partial-rotary model (Phi-4-mini) runs
+    torch's ops."""
+    if any(rope.partial for rope in model.decoder_stack().ropes):
+        return TorchLayerOps()
+    return cpu_layer_ops(model.dtype)
 
 
-def set_one_term_layers(model, middle=None) -> None:
-    """A "mixed" model's middle layers (``middle``, default one_term_layers)
-    compute every row on one int8 term outside QKV (their matrices'
-    one_term; a layer stack built afterwards follows it)."""
+def stack_for(model):
+    """The C++ layer stack for ``model``, or None where it declines."""
+    return LayerStack.for_model(model) if llama_shaped(model) else None
+
+
+def llama_shaped(model) -> bool:
+    """Whether every layer is the shape the C++ stack runs: RMSNorm before
+    attention and MLP only, no Q/K norms, a SiLU-gated MLP, whole-head
+    rotation from one table, the backend's own window and scale."""
+    stack = model.decoder_stack()
+    if len(stack.ropes) != 1 or stack.ropes[0].partial or stack.spec.final_norm.kind != "rms":
+        return False
+    for layer in stack.layers:
+        s = layer.spec
+        if (s.attn_norm.kind != "rms" or s.mlp_norm.kind != "rms" or s.attn_post_norm or s.mlp_post_norm
+                or s.attention.qk_norm or s.mlp.activation != "silu" or not s.mlp.gated
+                or not isinstance(layer.attn_backend, CpuBackend)):
+            return False
+    return True
+
+
+def apply_plan(model, plan: PrecisionPlan) -> None:
+    """A model built outside an engine, its matrices made without their
+    roles (a plain factory, as tests and benchmarks pass): gives them and
+    its CPU backend what ``plan`` says, as the engine's factory and backend
+    maker would have made them."""
     layers = model.decoder_stack().layers
-    middle = set(one_term_layers(len(layers)) if middle is None else middle)
+    n = len(layers)
     for i, layer in enumerate(layers):
-        for w in (layer.o_proj, layer.gate_up, layer.down):
+        for kind in ("qkv", "o_proj", "gate_up", "down"):
+            w = getattr(layer, kind)
             if getattr(w, "activations", None) == "mixed":
-                w.one_term = i in middle
+                w.one_term = plan.matrix(MatrixRole(kind, i, n)).one_term
+        backend = getattr(layer.attn_backend, "backend", layer.attn_backend)  # a LayerAttention's own
+        if isinstance(backend, CpuBackend):
+            backend.prompt_attention = plan.prompt_attention
 
 
 def decoder_matrices(model) -> list:
@@ -131,10 +182,10 @@ def packed_matrices(model) -> list:
 
 
 def prepare_model(model) -> None:
-    """Gives a model built outside an engine (tests, benchmarks) the CPU
-    worker's layer ops and stack runner."""
-    model.ops = cpu_layer_ops(model.dtype)
+    """Gives a model built outside an engine (tests, benchmarks) its
+    precision plan (read from its matrices' activations: ``apply_plan``),
+    the CPU worker's layer ops and stack runner."""
+    apply_plan(model, plan_of(model))
     plan_weight_panels(packed_matrices(model))
-    set_prompt_attention(model)
-    set_one_term_layers(model)
-    model.layer_stack = LayerStack.for_model(model)
+    model.ops = ops_for(model)
+    model.layer_stack = stack_for(model)

@@ -1,8 +1,18 @@
 """Tokenizer: encode/decode, special tokens, chat template, streaming detokenizer.
 
-Built from GGUF metadata (byte-level BPE vocabularies, pre-tokenised the way
-llama.cpp does for the file's ``tokenizer.ggml.pre``) or from a Hugging Face
-``tokenizer.json`` (+ tokenizer_config.json), on the ``tokenizers`` library.
+Built from GGUF metadata or from a Hugging Face ``tokenizer.json`` (+
+tokenizer_config.json), on the ``tokenizers`` library. GGUF vocabularies of
+two kinds, encoded as llama.cpp encodes them:
+
+- byte-level BPE (``tokenizer.ggml.model = gpt2``), pre-tokenised with
+  llama.cpp's regexes for the file's ``tokenizer.ggml.pre`` (smollm, llama3,
+  qwen2, gpt-4o for Phi-4-mini, ...);
+- SentencePiece (``tokenizer.ggml.model = llama``: Gemma, Phi-3, Llama 2):
+  BPE over the pieces, merging the pair whose merged piece scores highest
+  first (merges derived from the scores), bytes of characters without a
+  piece as <0xXX> tokens, spaces as U+2581 and, with
+  ``tokenizer.ggml.add_space_prefix`` (default on), a space before the text
+  and after every special token, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -24,6 +34,12 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (tiktoken's, in the tokenizer.json of Phi-4-mini; llama.cpp's "gpt-4o")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+          r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+          r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "default": [_GPT2],
     "gpt-2": [_GPT2],
@@ -37,10 +53,14 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "smaug-bpe": [_LLAMA3],
     "qwen2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
+    "gpt-4o": [_GPT4O],
 }
 
+_TOKEN_TYPE_NORMAL = 1
 _TOKEN_TYPE_CONTROL = 3
 _TOKEN_TYPE_USER_DEFINED = 4
+#: SentencePiece's whitespace: spaces are this character in the pieces
+SPM_SPACE = "\u2581"
 
 
 class TokenizerError(ValueError):
@@ -66,23 +86,14 @@ class Tokenizer:
     def from_gguf_metadata(cls, meta: dict[str, Any], source: Path | str = "<gguf>") -> "Tokenizer":
         kind = meta.get("tokenizer.ggml.model")
         tokens = meta.get("tokenizer.ggml.tokens")
-        if kind != "gpt2":
-            raise _load_error(source, f"GGUF tokenizer model {kind!r} is not supported "
-                                      "(only byte-level BPE 'gpt2'); load the HF folder instead")
+        if kind not in GGUF_TOKENIZER_MODELS:
+            raise _load_error(source, f"tokenizer.ggml.model: expected {' or '.join(map(repr, GGUF_TOKENIZER_MODELS))} "
+                                      f"(byte-level BPE, SentencePiece), got {kind!r}; load the HF folder instead")
         if not tokens:
             raise _load_error(source, "GGUF file has no tokenizer.ggml.tokens")
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in PRE_TOKENIZER_REGEXES:
-            logger.warning("%s: unknown tokenizer.ggml.pre %r; using the GPT-2 split", source, pre)
-        regexes = PRE_TOKENIZER_REGEXES.get(pre, [_GPT2])
-        backend = _Backend(models.BPE(vocab, merges, ignore_merges=regexes[0] is _LLAMA3))
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        backend.decoder = decoders.ByteLevel()
         types = meta.get("tokenizer.ggml.token_type") or []
+        backend = (_bpe_backend(meta, tokens, source) if kind == "gpt2" else
+                   _spm_backend(meta, tokens, types, source))
         backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                                     for i, t in enumerate(types) if t == _TOKEN_TYPE_CONTROL])
         backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
@@ -90,7 +101,8 @@ class Tokenizer:
         return cls(backend,
                    bos_token_id=_opt_int(meta.get("tokenizer.ggml.bos_token_id")),
                    eos_token_id=_opt_int(meta.get("tokenizer.ggml.eos_token_id")),
-                   add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   # llama.cpp's default: a SentencePiece vocabulary adds BOS, a BPE one does not
+                   add_bos_token=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
                    chat_template=meta.get("tokenizer.chat_template"))
 
     @classmethod
@@ -193,6 +205,65 @@ class Tokenizer:
                                          **kwargs)
         except jinja2.TemplateError as e:
             raise ValueError(f"chat template failed: {e}") from e
+
+
+#: GGUF tokenizer.ggml.model values paged reads: byte-level BPE, SentencePiece
+GGUF_TOKENIZER_MODELS = ("gpt2", "llama")
+
+
+def _bpe_backend(meta: dict[str, Any], tokens: list[str], source) -> _Backend:
+    """Byte-level BPE with llama.cpp's pre-tokenizer for ``tokenizer.ggml.pre``."""
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZER_REGEXES:
+        logger.warning("%s: unknown tokenizer.ggml.pre %r; using the GPT-2 split", source, pre)
+    regexes = PRE_TOKENIZER_REGEXES.get(pre, [_GPT2])
+    backend = _Backend(models.BPE(vocab, merges, ignore_merges=regexes[0] is _LLAMA3))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def spm_merges(tokens: list[str], scores: list[float], mergeable: list[bool]) -> list[tuple[str, str]]:
+    """BPE merges that reproduce SentencePiece's (and llama.cpp's) greedy
+    encoding: every split of a mergeable piece into two pieces of the
+    vocabulary, ordered by the merged piece's score, highest first (ties:
+    the longer left part first, as transformers' generate_merges orders them)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for i, piece in enumerate(tokens):
+        if not mergeable[i] or len(piece) < 2:
+            continue
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                merges.append((scores[i], len(left), len(right), -vocab[left], left, right))
+    merges.sort(key=lambda m: m[:4], reverse=True)
+    return [(m[4], m[5]) for m in merges]
+
+
+def _spm_backend(meta: dict[str, Any], tokens: list[str], types: list[int], source) -> _Backend:
+    """SentencePiece pieces as BPE with byte fallback (see the module docstring)."""
+    scores = meta.get("tokenizer.ggml.scores")
+    if not scores or len(scores) != len(tokens):
+        raise _load_error(source, f"tokenizer.ggml.scores: expected {len(tokens)} scores (one per token), "
+                                  f"got {len(scores or [])}")
+    types = list(types) or [_TOKEN_TYPE_NORMAL] * len(tokens)
+    unk = _opt_int(meta.get("tokenizer.ggml.unknown_token_id"))
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    merges = spm_merges(tokens, [float(x) for x in scores], [t == _TOKEN_TYPE_NORMAL for t in types])
+    backend = _Backend(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[unk],
+                                  fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    # "always": every stretch of text between special tokens gets the space, as in llama.cpp
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPM_SPACE, prepend_scheme="always" if prefix
+                                                     else "never", split=False)
+    steps = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return backend
 
 
 class IncrementalDetokenizer:

@@ -1,9 +1,14 @@
 """GGUF loader: config, tokenizer and weights from one llama.cpp file.
 
-Tensors are renamed to Hugging Face Llama names and dequantised to the
-compute dtype. llama.cpp stores Q/K projections of ``llama`` models permuted
-for its interleaved RoPE; they are permuted back so the HF half-rotation
-convention of our model holds.
+The file's ``general.architecture`` names its family (core/models/families/),
+whose mapping builds the decoder description from the ``<arch>.*``
+metadata. Tensors are renamed to Hugging Face Llama names (llama.cpp's names
+are the same for every family: ``_GLOBAL_NAMES`` / ``_LAYER_NAMES``, with a
+family's own exceptions), fused tensors are split into their parts
+(Phi-3's ``attn_qkv`` and gate-up ``ffn_up``), and what is not kept packed
+is dequantised to the compute dtype. llama.cpp stores Q/K projections of
+``llama`` models permuted for its interleaved RoPE; they are permuted back so
+the HF half-rotation convention of our model holds.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 
 from paged.core.models.config import ModelConfig
+from paged.core.models.families import Family, GgufFacts, Sizes, gguf_family, gguf_names
 from paged.core.models.loaders import LoadedModel, ModelLoadError, check_weights
 from paged.core.models.loaders.dequant import SUPPORTED_TYPES, dequantize
 from paged.core.models.loaders.gguf_reader import GGUFTensor, read_gguf
@@ -27,23 +33,25 @@ from paged.core.models.progress import ProgressBar
 
 logger = logging.getLogger("paged")
 
-#: GGUF general.architecture -> our architecture name
-_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}
-#: architectures whose Q/K weights llama.cpp's converter permuted
-_PERMUTED_QK = {"llama", "mistral"}
-
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "rope_freqs",  # llama3 rope frequency factors
 }
+#: llama.cpp's per-layer names (the same for every architecture) -> HF Llama names
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
+    "ffn_norm": "post_attention_layernorm",  # the norm before the MLP
+    "post_attention_norm": "self_attn.output_norm",  # Gemma: the attention output's norm
+    "post_ffw_norm": "mlp.output_norm",  # Gemma: the MLP output's norm
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # fused: split into q/k/v (Phi-3)
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_output": "self_attn.o_proj",
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
@@ -52,14 +60,16 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, family: Family | None = None) -> str | None:
     """GGUF tensor name -> HF name (None for tensors the model does not use)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
+    if not m:
+        return None
+    renames = family.gguf_renames if family is not None else {}
+    name = renames.get(m.group(2)) or _LAYER_NAMES.get(m.group(2))
+    return None if name is None else f"model.layers.{m.group(1)}.{name}.{m.group(3)}"
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -94,52 +104,78 @@ class _ArchMetadata:
         return value
 
 
-def config_from_metadata(path: Path, meta: dict[str, Any]) -> ModelConfig:
+def config_from_metadata(path: Path, meta: dict[str, Any], tensors: list[GGUFTensor] = ()) -> ModelConfig:
+    """The config of a file: sizes and tokens from the metadata, the decoder
+    description from its family's mapping (which may look at which tensors
+    the file holds, and read small ones: rope factors)."""
     gguf_arch = meta.get("general.architecture")
-    if gguf_arch not in _ARCHITECTURES:
-        raise ModelLoadError(path, f"unsupported architecture {gguf_arch!r} "
-                                   f"(supported: {', '.join(sorted(_ARCHITECTURES))})")
+    family = gguf_family(gguf_arch)
+    if family is None:
+        raise ModelLoadError(path, f"unsupported architecture {gguf_arch!r} (supported: {', '.join(gguf_names())})")
     m = _ArchMetadata(path, meta, gguf_arch)
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens else m.count("vocab_size")
     hidden = m.count("embedding_length")
     heads = m.count("attention.head_count")
-    head_dim = m.count("attention.key_length", m.count("rope.dimension_count", hidden // heads))
-    window = m.get("attention.sliding_window", None)
+    # llama.cpp: the head is key_length (default hidden / heads); RoPE turns
+    # rope.dimension_count of it (default all: Phi-4-mini turns 3/4)
+    head_dim = m.count("attention.key_length", hidden // heads)
+    num_layers = m.count("block_count")
+    by_name = {t.name: t for t in tensors}
+    facts = GgufFacts(m, set(by_name), lambda name: _floats(path, by_name[name]))
     try:
+        sizes = Sizes(hidden, num_layers, heads, m.count("attention.head_count_kv", heads), head_dim,
+                      m.count("context_length", 2048))
+        decoder = family.from_gguf(facts, sizes)
+        bos = _opt_int(meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _opt_int(meta.get("tokenizer.ggml.eos_token_id"))
         return ModelConfig(
-            architecture=_ARCHITECTURES[gguf_arch],
+            architecture=family.name,
             vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=m.count("feed_forward_length"),
-            num_layers=m.count("block_count"),
+            num_layers=num_layers,
             num_heads=heads,
-            num_kv_heads=m.count("attention.head_count_kv", heads),
+            num_kv_heads=sizes.num_kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(m.get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(m.get("rope.freq_base", 10000.0)),
-            rope_scaling=_rope_scaling(m),
-            max_position_embeddings=m.count("context_length", 2048),
-            tie_word_embeddings=False,  # decided from the tensors present
-            qkv_bias=False,  # decided from the tensors present
-            sliding_window=m.count("attention.sliding_window") if window else None,
-            bos_token_id=_opt_int(meta.get("tokenizer.ggml.bos_token_id")),
-            eos_token_id=_opt_int(meta.get("tokenizer.ggml.eos_token_id")),
+            max_position_embeddings=sizes.max_position_embeddings,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            stop_token_ids=gguf_stop_tokens(meta, eos),
+            decoder=decoder,
         )
     except ModelLoadError:
         raise
-    except (ValueError, TypeError) as e:  # a float or token id that is not a number
+    except (ValueError, TypeError, KeyError) as e:  # a float or token id that is not a number, a bad setting
         raise ModelLoadError(path, f"bad model metadata: {e}") from e
 
 
-def _rope_scaling(m: _ArchMetadata) -> dict[str, Any] | None:
-    scaling_type = m.get("rope.scaling.type", None)
-    if scaling_type in (None, "none"):
-        return None
-    rope_scaling = {"rope_type": scaling_type, "factor": float(m.get("rope.scaling.factor", 1.0))}
-    if m.get("rope.scaling.original_context_length", None) is not None:
-        rope_scaling["original_max_position_embeddings"] = m.count("rope.scaling.original_context_length")
-    return rope_scaling
+#: control tokens that end a turn in the chat templates of the families
+#: paged loads: stop tokens wherever a file has them, as llama.cpp treats them
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|end|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>")
+_TOKEN_TYPE_CONTROL = 3
+
+
+def gguf_stop_tokens(meta: dict[str, Any], eos: int | None) -> list[int]:
+    """Every token that ends generation: EOS, the file's end-of-turn /
+    end-of-message ids, and control tokens that end a turn in the chat
+    templates (Gemma's <end_of_turn> is not its EOS)."""
+    ids = [eos] if eos is not None else []
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if meta.get(key) is not None:
+            ids.append(int(meta[key]))
+    tokens, types = meta.get("tokenizer.ggml.tokens") or [], meta.get("tokenizer.ggml.token_type") or []
+    ids += [i for i, t in enumerate(tokens)
+            if t in END_OF_TURN_TOKENS and (i >= len(types) or types[i] == _TOKEN_TYPE_CONTROL)]
+    return list(dict.fromkeys(ids))
+
+
+def _floats(path: Path, t: GGUFTensor) -> list[float]:
+    """A small F32 / F16 vector's values (LongRoPE factors)."""
+    try:
+        return [float(x) for x in dequantize(t.data, t.qtype, t.shape, torch.float32).reshape(-1)]
+    except ValueError as e:
+        raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
 
 
 def _opt_int(v) -> int | None:
@@ -155,26 +191,26 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
     start = time.perf_counter()
     path = Path(path)
     meta, tensors = read_gguf(path)
-    config = config_from_metadata(path, meta)
+    config = config_from_metadata(path, meta, tensors)
+    family = gguf_family(meta.get("general.architecture"))
     tokenizer = Tokenizer.from_gguf_metadata(meta, source=path)
 
     weights: dict[str, torch.Tensor] = {}
     with ProgressBar(sum(t.data.nbytes for t in tensors), f"loading {path.name}", unit="B",
                      quiet=quiet) as bar:
         for t in tensors:
-            name = hf_tensor_name(t.name)
+            name = hf_tensor_name(t.name, family)
             if name is not None:
-                weights[name] = _load_tensor(path, t, name, config, dtype, keep_packed)
+                w = _load_tensor(path, t, name, config, dtype, keep_packed, family.gguf_permuted_qk)
+                try:
+                    weights.update(split_fused(name, w, config))
+                except ValueError as e:
+                    raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
             else:
                 logger.debug("gguf: ignoring tensor %s", t.name)
             bar.update(t.data.nbytes)
 
-    if "model.layers.0.self_attn.q_proj.bias" in weights:
-        config.qkv_bias = True
-    if "lm_head.weight" not in weights:
-        config.tie_word_embeddings = True
     if "rope_freqs" in weights:
-        config.rope_scaling = {"rope_type": "freq_factors"}
         weights["rope_freqs"] = weights["rope_freqs"].float()
     check_weights(path, config, weights)
     logger.info("loaded %s (%s, %d layers, %s) in %.2fs", path.name, config.architecture,
@@ -183,8 +219,33 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
                        chat_template=tokenizer.chat_template, source_path=path)
 
 
+def split_fused(name: str, w, config: ModelConfig) -> dict:
+    """{name: w}, or a fused tensor's parts under their own names: Q/K/V rows
+    of ``self_attn.qkv_proj``, gate/up rows of ``mlp.gate_up_proj`` (packed
+    blocks split by rows, like any matrix)."""
+    c = config
+    if ".self_attn.qkv_proj." in name:
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        parts = (("q_proj", 0, q), ("k_proj", q, q + kv), ("v_proj", q + kv, q + 2 * kv))
+        fused = "qkv_proj"
+    elif ".mlp.gate_up_proj." in name:
+        i = c.intermediate_size
+        parts, fused = (("gate_proj", 0, i), ("up_proj", i, 2 * i)), "gate_up_proj"
+    else:
+        return {name: w}
+    if w.shape[0] != parts[-1][2]:
+        raise ValueError(f"{name}: expected {parts[-1][2]} rows (its parts fused), got {w.shape[0]}")
+    return {name.replace(fused, part): _rows(w, a, b) for part, a, b in parts}
+
+
+def _rows(w, start: int, end: int):
+    if isinstance(w, PackedBlocks):
+        return w.with_rows(w.blocks[start:end])
+    return w[start:end].contiguous()
+
+
 def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype,
-                 keep_packed: bool = False) -> torch.Tensor | PackedBlocks:
+                 keep_packed: bool = False, permuted_qk: bool = False) -> torch.Tensor | PackedBlocks:
     if t.qtype not in SUPPORTED_TYPES:
         raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
                                    f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
@@ -195,7 +256,7 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
             w = dequantize(t.data, t.qtype, t.shape, dtype)
     except ValueError as e:
         raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
-    if config.architecture in _PERMUTED_QK:
+    if permuted_qk:
         # a row permutation: applies to packed block rows just the same
         heads = {".q_proj.": config.num_heads, ".k_proj.": config.num_kv_heads}
         for part, n in heads.items():

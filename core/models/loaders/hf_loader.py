@@ -1,8 +1,14 @@
-"""Hugging Face folder loader: config.json + *.safetensors + tokenizer files."""
+"""Hugging Face folder loader: config.json + *.safetensors + tokenizer files.
+
+config.json's ``architectures`` (or ``model_type``) names the family
+(core/models/families/), whose mapping builds the decoder description;
+tensors a family names differently are renamed to paged's HF-Llama names
+and fused ones split (Phi-3's ``qkv_proj`` and ``gate_up_proj``)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -10,56 +16,60 @@ from typing import Any
 import torch
 
 from paged.core.models.config import ModelConfig
+from paged.core.models.families import Family, Sizes, hf_family, hf_names
 from paged.core.models.loaders import LoadedModel, ModelLoadError, check_weights, read_json
+from paged.core.models.loaders.gguf_loader import split_fused
 from paged.core.models.progress import ProgressBar
 
 logger = logging.getLogger("paged")
 
-#: HF ``architectures`` / ``model_type`` -> our architecture name
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                  "MistralForCausalLM": "mistral", "llama": "llama", "qwen2": "qwen2",
-                  "mistral": "mistral"}
+_LAYER_RE = re.compile(r"^(model\.layers\.\d+\.)(.+)\.(weight|bias)$")
 
 
 def config_from_hf(path: Path, cfg: dict[str, Any], generation: dict[str, Any]) -> ModelConfig:
-    names = list(cfg.get("architectures") or []) + [cfg.get("model_type")]
-    arch = next((_ARCHITECTURES[n] for n in names if n in _ARCHITECTURES), None)
-    if arch is None:
+    family = hf_family(cfg)
+    if family is None:
+        names = list(cfg.get("architectures") or []) + [cfg.get("model_type")]
         raise ModelLoadError(path, f"unsupported architecture {names[0] if names[0] else cfg.get('model_type')!r} "
-                                   f"(supported: {', '.join(k for k in _ARCHITECTURES if 'For' in k)})")
+                                   f"(supported: {', '.join(hf_names())})")
     try:
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
-        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        window = None
-        if arch == "mistral" or cfg.get("use_sliding_window"):
-            window = cfg.get("sliding_window")
+        vocab, inter = int(cfg["vocab_size"]), int(cfg["intermediate_size"])
+        sizes = Sizes(hidden, int(cfg["num_hidden_layers"]), heads, int(cfg.get("num_key_value_heads") or heads),
+                      int(cfg.get("head_dim") or hidden // heads), int(cfg.get("max_position_embeddings", 2048)))
         eos = generation.get("eos_token_id", cfg.get("eos_token_id"))
         eos_list = [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
         return ModelConfig(
-            architecture=arch,
-            vocab_size=int(cfg["vocab_size"]),
+            architecture=family.name,
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
+            intermediate_size=inter,
+            num_layers=sizes.num_layers,
             num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            sliding_window=int(window) if window else None,
+            num_kv_heads=sizes.num_kv_heads,
+            head_dim=sizes.head_dim,
+            max_position_embeddings=sizes.max_position_embeddings,
             bos_token_id=_first(generation.get("bos_token_id", cfg.get("bos_token_id"))),
             eos_token_id=eos_list[0] if eos_list else None,
             stop_token_ids=eos_list,
+            decoder=family.from_hf(cfg, sizes),
         )
     except KeyError as e:
         raise ModelLoadError(path / "config.json", f"missing key {e.args[0]!r}") from e
     except (TypeError, ValueError) as e:
         raise ModelLoadError(path / "config.json", f"bad value: {e}") from e
+
+
+def hf_weights(family: Family, config: ModelConfig, weights: dict) -> dict:
+    """A checkpoint's tensors under paged's names: the family's renames of
+    layer tensors (Gemma's four norms), fused tensors split."""
+    out = {}
+    for name, w in weights.items():
+        m = _LAYER_RE.match(name)
+        if m and m.group(2) in family.hf_renames:
+            name = f"{m.group(1)}{family.hf_renames[m.group(2)]}.{m.group(3)}"
+        out.update(split_fused(name, w, config))
+    return out
 
 
 def _first(v):
@@ -96,7 +106,12 @@ def load_hf_folder(path: Path, dtype: torch.dtype = torch.float32, *, quiet: boo
     generation = read_json(path / "generation_config.json", required=False)
     config = config_from_hf(path, cfg, generation)
     tokenizer = Tokenizer.from_hf_folder(path)
-    weights = load_safetensors(path, dtype, quiet)
+    try:
+        weights = hf_weights(hf_family(cfg), config, load_safetensors(path, dtype, quiet))
+    except ValueError as e:
+        if isinstance(e, ModelLoadError):
+            raise
+        raise ModelLoadError(path, str(e)) from e
     check_weights(path, config, weights)
     logger.info("loaded %s (%s, %d layers, %s) in %.2fs", path.name, config.architecture,
                 config.num_layers, str(dtype).removeprefix("torch."), time.perf_counter() - start)
