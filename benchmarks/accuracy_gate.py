@@ -57,9 +57,13 @@ PATHS = {"auto": {},
          "bfloat16": dict(dtype="bfloat16", linear_activations="float32")}
 
 
-def load_data() -> tuple[dict, dict]:
-    """(reference.json, floors.json) as dicts."""
-    return (json.loads((DATA / "reference.json").read_text()), json.loads((DATA / "floors.json").read_text()))
+def load_data(reference: str | None = None) -> tuple[dict, dict]:
+    """(reference.json, floors.json) as dicts; ``reference``: another file's
+    reference data (benchmarks/accuracy_reference.py --model F --out PATH),
+    scored without floors (they are the default model's)."""
+    ref = json.loads(Path(reference or DATA / "reference.json").read_text())
+    floors = json.loads((DATA / "floors.json").read_text())
+    return ref, (floors if reference is None else {**floors, "paths": {}, "quick": {**floors["quick"], "paths": {}}})
 
 
 def path_options(name: str) -> dict:
@@ -224,18 +228,19 @@ def misses(score: PathScore, floor: dict, auto_min: int | None) -> list[str]:
     return out
 
 
-def gate(names: list[str], half: str = "check", quick: bool = False, model: str | None = None) -> dict:
+def gate(names: list[str], half: str = "check", quick: bool = False, model: str | None = None,
+         reference: str | None = None) -> dict:
     """Scores every path (and llama.cpp) on the half, or its quick subset,
     against floors.json: {"rows": {name: score dict}, "skipped": {name:
     why}, "failed": {name: [misses]}, "auto_floor": int}."""
     from paged.core.models.files import resolve_model
 
-    reference, floors = load_data()
+    reference, floors = load_data(reference)
     section = floors["quick"] if quick else floors
     prompts, passages = subset(reference, half, section if quick else None)
     model_path = str(resolve_model(model, quiet=True))
     llama = llama_cpp_score(prompts)
-    auto_min = auto_floor(floors, len(prompts), llama) if half == "check" else None
+    auto_min = auto_floor(floors, len(prompts), llama) if half == "check" and floors["paths"] else None
     report = {"half": half, "quick": quick, "prompts": len(prompts), "new_tokens": reference["new_tokens"],
               "corpus_tokens": sum(len(p["ids"]) for p in passages), "auto_floor": auto_min, "rows": {},
               "skipped": {}, "failed": {}}
@@ -279,6 +284,8 @@ def main() -> int:
     ap.add_argument("--paths", default="auto,float32,int8x2,bfloat16,int8,mixed-bf16",
                     help=f"comma list of {', '.join(PATHS)}; NAME@KV also sets --kv-cache-dtype KV")
     ap.add_argument("--quick", action="store_true", help="the quick subset the default test suite runs")
+    ap.add_argument("--reference", default=None, metavar="PATH",
+                    help="another file's reference data (with --model that file; scored without floors)")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
     names = [n for n in args.paths.split(",") if n]
@@ -287,7 +294,7 @@ def main() -> int:
             path_options(n)
     except ValueError as exc:
         ap.error(str(exc))
-    report = gate(names, args.half, args.quick, args.model)
+    report = gate(names, args.half, args.quick, args.model, args.reference)
     print_report(report)
     emit_json(report, args.json)
     return 1 if report["failed"] else 0

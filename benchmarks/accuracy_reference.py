@@ -98,6 +98,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=positive_int, default=48)
     ap.add_argument("--llama-server", default=None, metavar="URL")
     ap.add_argument("--out", default=str(DATA / "reference.json"))
+    ap.add_argument("--halves", default="tune,check", help="which halves to make (another file's check only: check)")
     args = ap.parse_args()
     from paged.core.models.loaders import load_model_files
     from paged.core.models.files import resolve_model
@@ -110,7 +111,8 @@ def main() -> int:
     model = hf_model(path)
     out = {"model": {"file": os.path.basename(path), "sha256": sha256(path)}, "new_tokens": args.new_tokens,
            "masked_tokens": masked, "llama.cpp": bool(args.llama_server), "prompts": {}, "corpus": {}}
-    for half in ("tune", "check"):
+    halves = [h for h in args.halves.split(",") if h]
+    for half in halves:
         rows = []
         for i, text in enumerate(prompts[half]):
             ids = tok.encode(text)
@@ -124,7 +126,7 @@ def main() -> int:
         out["corpus"][half] = [{"ids": (ids := tok.encode(text)), "hf_logprobs": hf_token_logprobs(model, ids)}
                                for text in corpus[half]]
     Path(args.out).write_text(json.dumps(out, separators=(",", ":")) + "\n")
-    for half in ("tune", "check"):
+    for half in halves:
         rows, passages = out["prompts"][half], out["corpus"][half]
         nll = -sum(sum(p["hf_logprobs"]) for p in passages) / sum(len(p["hf_logprobs"]) for p in passages)
         print(f"{half}: {len(rows)} prompts x {args.new_tokens} tokens; corpus {len(passages)} passages, "
