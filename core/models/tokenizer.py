@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 
 logger = logging.getLogger("paged")
@@ -258,9 +258,10 @@ def _spm_backend(meta: dict[str, Any], tokens: list[str], types: list[int], sour
     backend = _Backend(models.BPE(vocab, merges, unk_token=None if unk is None else tokens[unk],
                                   fuse_unk=True, byte_fallback=True))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
-    # "always": every stretch of text between special tokens gets the space, as in llama.cpp
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPM_SPACE, prepend_scheme="always" if prefix
-                                                     else "never", split=False)
+    # the normalizer runs on each stretch of text between added tokens: the
+    # space goes before every one, even one that starts with a space, as in llama.cpp
+    steps = [normalizers.Prepend(SPM_SPACE)] if prefix else []
+    backend.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", SPM_SPACE)])
     steps = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return backend
