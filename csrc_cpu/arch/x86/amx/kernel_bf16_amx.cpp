@@ -190,6 +190,7 @@ void panel_rows(const Bf16Args& a, const isa_avx512::PanelView& p, QType t, int6
     case QType::Q4_0: panel_tiles<QType::Q4_0>(p, steps, tiles.data()); break;
     case QType::Q4_1: panel_tiles<QType::Q4_1>(p, steps, tiles.data()); break;
     case QType::Q8_0: panel_tiles<QType::Q8_0>(p, steps, tiles.data()); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
   const uint16_t* w0 = tiles.data();
   for (int64_t g = 0; g < a.groups(); ++g)

@@ -212,6 +212,7 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
     case QType::Q4_0: rows<QType::Q4_0>(a, p, n0, n1); break;
     case QType::Q4_1: rows<QType::Q4_1>(a, p, n0, n1); break;
     case QType::Q8_0: rows<QType::Q8_0>(a, p, n0, n1); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
 

@@ -188,6 +188,7 @@ void by_qtype(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& s
     case QType::Q4_0: Rows<Nibbles<true>>::run(a, n0, n1, scratch); break;
     case QType::Q4_1: Rows<Nibbles<false>>::run(a, n0, n1, scratch); break;
     case QType::Q8_0: Rows<Bytes>::run(a, n0, n1, scratch); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
 

@@ -576,6 +576,7 @@ void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst
     case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, false, p); break;
     case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, false, p); break;
     case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, false, p); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
 
@@ -609,6 +610,7 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
     case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, scales_only, p); break;
     case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, scales_only, p); break;
     case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, scales_only, p); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
   return p;
 }
@@ -621,6 +623,7 @@ void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1,
     case QType::Q4_0: tiles<QType::Q4_0>(a, p, r0, r1, n0, n1); break;
     case QType::Q4_1: tiles<QType::Q4_1>(a, p, r0, r1, n0, n1); break;
     case QType::Q8_0: tiles<QType::Q8_0>(a, p, r0, r1, n0, n1); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
 
@@ -629,6 +632,7 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel) {
     case QType::Q4_0: rows<QType::Q4_0>(a, n0, n1, panel); break;
     case QType::Q4_1: rows<QType::Q4_1>(a, n0, n1, panel); break;
     case QType::Q8_0: rows<QType::Q8_0>(a, n0, n1, panel); break;
+    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
 
