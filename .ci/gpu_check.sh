@@ -3,18 +3,20 @@
 # Python 3.12, 16 cores, no network). Run from the repo root via the device
 # tool, with the serving wheels of .ci/gpu_wheels.txt fetched into .whl/:
 #   run(command="bash .ci/gpu_check.sh", carry=[".whl"], timeout_s=420)
-# Stage timeouts add up to 6.5 minutes at worst (build 150 s, tests 60 s,
-# e2e 90 s, conformance 45 s, benchmarks 40 s); the expected total is under 5.
+# Stage timeouts add up to 6.6 minutes at worst (build 150 s, tests 60 s,
+# e2e 100 s, conformance 45 s, benchmarks 40 s); the expected total is under 5.
 # Budget: under 5 minutes on a fresh machine, so a rerun fits in 15 minutes
 # of device time. Each stage has its own timeout; a failed stage does not
 # stop the others. Everything lands in $OUT (8 files at most come back):
 #   summary.txt   one line per stage + the e2e and benchmark results
 #   build.log pytest.log e2e.log e2e.json conformance.txt bench.log bench.json
-# Stages: build _C_cuda for sm_90 | the CUDA tests (kernels vs the reference
+# Stages: build _C_cuda for sm_90 (and check it really was: CMake skips
+# csrc_cuda without nvcc and pip still succeeds) | the CUDA tests (kernels vs the reference
 # backend at every head size, the shared kernel checks) | the engine end to
 # end on a generated model (benchmarks/gpu_e2e.py: cuda vs cpu float32
-# greedy in float32 and bfloat16, graphs vs --enforce-eager, paged serve
-# streaming a completion) | paged conformance --device cuda --quick |
+# greedy in float32 and bfloat16, graphs vs --enforce-eager, two engines at
+# --gpu-memory-utilization 0.45 side by side, each engine's memory freed,
+# paged serve streaming a completion) | paged conformance --device cuda --quick |
 # decode (% of copy bandwidth) and prefill (TFLOP/s vs torch SDPA) benchmarks.
 set -uo pipefail
 OUT=${OUT:-/tmp/paged-gpu-check}
@@ -39,16 +41,23 @@ t0=$(date +%s)
 if ! timeout 150 $PY -m pip install -q --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1; then
   echo "BUILD FAILED (see build.log)" | tee -a "$S"; tail -30 "$OUT/build.log"; exit 1
 fi
-echo "built in $(( $(date +%s) - t0 )) s" | tee -a "$S"
+# pip succeeds when CMake skipped csrc_cuda (nvcc not found): the module must
+# exist and say it was compiled for exactly the archs asked for
+if ! archs=$($PY -c "import paged._C_cuda as c; print(c.built_archs)" 2>>"$OUT/build.log") \
+    || [ "$archs" != "${PAGED_CUDA_ARCHS//;/,}" ]; then
+  echo "BUILD FAILED: paged._C_cuda built_archs '${archs:-<no module>}', expected '${PAGED_CUDA_ARCHS//;/,}'" \
+    "(CMake skipped csrc_cuda? nvcc on PATH? see build.log)" | tee -a "$S"; tail -30 "$OUT/build.log"; exit 1
+fi
+echo "built _C_cuda for sm_$archs in $(( $(date +%s) - t0 )) s" | tee -a "$S"
 
 stage tests
 timeout 60 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_ids.py \
-  tests/test_cuda_sizing.py > "$OUT/pytest.log" 2>&1
+  tests/test_cuda_sizing.py tests/test_cuda_alignment.py > "$OUT/pytest.log" 2>&1
 test_rc=$?
 tail -3 "$OUT/pytest.log" | tee -a "$S"
 
 stage "engine end to end"
-timeout 90 $PY benchmarks/gpu_e2e.py --out "$OUT" > "$OUT/e2e.log" 2>&1
+timeout 100 $PY benchmarks/gpu_e2e.py --out "$OUT" > "$OUT/e2e.log" 2>&1
 e2e_rc=$?
 grep -E "^(PASS|FAIL)" "$OUT/e2e.log" | tee -a "$S"
 [ $e2e_rc -eq 0 ] || tail -15 "$OUT/e2e.log" | tee -a "$S"

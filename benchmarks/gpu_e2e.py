@@ -11,7 +11,10 @@ on the spot (the default model cannot travel to a lent GPU machine):
    (CUDA graphs on), and bfloat16 with --enforce-eager against the graphed
    run: ``compare_greedy`` accepts equal tokens, or a first divergence where
    the oracle's top-2 margin was below the dtype's threshold (MARGIN);
-3. ``paged --device cuda serve`` on the folder answering a streamed
+3. two engines at --gpu-memory-utilization 0.45 side by side (each sizes
+   its KV cache from its own share), and each engine's memory back on the
+   device once it closed (``run_engine``);
+4. ``paged --device cuda serve`` on the folder answering a streamed
    completion (``stream_completion``).
 
 Writes e2e.json and prints one summary line per check; exit 1 if any failed.
@@ -29,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -181,10 +185,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _release(llm) -> None:
+class EngineLeaked(RuntimeError):
+    """An engine was still referenced after its run: its KV arena and weights stay on the device."""
+
+
+def run_engine(make, work):
+    """``work(make())``, then the engine is closed, every reference to it
+    dropped and its absence checked (a weak reference), and the device's
+    cached blocks released: the next engine starts on an empty device. (The
+    old ``_release(llm)`` deleted only its own argument; the caller's name
+    kept the engine, so the next one profiled the first one's KV arena as
+    used.) ``work`` must not keep the engine."""
+    llm = make()
+    try:
+        result = work(llm)
+    finally:
+        llm.close()
+    ref = weakref.ref(llm)
     del llm
     gc.collect()
-    torch.cuda.empty_cache()
+    if ref() is not None:
+        holders = [type(r).__name__ for r in gc.get_referrers(ref())]
+        raise EngineLeaked(f"the engine is still referenced after its run (by {', '.join(holders)})")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return result
+
+
+def device_free_bytes() -> int | None:
+    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else None
+
+
+#: memory an engine may leave behind (the CUDA context's own caches): more is a leak
+LEAK_SLACK = 512 * 2**20
 
 
 def main() -> int:
@@ -199,25 +233,37 @@ def main() -> int:
     common = dict(model=str(model), max_model_len=2048, seed=0)
     lines, report = [], {}
 
-    cpu = LLM(device="cpu", dtype="float32", kv_cache_memory="1GiB", **common)
-    want, margins = greedy(cpu, ps)
-    del cpu
+    want, margins = run_engine(lambda: LLM(device="cpu", dtype="float32", kv_cache_memory="1GiB", **common),
+                               lambda llm: greedy(llm, ps))
     runs = {}
+    ok = True
     for name, dtype, extra in (("cuda float32 (graphs)", "float32", {}),
                                ("cuda bfloat16 (graphs)", "bfloat16", {"gpu_memory_utilization": 0.5}),
                                ("cuda bfloat16 (--enforce-eager)", "bfloat16",
                                 {"gpu_memory_utilization": 0.5, "enforce_eager": True})):
-        t0 = time.perf_counter()
-        llm = LLM(device="cuda", dtype=dtype, **common, **extra)
-        blocks = llm.engine.kv_cache_manager.num_blocks
-        runs[name] = greedy(llm, ps)
-        _release(llm)
-        report[name] = {"seconds": round(time.perf_counter() - t0, 1), "kv_blocks": blocks}
+        t0, free0 = time.perf_counter(), device_free_bytes()
+        blocks, runs[name] = run_engine(lambda: LLM(device="cuda", dtype=dtype, **common, **extra),
+                                        lambda llm: (llm.engine.kv_cache_manager.num_blocks, greedy(llm, ps)))
+        free1 = device_free_bytes()
+        report[name] = {"seconds": round(time.perf_counter() - t0, 1), "kv_blocks": blocks,
+                        "free_before": free0, "free_after": free1}
+        if free0 is not None and free1 < free0 - LEAK_SLACK:  # the next engine would start on less
+            lines.append(f"FAIL {name}: {(free0 - free1) / 2**20:.0f} MiB not freed after the engine closed")
+            ok = False
+    # two instances side by side, each with its own share of the device (as in
+    # vLLM): the second's budget must not count the first's memory against it
+    same = dict(device="cuda", dtype="bfloat16", gpu_memory_utilization=0.45, enforce_eager=True, **common)
+    try:
+        run_engine(lambda: LLM(**same), lambda a: run_engine(
+            lambda: LLM(**same), lambda b: (greedy(a, ps[:1]), greedy(b, ps[:1]))))
+        lines.append("PASS two engines at --gpu-memory-utilization 0.45 side by side")
+    except Exception as e:  # noqa: BLE001 - reported as the check's result
+        lines.append(f"FAIL two engines at --gpu-memory-utilization 0.45 side by side: {str(e).splitlines()[0][:300]}")
+        ok = False
     checks = [("cuda float32 vs cpu float32", want, margins, runs["cuda float32 (graphs)"][0], MARGIN["float32"]),
               ("cuda bfloat16 vs cpu float32", want, margins, runs["cuda bfloat16 (graphs)"][0], MARGIN["bfloat16"]),
               ("graphs vs eager (bfloat16)", *runs["cuda bfloat16 (--enforce-eager)"],
                runs["cuda bfloat16 (graphs)"][0], MARGIN["graphs"])]
-    ok = True
     for name, w, m, g, threshold in checks:
         results = compare_greedy(w, m, g, threshold)
         report[name] = results

@@ -17,7 +17,13 @@
 // partition count depends on its length (and window) alone, so its result does
 // not depend on what else is in the batch. With one partition the kernel
 // writes the final output; otherwise partial (out, max, sum) go to the float32
-// workspace and split_reduce_kernel combines them.
+// workspace and split_reduce_kernel combines them. The launch has
+// `a.max_splits` partitions per sequence, sized by the caller from the step's
+// longest decode (backends/cuda/launch.py); a sequence that would need more
+// gets NaN outputs (a visible error), never a softmax over part of its keys.
+//
+// Grid: x = row tiles x partitions (up to 2^31 - 1, so a long context never
+// hits the 65535 limit of y and z), y = sequence, z = kv head.
 #include <cmath>
 
 #include "common.cuh"
@@ -67,8 +73,8 @@ __global__ void __launch_bounds__(kThreads)
   auto s_k = reinterpret_cast<float (*)[D + 1]>(smem + kRowsPerCta * D);  // +1: lane j reads row j, no conflicts
   auto s_v = reinterpret_cast<float (*)[D]>(smem + kRowsPerCta * D + kKeyTile * (D + 1));
 
-  const int kvh = blockIdx.x, seq = blockIdx.y;
-  const int row_tile = blockIdx.z / grid_splits, split = blockIdx.z % grid_splits;
+  const int kvh = blockIdx.z, seq = blockIdx.y;
+  const int row_tile = blockIdx.x / grid_splits, split = blockIdx.x % grid_splits;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const bool decode = a.query_start_loc == nullptr;
   const int group = a.num_heads / num_kv_heads;
@@ -85,8 +91,11 @@ __global__ void __launch_bounds__(kThreads)
   // Keys needed: the union of this tile's rows' visible ranges, or one partition of it.
   int key_begin = first_visible_key(pos0 + row0 / group, a.sliding_window);
   int key_end = pos0 + last_row / group + 1;
-  const int splits = decode ? min(num_partitions(key_end - key_begin), a.max_splits) : 1;
+  // more partitions than launched: NaN rows (one CTA writes them), no partial softmax
+  const bool too_long = decode && num_partitions(key_end - key_begin) > a.max_splits;
+  const int splits = decode && !too_long ? num_partitions(key_end - key_begin) : 1;
   if (split >= splits) return;
+  if (too_long) key_end = key_begin;
   if (splits > 1) {
     key_begin += split * kSplitPartition;
     key_end = min(key_end, key_begin + kSplitPartition);
@@ -170,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
       T* out = static_cast<T*>(a.out) + (std::int64_t(q_begin + row / group) * a.num_heads + head) * D;
 #pragma unroll
       for (int c = 0; c < kLaneDims; ++c)
-        if (lane + 32 * c < D) out[lane + 32 * c] = from_float<T>(acc[i][c] * inv);
+        if (lane + 32 * c < D) out[lane + 32 * c] = from_float<T>(too_long ? NAN : acc[i][c] * inv);
     } else {
       const std::int64_t idx = (std::int64_t(seq) * a.num_heads + head) * a.max_splits + split;
 #pragma unroll
@@ -188,8 +197,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int D>
 __global__ void __launch_bounds__(D) split_reduce_kernel(AttentionArgs a) {
   const int head = blockIdx.x, seq = blockIdx.y, d = threadIdx.x;
-  const int splits = min(decode_partitions(a.seq_lens[seq], a.sliding_window), a.max_splits);
-  if (splits <= 1) return;  // written directly by attention_kernel
+  const int splits = decode_partitions(a.seq_lens[seq], a.sliding_window);
+  if (splits <= 1 || splits > a.max_splits) return;  // written directly by attention_kernel (NaN when too long)
   const std::int64_t base = (std::int64_t(seq) * a.num_heads + head) * a.max_splits;
   float global_max = -INFINITY;
   for (int s = 0; s < splits; ++s) global_max = fmaxf(global_max, a.split_max_sum[2 * (base + s)]);
@@ -236,12 +245,12 @@ void paged_attention(const AttentionArgs& a, const CacheGeometry& g, std::uintpt
   const int group = a.num_heads / g.num_kv_heads;
   const long long row_tiles = ((decode ? 1LL : a.max_query_len) * group + kRowsPerCta - 1) / kRowsPerCta;
   const int grid_splits = decode ? a.max_splits : 1;
-  const long long grid_z = row_tiles * grid_splits;
-  if (a.num_seqs > 65535 || grid_z > 65535 || grid_z < 1)
+  const long long grid_x = row_tiles * grid_splits;
+  if (a.num_seqs > 65535 || g.num_kv_heads > 65535 || grid_x > 2147483647LL || grid_x < 1)
     throw std::invalid_argument(std::string(op) + ": launch too large (" + std::to_string(a.num_seqs) +
-                                " sequences, " + std::to_string(grid_z) +
-                                " row tiles x partitions; each must be <= 65535)");
-  const dim3 grid(g.num_kv_heads, a.num_seqs, static_cast<unsigned>(grid_z));
+                                " sequences (<= 65535), " + std::to_string(g.num_kv_heads) + " kv heads (<= 65535), " +
+                                std::to_string(grid_x) + " row tiles x partitions (<= 2^31 - 1))");
+  const dim3 grid(static_cast<unsigned>(grid_x), a.num_seqs, g.num_kv_heads);
   dispatch_dtype(g.dtype, [&](auto tag) {
     using T = decltype(tag);
     dispatch_head_size(g.head_size, [&](auto d) { launch<T, decltype(d)::value>(a, g, grid, grid_splits,

@@ -4,19 +4,25 @@
 // host (shapes, dtypes, devices, contiguity, host-side block ids) is checked
 // once per call, naming the bad value; block ids that live on the GPU (block
 // tables, slot mappings) are guarded inside the kernels and checked by the
-// Python wrapper in debug mode (see docs/cuda.md). Messages have the one
-// shape of csrc_shared/arg_error.h: "<name>: expected <X>, got <Y>".
+// Python wrapper in debug mode (see docs/cuda.md). Alignment is checked
+// first (alignment.h): a misaligned view must be a ValueError here, never a
+// misaligned-address fault that poisons the CUDA context. Messages have the
+// one shape of csrc_shared/arg_error.h: "<name>: expected <X>, got <Y>".
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "alignment.h"
 #include "arg_error.h"
 #include "ops.h"
 
@@ -56,8 +62,28 @@ bool is_contiguous(const Array& a) {
   return true;
 }
 
-// Device, contiguity and rank of one argument.
+bool is_float(const Array& a) {
+  const auto code = a.dtype().code;
+  return code == uint8_t(nb::dlpack::dtype_code::Float) || code == uint8_t(nb::dlpack::dtype_code::Bfloat);
+}
+
+// The data pointer's alignment (alignment.h), before anything else is read
+// of the array: float rows move as 16-byte vectors, indices element-wise.
+void check_alignment(const Array& a, const char* name) {
+  const size_t align = pc::required_alignment(is_float(a), (a.dtype().bits * a.dtype().lanes + 7) / 8);
+  if (const size_t off = pc::misalignment(a.data(), align))
+    fail(name, pc::alignment_expected(align), pc::alignment_got(off));
+}
+
+// Every array of a call, before anything else about any of them: whatever
+// else is wrong, a misaligned view is named as such.
+void check_all_aligned(std::initializer_list<std::pair<const Array*, const char*>> arrays) {
+  for (const auto& [a, name] : arrays) check_alignment(*a, name);
+}
+
+// Alignment, device, contiguity and rank of one argument.
 void check_array(const Array& a, const char* name, size_t ndim, bool on_cuda = true) {
+  check_alignment(a, name);
   if (on_cuda && a.device_type() != kDLCUDA)
     fail(name, "a CUDA tensor (DLPack device type " + std::to_string(kDLCUDA) + ")",
          "device type " + std::to_string(a.device_type()));
@@ -185,6 +211,8 @@ pc::AttentionArgs make_args(const Array& out, const Array& query, const Array& k
 
 void reshape_and_cache(const Array& key, const Array& value, const Array& key_cache, const Array& value_cache,
                        const Array& slot_mapping, std::uintptr_t stream) {
+  check_all_aligned({{&key, "key"}, {&value, "value"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                     {&slot_mapping, "slot_mapping"}});
   const pc::CacheGeometry g = cache_geometry(key_cache, value_cache);
   check_rows(key, "key", -1, g.num_kv_heads, g, key_cache);
   check_rows(value, "value", int64_t(key.shape(0)), g.num_kv_heads, g, key_cache);
@@ -197,14 +225,24 @@ void reshape_and_cache(const Array& key, const Array& value, const Array& key_ca
 
 void paged_attention(const Array& out, const Array& query, const Array& key_cache, const Array& value_cache,
                      const Array& block_tables, const Array& seq_lens, double scale, int sliding_window,
-                     const Array& split_out, const Array& split_max_sum, std::uintptr_t stream) {
+                     const Array& split_out, const Array& split_max_sum, int max_splits, std::uintptr_t stream) {
+  check_all_aligned({{&out, "out"}, {&query, "query"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                     {&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}, {&split_out, "split_out"},
+                     {&split_max_sum, "split_max_sum"}});
   const AttentionCheck c =
       check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window);
   if (int64_t(query.shape(0)) != c.num_seqs)
     fail("seq_lens", "one entry per query row (" + std::to_string(query.shape(0)) + ")",
          std::to_string(c.num_seqs) + " entries");
   pc::AttentionArgs a = make_args(out, query, key_cache, value_cache, block_tables, seq_lens, c, scale, sliding_window);
-  a.max_splits = pc::decode_max_splits(a.max_blocks_per_seq, c.g.block_size, sliding_window);
+  // The launch's partitions per sequence: the caller sizes it by the step's
+  // longest decode (backends/cuda/launch.py); more than the table can hold
+  // would only launch CTAs that exit.
+  const int table_splits = std::max(1, pc::decode_max_splits(a.max_blocks_per_seq, c.g.block_size, sliding_window));
+  if (max_splits < 1 || max_splits > table_splits)
+    fail("max_splits", "in [1, " + std::to_string(table_splits) + "] (partitions of the block table's " +
+                           std::to_string(a.max_blocks_per_seq) + " blocks)", max_splits);
+  a.max_splits = max_splits;
   if (a.max_splits > 1) {
     check_array(split_out, "split_out", 4);
     check_array(split_max_sum, "split_max_sum", 4);
@@ -226,6 +264,8 @@ void paged_attention(const Array& out, const Array& query, const Array& key_cach
 void prefill_attention(const Array& out, const Array& query, const Array& key_cache, const Array& value_cache,
                        const Array& query_start_loc, const Array& seq_lens, const Array& block_tables,
                        int max_query_len, double scale, int sliding_window, std::uintptr_t stream) {
+  check_all_aligned({{&out, "out"}, {&query, "query"}, {&key_cache, "key_cache"}, {&value_cache, "value_cache"},
+                     {&query_start_loc, "query_start_loc"}, {&seq_lens, "seq_lens"}, {&block_tables, "block_tables"}});
   const AttentionCheck c =
       check_attention(out, query, key_cache, value_cache, block_tables, seq_lens, scale, sliding_window);
   check_index(query_start_loc, "query_start_loc", 1, 32, key_cache);
@@ -244,6 +284,8 @@ void copy_blocks(const std::vector<Array>& key_caches, const std::vector<Array>&
     fail("value_caches", "one per layer of key_caches (" + std::to_string(key_caches.size()) + ")",
          value_caches.size());
   if (key_caches.empty()) return;
+  for (size_t i = 0; i < key_caches.size(); ++i)
+    check_all_aligned({{&key_caches[i], "key_caches[i]"}, {&value_caches[i], "value_caches[i]"}});
   const pc::CacheGeometry g = cache_geometry(key_caches[0], value_caches[0]);
   check_index(block_mapping, "block_mapping", 2, 64, key_caches[0]);
   check_dim(block_mapping, "block_mapping", 1, 2);
@@ -330,7 +372,8 @@ NB_MODULE(_C_cuda, m) {
         nb::arg("value_cache"), nb::arg("slot_mapping"), nb::arg("stream"));
   m.def("paged_attention", &paged_attention, nb::arg("out"), nb::arg("query"), nb::arg("key_cache"),
         nb::arg("value_cache"), nb::arg("block_tables"), nb::arg("seq_lens"), nb::arg("scale"),
-        nb::arg("sliding_window"), nb::arg("split_out"), nb::arg("split_max_sum"), nb::arg("stream"));
+        nb::arg("sliding_window"), nb::arg("split_out"), nb::arg("split_max_sum"), nb::arg("max_splits"),
+        nb::arg("stream"));
   m.def("prefill_attention", &prefill_attention, nb::arg("out"), nb::arg("query"), nb::arg("key_cache"),
         nb::arg("value_cache"), nb::arg("query_start_loc"), nb::arg("seq_lens"), nb::arg("block_tables"),
         nb::arg("max_query_len"), nb::arg("scale"), nb::arg("sliding_window"), nb::arg("stream"));

@@ -1,13 +1,14 @@
 """The CUDA platform: NVIDIA GPUs through torch.cuda and paged._C_cuda.
 
 Nothing here touches CUDA at import time; detection goes through torch.cuda
-when asked. KV cache sizing follows --gpu-memory-utilization (docs/cuda.md):
+when asked. KV cache sizing follows --gpu-memory-utilization per engine
+instance (backends/accelerator/memory.py, docs/cuda.md):
 
-    budget = utilization * total - memory used at the peak of a profiled worst-case step
+    at init:  the device's baseline, and U x total must be free
+    budget  = U x total - what this instance uses at its profiled peak
 
-The profiling step itself is the CudaWorker's (backends/cuda/worker.py); the
-arithmetic here is pure (kv_cache_budget, device_used_bytes) and tested on
-the CPU.
+The profiling step itself is the CudaWorker's (backends/cuda/worker.py);
+the arithmetic is pure and tested on the CPU.
 """
 
 from __future__ import annotations
@@ -15,58 +16,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from paged.backends.accelerator.memory import (DeviceMemory, InstanceMemory, kv_budget_line,  # noqa: F401
+                                               kv_cache_budget)
 from paged.platforms.base import Availability, MemoryInfo, Platform
 from paged.platforms.sizes import format_size
 
 log = logging.getLogger(__name__)
 
 
-def kv_cache_budget(total_bytes: int, used_bytes: int, utilization: float = 0.9,
-                    requested: int | None = None) -> int:
-    """Bytes the KV cache may take on one GPU: ``utilization * total - used``,
-    where ``used`` is the device memory in use after profiling the model at
-    the max batch (weights, activations, CUDA context, other processes).
-    ``requested`` (``--kv-cache-memory``) is honoured when it fits that
-    budget. Raises ValueError with the numbers when nothing fits."""
-    if not isinstance(utilization, (int, float)) or not 0.0 < float(utilization) <= 1.0:
-        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {utilization!r}")
-    if used_bytes < 0 or total_bytes <= 0:
-        raise ValueError(f"invalid memory figures: total {total_bytes} bytes, used {used_bytes} bytes")
-    allowed = int(float(utilization) * total_bytes)
-    budget = allowed - int(used_bytes)
-    if budget <= 0:
-        raise ValueError(
-            f"--gpu-memory-utilization {utilization:.2f} allows {format_size(allowed)} of the GPU's "
-            f"{format_size(total_bytes)}, but {format_size(used_bytes)} are already used after profiling "
-            f"the model: no room for the KV cache (raise --gpu-memory-utilization, lower the max batch / "
-            f"model length, or use a smaller model)")
-    if requested is None:
-        return budget
-    if requested < 0 or requested > budget:
-        raise ValueError(
-            f"--kv-cache-memory {format_size(requested)} exceeds the {format_size(budget)} left for the KV "
-            f"cache (--gpu-memory-utilization {utilization:.2f} of {format_size(total_bytes)}, "
-            f"{format_size(used_bytes)} used after profiling)")
-    return int(requested)
-
-
-def device_used_bytes(total_bytes: int, free_bytes: int, reserved_bytes: int, peak_allocated_bytes: int) -> int:
-    """Device memory in use at a profiled peak: torch's peak allocation
-    (weights + activations) plus what lives outside torch's allocator (the
-    CUDA context, cuBLAS workspaces, other processes), i.e. the device's used
-    memory minus what torch's caching allocator holds."""
-    non_torch = max(0, (int(total_bytes) - int(free_bytes)) - int(reserved_bytes))
-    return int(peak_allocated_bytes) + non_torch
-
-
-def kv_budget_line(total_bytes: int, used_bytes: int, utilization: float, budget_bytes: int) -> str:
-    """The sizing logged once: what the flag allows, what the profile used, what is left."""
-    return (f"KV cache budget: --gpu-memory-utilization {utilization:.2f} x {format_size(total_bytes)} = "
-            f"{format_size(int(utilization * total_bytes))}, {format_size(used_bytes)} used at the profiled "
-            f"peak -> {format_size(budget_bytes)} for the KV cache")
-
-
-class CudaPlatform(Platform):
+class CudaPlatform(InstanceMemory, Platform):
     name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
@@ -75,7 +33,11 @@ class CudaPlatform(Platform):
 
     def __init__(self) -> None:
         self._device_index = 0
-        self.gpu_memory_utilization = 0.9  # EngineConfig's, through init()
+        self.utilization = 0.9  # --gpu-memory-utilization (EngineConfig's, through init())
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return self.utilization
 
     # -- detection ---------------------------------------------------------
     def is_available(self) -> Availability:
@@ -106,8 +68,8 @@ class CudaPlatform(Platform):
              **options: Any) -> None:
         if device is not None:
             self.set_device(int(device))
-        if gpu_memory_utilization is not None:
-            self.gpu_memory_utilization = float(gpu_memory_utilization)
+        # this instance's share must be free now, before the model loads (InstanceMemory)
+        self.start_accounting(gpu_memory_utilization)
 
     def set_device(self, index: int) -> None:
         import torch
@@ -130,28 +92,10 @@ class CudaPlatform(Platform):
         free, total = torch.cuda.mem_get_info(self._device_index)
         return MemoryInfo(total_bytes=int(total), available_bytes=int(free))
 
-    def used_after_profiling_bytes(self) -> int:
-        """Device memory the model needs at its peak (device_used_bytes):
-        torch's peak allocation since the last
-        ``torch.cuda.reset_peak_memory_stats()`` plus what is used outside
-        torch's allocator. The CudaWorker calls it after its profiling step."""
+    def device_memory(self) -> DeviceMemory:
         import torch
 
-        free, total = torch.cuda.mem_get_info(self._device_index)
-        return device_used_bytes(total, free, torch.cuda.memory_reserved(self._device_index),
-                                 torch.cuda.max_memory_allocated(self._device_index))
-
-    def kv_cache_budget_bytes(self, requested: int | None = None, profiled_peak_bytes: int | None = None,
-                              utilization: float | None = None) -> int:
-        """See kv_cache_budget(); ``profiled_peak_bytes`` (the Worker's
-        profiling, core/engine/worker.py) defaults to used_after_profiling_bytes(),
-        ``utilization`` to --gpu-memory-utilization. Logs the numbers."""
-        used = self.used_after_profiling_bytes() if profiled_peak_bytes is None else int(profiled_peak_bytes)
-        utilization = self.gpu_memory_utilization if utilization is None else utilization
-        total = self.memory_info().total_bytes
-        budget = kv_cache_budget(total, used, utilization, requested)
-        log.info(kv_budget_line(total, used, utilization, budget))
-        return budget
+        return DeviceMemory(torch.cuda, self._device_index)
 
     def supported_dtypes(self) -> list:
         import torch

@@ -4,6 +4,10 @@ torch_npu is imported only when this platform is actually used: with
 torch-npu installed but no CANN, importing it fails (and, with torch's
 device-backend autoload on, so would ``import torch``), so detection first
 checks the pieces without importing, and says exactly what is missing.
+
+KV sizing is per engine instance, from a profiled worst-case step, like
+CUDA's (backends/accelerator/memory.py): --gpu-memory-utilization is this
+instance's share of the NPU's memory.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import ctypes
 import importlib.util
 import os
 
+from paged.backends.accelerator.memory import DeviceMemory, InstanceMemory
 from paged.platforms.base import Availability, MemoryInfo, Platform, PlatformUnavailable
 
 # torch_npu registers itself for torch's device-backend autoload; without CANN
@@ -21,8 +26,9 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 TORCH_NPU_PIN = "torch-npu==2.13.0"
 CANN_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 ACL_LIBRARY = "libascendcl.so"
-#: the CANN operators NpuBackend calls (backends/npu)
-OPERATORS = ("npu_fused_infer_attention_score", "npu_scatter_pa_kv_cache")
+#: the CANN operators NpuBackend needs (backends/npu); npu_scatter_pa_kv_cache
+#: is used where the release has it (an index copy otherwise, operators.py)
+OPERATORS = ("npu_fused_infer_attention_score",)
 
 
 def torch_npu_installed() -> bool:
@@ -45,7 +51,7 @@ def _import_torch_npu():
     return torch
 
 
-class NpuPlatform(Platform):
+class NpuPlatform(InstanceMemory, Platform):
     name = "npu"
     device_type = "npu"
     dist_backend = "hccl"
@@ -73,11 +79,17 @@ class NpuPlatform(Platform):
         detection, before any model is loaded."""
         import sys
 
+        from paged.backends.npu import operators
+
         module = sys.modules["torch_npu"]
         missing = [op for op in OPERATORS if not hasattr(module, op)]
         if missing:
             version = getattr(module, "__version__", "?")
             return f"torch_npu {version} lacks {', '.join(missing)}: pip install {TORCH_NPU_PIN}"
+        try:
+            operators.plan(module)  # the keywords NpuBackend will pass, read from this release
+        except ValueError as e:
+            return f"{e}: pip install {TORCH_NPU_PIN}"
         if torch.npu.device_count() == 0:
             visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
             hint = f" (ASCEND_RT_VISIBLE_DEVICES={visible})" if visible is not None else ""
@@ -98,9 +110,17 @@ class NpuPlatform(Platform):
         except Exception:
             return 0
 
-    def init(self, rank: int = 0, **options) -> None:
-        """This rank's NPU becomes the current device before any tensor is made."""
+    def init(self, rank: int = 0, gpu_memory_utilization: float | None = None, **options) -> None:
+        """This rank's NPU becomes the current device before any tensor is
+        made; its memory baseline is read and this instance's share checked."""
         self.set_device(rank)
+        self._device_index = int(rank)
+        self.start_accounting(gpu_memory_utilization)
+
+    _device_index = 0
+
+    def device_memory(self) -> DeviceMemory:
+        return DeviceMemory(self._require().npu, self._device_index)
 
     def set_device(self, index: int) -> None:
         self._require().npu.set_device(index)
@@ -109,7 +129,7 @@ class NpuPlatform(Platform):
         self._require().npu.synchronize()
 
     def memory_info(self) -> MemoryInfo:
-        free, total = self._require().npu.mem_get_info()
+        free, total = self._require().npu.mem_get_info(self._device_index)
         return MemoryInfo(total_bytes=int(total), available_bytes=int(free))
 
     def supported_dtypes(self) -> list:
@@ -145,7 +165,12 @@ class NpuPlatform(Platform):
             "default_block_size": self.default_block_size,
         })
         if report["available"]:
+            import sys
+
+            from paged.backends.npu import operators
+
             torch = _import_torch_npu()
+            report["operators"] = operators.plan(sys.modules["torch_npu"]).describe()
             report["device_count"] = int(torch.npu.device_count())
             report["devices"] = [torch.npu.get_device_name(i) for i in range(report["device_count"])]
             mem = self.memory_info()

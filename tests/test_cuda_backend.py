@@ -323,6 +323,74 @@ def test_bad_block_ids():
     assert torch.isfinite(out).all()
 
 
+@needs_gpu
+def test_misaligned_cuda_view_is_an_error_and_the_context_survives():
+    """A view 2 bytes off a 16-byte boundary is a ValueError at the boundary
+    (alignment.h), not a misaligned-address fault: the next call works."""
+    cuda, _ = _pair(torch.float16, 64, 16, (4, 2))
+    kc = torch.zeros(cuda.kv_cache_shape(4), dtype=torch.float16, device="cuda")
+    flat = torch.zeros(1 + 3 * 2 * 64, dtype=torch.float16, device="cuda")
+    key = flat[1:].view(3, 2, 64)
+    slots = torch.arange(3, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="key: expected a data pointer aligned to 16 bytes"):
+        cuda.reshape_and_cache(key, key, kc, kc, slots)
+    cuda.reshape_and_cache(key.clone(), key.clone(), kc, kc, slots)
+    torch.cuda.synchronize()
+
+
+@needs_gpu
+def test_decode_launched_with_too_few_partitions_writes_nan():
+    """max_splits comes from the host's lengths; a launch that would not
+    cover a sequence writes NaN for it, never a softmax over part of its keys."""
+    gen = torch.Generator().manual_seed(5)
+    cuda, _ = _pair(torch.float16, 64, 16, (4, 2))
+    kc, vc = _filled_cache(cuda, 128, gen)
+    tables, lens = _tables([1500, 100], 16, 128, gen)
+    q = torch.randn(2, 4, 64, generator=gen).half().cuda()
+    out = torch.empty_like(q)
+    split_out, split_max_sum = cuda.split_workspace(2, 2)
+    from torch.utils.dlpack import to_dlpack as d
+
+    from paged import _C_cuda
+
+    _C_cuda.paged_attention(d(out), d(q), d(kc), d(vc), d(tables), d(lens), cuda.scale, 0, d(split_out),
+                            d(split_max_sum), 2, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()  # 1500 tokens need 3 partitions
+
+
+@needs_gpu
+def test_runner_step_sizes_the_decode_by_its_own_lengths():
+    """Through the model runner's path (host arrays attached): the split
+    count is the longest decode's, and the output equals the reference."""
+    from paged.core.engine.model_runner import StepMetadata, to_device
+    from paged.core.engine.model_runner import HostBatch
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(6)
+    cuda, ref = _pair(torch.bfloat16, 128, 16, (8, 2))
+    kc, vc = _filled_cache(cuda, 256, gen)
+    rk, rv = kc.clone(), vc.clone()
+    lens = [30, 1100, 7]
+    tables, seq_lens = _tables(lens, 16, 256, gen)
+    t_host = tables.cpu().numpy()
+    pos = np.array([n - 1 for n in lens])
+    slots = t_host[np.arange(3), pos // 16].astype(np.int64) * 16 + pos % 16
+    b = HostBatch(np.zeros(3, dtype=np.int64), pos, slots, np.arange(4, dtype=np.int32),
+                  np.array(lens, dtype=np.int32), t_host, 3, np.arange(3), 3)
+    t = to_device({"slot_mapping": slots, "query_start_loc": b.query_start_loc, "seq_lens": b.seq_lens,
+                   "block_tables": t_host}, torch.device("cuda", 0))
+    common = StepMetadata(**t, num_decodes=3, max_query_len=1, max_seq_len=1100, host=b)
+    cuda.num_blocks = 256
+    meta = cuda.build_metadata(common)
+    assert meta.decode_splits == 3
+    q = torch.randn(3, 8, 128, generator=gen).bfloat16().cuda()
+    k, v = (torch.randn(3, 2, 128, generator=gen).bfloat16().cuda() for _ in range(2))
+    out = cuda.forward(q, k, v, (kc, vc), meta)
+    want = ref.forward(q, k, v, (rk, rv), common)
+    torch.testing.assert_close(out.float(), want.float(), atol=TOL[torch.bfloat16], rtol=TOL[torch.bfloat16])
+
+
 # -- the shared kernel checks (core/conformance/kernel_checks.py) -------------------
 def _kernel_checks():
     try:

@@ -73,3 +73,66 @@ def test_stream_completion_against_a_cpu_server(tmp_path):
     # the serve stage's client logic, against the same server on the CPU
     line = e2e.stream_completion(e2e.write_tiny_llama(tmp_path), e2e._free_port(), device="cpu")
     assert line.startswith("PASS serve: HTTP 200, 8 streamed chunks, [DONE] True"), line
+
+
+def test_run_engine_frees_the_engine_before_the_next():
+    """The old ``_release(llm)`` deleted its own argument only: the caller's
+    name kept the engine alive, so the next engine profiled the first one's
+    KV arena as used. run_engine closes the engine, drops it and checks."""
+    import gc
+    import weakref
+
+    made = []
+
+    class FakeLLM:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    def make():
+        made.append(weakref.ref(llm := FakeLLM()))
+        return llm
+
+    assert e2e.run_engine(make, lambda llm: 7) == 7
+    gc.collect()
+    assert made[0]() is None  # gone once run_engine returned
+    kept = []
+    with pytest.raises(e2e.EngineLeaked, match="still referenced after its run"):
+        e2e.run_engine(make, kept.append)  # work that keeps the engine is caught
+    assert kept[0].closed
+
+
+def test_gpu_check_fails_when_the_cuda_module_was_not_built(tmp_path):
+    """pip succeeds when CMake skips csrc_cuda (no nvcc): the script must
+    say BUILD FAILED, not "built". Here the build is a stub that succeeds
+    and the module found is this machine's, compiled for other archs than
+    the script asks for (it was "built" and went on before)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    stub = tmp_path / "python"
+    stub.write_text(f"""#!/bin/sh
+case "$*" in
+  *"pip install"*) exit 0 ;;                      # "built" (as when CMake skipped csrc_cuda)
+  *"-c"*) exec {sys.executable} "$@" ;;           # the checks run for real
+  *) echo "stage ran: $*"; exit 0 ;;              # tests, e2e, conformance, benchmarks: must not run
+esac
+""")
+    stub.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(stub), OUT=str(tmp_path / "out"), PATH="/usr/bin:/bin")
+    try:
+        from paged import _C_cuda
+        built = _C_cuda.built_archs
+    except ImportError:
+        built = None
+    if built == "90":
+        pytest.skip("this machine's _C_cuda was built for exactly sm_90: nothing to mismatch")
+    proc = subprocess.run(["bash", ".ci/gpu_check.sh"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=120)
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "BUILD FAILED: paged._C_cuda built_archs" in summary and "expected '90'" in summary, summary
+    assert "stage ran" not in proc.stdout + summary

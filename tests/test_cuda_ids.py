@@ -11,7 +11,7 @@ import torch
 
 from paged.backends.base import AttentionMetadata
 from paged.backends.cuda.id_checks import CheckedOnce
-from paged.backends.cuda.metadata import check_step_ids
+from paged.backends.accelerator.host_index import check_step_ids, host_index
 
 
 def test_checked_once_accepts_inference_tensors_and_never_memoizes_them():
@@ -51,13 +51,13 @@ def test_step_ids_checked_on_the_host():
     # one decode (len 5: blocks 2, 3) and one 3-token prefill (len 3: block 1); padding slot -1
     good = dict(block_tables=[[2, 3], [1, 0]], seq_lens=[5, 3], slots=[12, 4, 5, -1], qsl=[0, 1, 4],
                 num_decodes=1)
-    check_step_ids(bs, _step(**good), num_blocks=4)
+    check_step_ids(bs, host_index(_step(**good)), 1, num_blocks=4)
     with pytest.raises(IndexError, match=r"block_tables\[0, 1\].*\[0, 4\).*got 7"):
-        check_step_ids(bs, _step(**{**good, "block_tables": [[2, 7], [1, 0]]}), num_blocks=4)
-    check_step_ids(bs, _step(**{**good, "block_tables": [[2, 3], [1, 9]]}), num_blocks=4)  # past seq 1's used blocks
+        check_step_ids(bs, host_index(_step(**{**good, "block_tables": [[2, 7], [1, 0]]})), 1, num_blocks=4)
+    check_step_ids(bs, host_index(_step(**{**good, "block_tables": [[2, 3], [1, 9]]})), 1, num_blocks=4)  # past seq 1's used blocks
     with pytest.raises(IndexError, match=r"slot_mapping\[2\].*got 16"):
-        check_step_ids(bs, _step(**{**good, "slots": [12, 4, 16, -1]}), num_blocks=4)
+        check_step_ids(bs, host_index(_step(**{**good, "slots": [12, 4, 16, -1]})), 1, num_blocks=4)
     with pytest.raises(ValueError, match=r"query tokens of sequence 0"):  # prefill longer than its sequence
-        check_step_ids(bs, _step(**{**good, "seq_lens": [5, 2]}), num_blocks=4)
+        check_step_ids(bs, host_index(_step(**{**good, "seq_lens": [5, 2]})), 1, num_blocks=4)
     with pytest.raises(ValueError, match=r"seq_lens\[1\]"):
-        check_step_ids(bs, _step(**{**good, "seq_lens": [5, 0]}), num_blocks=4)
+        check_step_ids(bs, host_index(_step(**{**good, "seq_lens": [5, 0]})), 1, num_blocks=4)

@@ -44,7 +44,7 @@ def test_cache_layout():
 def test_pad_unpad_roundtrip():
     q = torch.randn(9, 4, 16)
     lens = [2, 1, 6]
-    idx = layout.padding_indices(lens, "cpu")
+    idx = {k: torch.from_numpy(a) for k, a in layout.padding_indices(lens).items()}  # host arrays
     padded = layout.pad_queries(q, idx["pad_index"], len(lens))
     assert padded.shape == (3, 6, 64)
     assert torch.equal(padded[0, :2], q[:2].reshape(2, 64)) and torch.equal(padded[2], q[3:].reshape(6, 64))
@@ -56,21 +56,27 @@ def test_causal_mask_is_made_once_per_device():
     assert layout.causal_mask(torch.device("cpu")) is layout.causal_mask(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("window", [0, 1, 3, 50])
-def test_window_mask_matches_definition(window):
-    q_lens, seq_lens, kv_len = [1, 4, 3], [5, 9, 3], 12
-    mask = layout.window_mask(q_lens, seq_lens, kv_len, window, "cpu")
-    assert mask.shape == (3, 1, 4, kv_len)
-    for i, (ql, sl) in enumerate(zip(q_lens, seq_lens)):
-        for r in range(ql):
-            p = sl - ql + r
-            want = [not (j <= p and (not window or j > p - window)) for j in range(kv_len)]
-            assert mask[i, 0, r].tolist() == want
-        assert not bool(mask[i, 0].all(dim=-1).any())  # no fully masked row, padding included
-    dec = layout.decode_window_mask(seq_lens, kv_len, window, "cpu")
+@pytest.mark.parametrize("window", [1, 3, 50])
+def test_decode_window_mask_matches_definition(window):
+    seq_lens, kv_len = [5, 9, 3], 12
+    dec = layout.decode_window_mask(torch.tensor(seq_lens, dtype=torch.int32), kv_len, window)
+    assert dec.shape == (3, kv_len)
     for i, sl in enumerate(seq_lens):  # decode: the one query is the last position
         p = sl - 1
-        assert dec[i].tolist() == [not (j <= p and (not window or j > p - window)) for j in range(kv_len)]
+        assert dec[i].tolist() == [not (p - window < j <= p) for j in range(kv_len)]
+
+
+def test_sliding_window_prefill_is_a_band_not_a_dense_mask():
+    """The prefill call's window is sparse_mode 4 on the cached 2048 mask
+    (pre_tokens = window - 1: keys p - W < j <= p), never a [B, 1, max_q,
+    KV_S] mask (8 x 512 x 131072 bools = 512 MiB a step)."""
+    from paged.backends.npu.metadata import prefill_extra
+
+    extra = prefill_extra(100, torch.device("cpu"))
+    assert extra["sparse_mode"] == 4 and (extra["pre_tokens"], extra["next_tokens"]) == (99, 0)
+    assert extra["atten_mask"] is layout.causal_mask(torch.device("cpu"))
+    assert prefill_extra(0, torch.device("cpu")) == {"atten_mask": layout.causal_mask(torch.device("cpu")),
+                                                     "sparse_mode": 3}
 
 
 def test_causal_mask_is_strict_upper_triangle():

@@ -113,7 +113,7 @@ def test_the_simulator_refuses_what_the_operator_refuses(sim):
         sim.npu_fused_infer_attention_score(q2, small, small, **prompt_call)
     with pytest.raises(sim.SimulatedNpuError, match="no padding slots"):
         sim.npu_scatter_pa_kv_cache(torch.zeros(1, 2, 64).bfloat16(), torch.zeros(1, 2, 64).bfloat16(),
-                                    kc_, vc_, torch.tensor([-1]))
+                                    kc_, vc_, torch.tensor([-1]), cache_mode="Norm")
 
 
 def _common(batch, num_decodes: int) -> AttentionMetadata:
@@ -129,9 +129,9 @@ def _common(batch, num_decodes: int) -> AttentionMetadata:
 def test_detection_names_a_missing_operator(sim, monkeypatch):
     from paged_npu_sim import NpuSimPlatform
 
-    monkeypatch.delattr(sim, "npu_scatter_pa_kv_cache")
+    monkeypatch.delattr(sim, "npu_fused_infer_attention_score")
     a = NpuSimPlatform().is_available()
-    assert not a.ok and a.reason == ("torch_npu 2.13.0+simulator lacks npu_scatter_pa_kv_cache: "
+    assert not a.ok and a.reason == ("torch_npu 2.13.0+simulator lacks npu_fused_infer_attention_score: "
                                      "pip install torch-npu==2.13.0")
 
 
@@ -237,3 +237,265 @@ def test_greedy_bf16_matches_the_cpu_float32_engine(suite):
                 break
             compared += 1
     assert compared >= n, f"only {compared} tokens agreed before the divergences"
+
+
+# ---- each release's operator signatures ---------------------------------------------
+
+@pytest.fixture
+def release(sim):
+    """Switch the simulator to a release's signatures for one test (back to 2.13.0 after)."""
+    yield sim.use_release
+    sim.use_release("2.13.0")
+
+
+@pytest.mark.parametrize("version, scatter_kwargs, scale", [
+    ("2.13.0", {"cache_mode": "Norm"}, "scale"), ("2.10.0", {"cache_mode": "Norm"}, "scale"),
+    ("2.7.1", {}, "scale"), ("2.1.0.post17", {}, "scale"), ("2.5.1", None, "scale"),
+    ("2.13.0-scale_value", {"cache_mode": "Norm"}, "scale_value")])
+def test_every_release_signature_is_called_right(sim, release, version, scatter_kwargs, scale):
+    """The keywords are read from the installed release's operators: 2.7.1
+    and 2.1.0.post17 have no cache_mode (passing it was a TypeError at the
+    first cache write), 2.10+ default to 'PA_NZ' (an ND cache needs
+    'Norm'), 2.5.1 has no scatter operator at all (an index copy writes the
+    cache), and a scale_value spelling would be followed. Each signature
+    runs a decode and a prefill step against the reference."""
+    from paged.backends.npu import operators
+
+    release(version)
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    plan = be.operators
+    assert plan.scale_keyword == scale and plan.scatter == (scatter_kwargs is not None)
+    assert plan.scatter_kwargs == (scatter_kwargs or {}) and plan.read_from == "signature"
+    assert version.split("-")[0] in plan.describe()
+    for case in (kc.AttnCase(8, 2, 64, 128, (300, 1, 129)), kc.AttnCase(8, 2, 64, 128, (300, 40), query_lens=(30, 40))):
+        batch, kv = _filled(be, case)
+        got = kc.run_attention(be, batch, case, kv)
+        ref = kc.run_attention(ReferenceBackend(8, 2, 64, 128, torch.bfloat16, "cpu"), batch, case)
+        assert kc._rel_error(got, ref) < kc.TOLERANCE[torch.bfloat16]
+    assert operators.plan(sim) == plan
+
+
+def test_a_keyword_the_release_lacks_is_a_type_error(sim, release):
+    release("2.8.0" if "2.8.0" in sim.RELEASES else "2.7.1")
+    k = torch.zeros(1, 2, 64).bfloat16()
+    cache = torch.zeros(2, 128, 2, 64).bfloat16()
+    with pytest.raises(TypeError, match="cache_mode"):
+        sim.npu_scatter_pa_kv_cache(k, k, cache, cache, torch.tensor([3]), cache_mode="Norm")
+    release("2.13.0")
+    with pytest.raises(sim.SimulatedNpuError, match="'PA_NZ'"):  # the 2.10+ default wants an NZ cache
+        sim.npu_scatter_pa_kv_cache(k, k, cache, cache, torch.tensor([3]))
+
+
+# ---- documented limits: in the simulator, and checked at metadata build ----------------
+
+def _decode_step(tables, lens, bs=128):
+    """Decode metadata for sequences with these block tables and lengths."""
+    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens)]
+    return AttentionMetadata(slot_mapping=torch.tensor(slots), query_start_loc=torch.arange(len(lens) + 1,
+                             dtype=torch.int32), seq_lens=torch.tensor(lens, dtype=torch.int32),
+                             block_tables=torch.tensor(tables, dtype=torch.int32), num_decodes=len(lens),
+                             max_query_len=1, max_seq_len=max(lens))
+
+
+def test_block_sum_rule_is_checked_at_metadata_build(sim):
+    """Prefix caching shares blocks in the pool, but the operator wants the
+    pool to hold the SUM of every sequence's blocks in the call: two
+    300-token sequences sharing their first two blocks use 4 blocks of the
+    pool and span 6. One line, before any layer runs; the simulator refuses
+    the call too."""
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    step = _decode_step([[0, 1, 2], [0, 1, 3]], [300, 300])
+    be.allocate_kv_cache(1, 6)
+    be.build_metadata(step)  # a pool of 6 covers the call
+    ((kc_, vc_),) = be.allocate_kv_cache(1, 4)
+    with pytest.raises(ValueError) as e:
+        be.build_metadata(step)
+    msg = str(e.value)
+    assert msg.startswith("num_blocks (npu paged attention: the pool must cover the sum of the call's "
+                          "per-sequence blocks): expected at least the 6 blocks the call's 2 sequences span")
+    assert msg.endswith(", got 4") and "\n" not in msg
+    q = torch.randn(2, 1, 8 * 64).bfloat16()
+    with pytest.raises(sim.SimulatedNpuError, match="at least the 6 blocks"):
+        sim.npu_fused_infer_attention_score(q, be._flat_cache(kc_), be._flat_cache(vc_), block_table=step.block_tables,
+                                            actual_seq_lengths_kv=[300, 300], num_heads=8, num_key_value_heads=2,
+                                            scale=0.125, input_layout="BSH", block_size=128)
+
+
+def test_one_token_int32_limit_is_checked_at_metadata_build_and_sizing(sim):
+    """The one-token branch takes at most 2**31 - 1 elements per key (and
+    value) tensor: a large --kv-cache-memory with few layers used to fail at
+    the first decode. Checked at metadata build (one line), capped at sizing."""
+    from paged.backends.npu.worker import NpuWorker
+    from paged.core.engine.worker import Worker
+
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    limit = layout.max_decode_blocks(128, 2, 64)
+    assert limit == (2**31 - 1) // (128 * 2 * 64) == 131071
+    be.num_blocks = limit + 1  # (not allocated: 4 GiB)
+    with pytest.raises(ValueError) as e:
+        be.build_metadata(_decode_step([[0, 1, 2]], [300]))
+    msg = str(e.value)
+    assert msg.startswith("key/value cache elements per layer (npu one-token branch): expected <= 2147483647") \
+        and msg.endswith(f"got {(limit + 1) * 128 * 2 * 64}") and "\n" not in msg
+    be.num_blocks = limit
+    be.build_metadata(_decode_step([[0, 1, 2]], [300]))
+    # sizing caps the pool there instead (the worker's part)
+    w = NpuWorker.__new__(NpuWorker)
+    w.backend = be
+    original = Worker.determine_num_blocks
+    try:
+        Worker.determine_num_blocks = lambda self, *a: 10 * limit
+        assert w.determine_num_blocks(None, 2048, 64, 512) == limit
+    finally:
+        Worker.determine_num_blocks = original
+    # and the simulator refuses such a call (a 0-stride view: the shape counts, nothing is allocated)
+    big = torch.zeros(1, 128, 2 * 64).bfloat16().expand(limit + 1, 128, 2 * 64)
+    with pytest.raises(sim.SimulatedNpuError, match="at most 2147483647 elements"):
+        sim.npu_fused_infer_attention_score(torch.zeros(1, 1, 8 * 64).bfloat16(), big, big,
+                                            block_table=torch.zeros(1, 1, dtype=torch.int32),
+                                            actual_seq_lengths_kv=[5], num_heads=8, num_key_value_heads=2,
+                                            scale=0.125, input_layout="BSH", block_size=128)
+
+
+def test_stray_block_ids_read_silently_in_the_operator_and_are_refused_before(sim):
+    """The operator does not validate block ids (documented): the simulator
+    reads NaN for a stray one instead of refusing, and NpuBackend's step
+    check stops it before any layer."""
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    ((kc_, vc_),) = be.allocate_kv_cache(1, 4)
+    before = sim.calls["stray_block_reads"]
+    out, _ = sim.npu_fused_infer_attention_score(
+        torch.randn(1, 1, 8 * 64).bfloat16(), be._flat_cache(kc_), be._flat_cache(vc_),
+        block_table=torch.tensor([[2, 9]], dtype=torch.int32), actual_seq_lengths_kv=[200], num_heads=8,
+        num_key_value_heads=2, scale=0.125, input_layout="BSH", block_size=128)
+    assert torch.isnan(out).all() and sim.calls["stray_block_reads"] == before + 1
+    with pytest.raises(IndexError, match=r"block_tables\[0, 0\]: expected a block id in \[0, 4\), got 9"):
+        be.build_metadata(_decode_step([[9, 2]], [200]))
+
+
+def test_simulator_refuses_the_documented_shape_limits(sim):
+    call = dict(num_heads=8, num_key_value_heads=1, scale=0.125, input_layout="BSH", block_size=128)
+    cache = torch.zeros(2050, 128, 16).bfloat16()  # 1 kv head of 16
+    q = torch.zeros(1, 1, 8 * 16).bfloat16()
+    table = torch.arange(2050, dtype=torch.int32)[None]
+    with pytest.raises(sim.SimulatedNpuError, match="keys per sequence <= 262144"):
+        sim.npu_fused_infer_attention_score(q, cache, cache, block_table=table, actual_seq_lengths_kv=[262145],
+                                            **call)
+    sim.npu_fused_infer_attention_score(q, cache, cache, block_table=table, actual_seq_lengths_kv=[262144], **call)
+    with pytest.raises(sim.SimulatedNpuError, match="N <= 256"):
+        sim.npu_fused_infer_attention_score(torch.zeros(1, 1, 272 * 16).bfloat16(), cache, cache, block_table=table,
+                                            actual_seq_lengths_kv=[5], **(call | dict(num_heads=272)))
+    big = torch.zeros(1, 2, 256 * 256).bfloat16()  # N * D = 65536 with Q_S > 1
+    kvc = torch.zeros(2, 128, 256).bfloat16()
+    with pytest.raises(sim.SimulatedNpuError, match="N \\* D < 65535"):
+        sim.npu_fused_infer_attention_score(big, kvc, kvc, block_table=table[:, :2], actual_seq_lengths_kv=[5],
+                                            **(call | dict(num_heads=256)))
+    prompt = call | dict(sparse_mode=4, pre_tokens=4, next_tokens=0, actual_seq_lengths=[2])
+    with pytest.raises(sim.SimulatedNpuError, match="with sparse_mode 4 a 2048 x 2048"):
+        sim.npu_fused_infer_attention_score(torch.zeros(1, 2, 8 * 16).bfloat16(), cache, cache, block_table=table,
+                                            actual_seq_lengths_kv=[5], **prompt)
+
+
+def test_sliding_window_prefill_is_a_band_on_the_compressed_mask(sim, monkeypatch):
+    """Sliding-window prefill goes through sparse_mode 4 (band, pre_tokens =
+    window - 1) with the cached 2048 x 2048 mask, not a dense [B, 1, max_q,
+    KV_S] mask (512 MiB a step at 8 x 512 x 131072); equal to the reference."""
+    seen = []
+    real = sim.npu_fused_infer_attention_score
+
+    def recording(*args, **kw):
+        seen.append({k: kw.get(k) for k in ("sparse_mode", "pre_tokens", "next_tokens")}
+                    | {"mask": None if kw.get("atten_mask") is None else tuple(kw["atten_mask"].shape)})
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sim, "npu_fused_infer_attention_score", recording)
+    case = kc.AttnCase(8, 2, 64, 128, (700, 300, 50), query_lens=(200, 300, 50), sliding_window=100)
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu", sliding_window=100)
+    batch, kv = _filled(be, case)
+    got = kc.run_attention(be, batch, case, kv)
+    ref = kc.run_attention(ReferenceBackend(8, 2, 64, 128, torch.bfloat16, "cpu", sliding_window=100), batch, case)
+    assert kc._rel_error(got, ref) < kc.TOLERANCE[torch.bfloat16]
+    assert seen == [{"sparse_mode": 4, "pre_tokens": 99, "next_tokens": 0, "mask": (2048, 2048)}]
+
+
+def test_step_metadata_reads_no_device_data(sim, monkeypatch):
+    """A runner step's NPU metadata (block-id checks, the operators' host
+    lists, write rows, padding gathers) comes from the runner's host arrays:
+    with the index tensors on an EMULATED device ("meta": its data cannot be
+    read) it still builds, with ONE host->device copy for its index arrays.
+    Before, check_slots / check_block_tables / check_query_start_loc and the
+    length lists each copied back from the device."""
+    import numpy as np
+
+    from paged.backends.npu import metadata as step
+    from paged.core.engine.model_runner import HostBatch, StepMetadata, to_device
+
+    copies = []
+    monkeypatch.setattr(step, "to_device", lambda arrays, dev: copies.append(sorted(arrays)) or to_device(arrays, dev))
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "meta", sliding_window=64)
+    be.num_blocks = 8
+    # a decode (300 tokens), a 40-token prefill over a 60-token prefix; one padding slot
+    tables = np.array([[0, 1, 2], [3, 0, 0]], dtype=np.int32)
+    slots = np.array([2 * 128 + 43] + [3 * 128 + p for p in range(60, 100)] + [-1], dtype=np.int64)
+    b = HostBatch(np.zeros(42, dtype=np.int64), np.zeros(42, dtype=np.int64), slots,
+                  np.array([0, 1, 42], dtype=np.int32), np.array([300, 101], dtype=np.int32), tables, 1,
+                  np.array([0, 41]), 1)
+    t = to_device({"slot_mapping": slots, "query_start_loc": b.query_start_loc, "seq_lens": b.seq_lens,
+                   "block_tables": tables}, torch.device("meta"))
+    copies.clear()
+    meta = be.build_metadata(StepMetadata(**t, num_decodes=1, max_query_len=41, max_seq_len=300, host=b))
+    assert copies == [["pad_index", "unpad_index", "write_rows"]]
+    assert meta.decode_kv_lens == [300] and meta.prefill_q_lens == [41] and meta.prefill_kv_lens == [101]
+    assert meta.decode_mask.shape == (1, 384) and meta.prefill_extra["sparse_mode"] == 4
+
+
+# ---- the precision model ----------------------------------------------------------------
+
+def test_split_precision_makes_batch_invariance_measurable(sim):
+    """With exact float32 softmax per sequence, a sequence alone and in a
+    batch are bitwise equal on the simulator whatever the NPU does; the
+    "split" model (chunks cut by the batch, P rounded to bf16) differs, as a
+    split-K kernel does. Invariance figures of the simulator mean nothing in
+    exact mode."""
+    case = kc.AttnCase(8, 2, 64, 128, (1500, 700, 300, 900))
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    batch, kv = _filled(be, case)
+    diffs = {}
+    try:
+        for mode in ("exact", "split"):
+            sim.set_precision(mode)
+            full = kc.run_attention(be, batch, case, kv)
+            alone = kc.run_attention(be, batch, case, kv, rows=[0])
+            diffs[mode] = (alone[0] - full[0]).abs().max().item()
+    finally:
+        sim.set_precision("exact")
+    assert diffs["exact"] == 0 and diffs["split"] > 0, diffs
+    ref = kc.run_attention(ReferenceBackend(8, 2, 64, 128, torch.bfloat16, "cpu"), batch, case)
+    sim.set_precision("split")
+    try:
+        assert kc._rel_error(kc.run_attention(be, batch, case, kv), ref) < kc.TOLERANCE[torch.bfloat16]
+    finally:
+        sim.set_precision("exact")
+
+
+# ---- the profiled NPU budget ------------------------------------------------------------
+
+def test_npu_budget_is_this_instances_share_after_a_profiled_step(suite, sim):
+    """No more "a flat 25% of free memory": the worker runs the worst-case
+    step (here once, by hand: the simulator's statistics read 0, so engines
+    on it skip it) and the budget is --gpu-memory-utilization x total minus
+    what this instance uses, as on CUDA."""
+    from paged_npu_sim import NpuSimPlatform
+
+    _, llm = suite
+    worker = llm.engine.worker
+    blocks = worker.backend.num_blocks
+    try:
+        lens = worker.profile_step(24)
+    finally:
+        worker.backend.num_blocks = blocks
+    assert sum(lens) == 24
+    p = NpuSimPlatform()
+    assert p.kv_cache_budget_bytes(profiled_peak_bytes=2**30) == int(0.9 * sim.SIM_TOTAL) - 2**30
+    with pytest.raises(ValueError, match="--gpu-memory-utilization 0.95: expected the 60.80 GiB share"):
+        p.start_accounting(0.95)  # 60 GiB free of 64

@@ -2,8 +2,8 @@
 
 KV layout per layer: [num_blocks, num_kv_heads, block_size, head_size] for
 keys and values alike (the reference backend's layout, so ``read_kv`` and the
-argument checks are inherited from it). Head sizes 64 and 128; float32,
-float16, bfloat16; any block size (16..128 are the tested ones).
+argument checks are inherited from it). Head sizes of SUPPORTED_HEAD_SIZES;
+float32, float16, bfloat16; any block size (16..128 are the tested ones).
 
 Every op runs on the caller's current torch stream. Tensors cross into C++ as
 DLPack capsules (``torch.utils.dlpack.to_dlpack``: no stream handshake, the op
@@ -13,8 +13,10 @@ slot mappings, query_start_loc) are guarded inside the kernels (stray ids are
 skipped, never read or written out of bounds) and, by default, also checked
 on the host, raising IndexError / ValueError naming the value: in the model
 runner's steps once per step, where ``build_metadata`` builds the metadata
-(metadata.check_step_ids; the layers then launch unchecked); in direct calls
-to the contract ops once per distinct input (id_checks.py).
+(on the runner's host arrays: no device->host copy; the layers then launch
+unchecked); in direct calls to the contract ops once per distinct input
+(id_checks.py). The decode launch is sized by the step's longest decode
+sequence (launch.py).
 ``CudaBackend(check_ids=False)`` or ``PAGED_CUDA_CHECK_IDS=0`` turns those
 host copies off (the kernels' guards remain). Host-side block mappings are
 always checked.
@@ -31,8 +33,9 @@ from paged.core.argcheck import check_choice, check_range, fail
 from paged.backends.base import AttentionMetadata
 from paged.backends.reference.attention import ReferenceBackend, check_distinct_destinations
 from paged.backends.reference import validation as v
+from paged.backends.cuda import launch
 from paged.backends.cuda.id_checks import CheckedOnce
-from paged.backends.cuda.metadata import CudaMetadata, check_step_ids, split_workspace
+from paged.backends.cuda.metadata import CudaMetadata, build_step, split_workspace
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -103,21 +106,24 @@ class CudaBackend(ReferenceBackend):
 
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
+        # Called directly, the longest length is not known on the host: the
+        # table's width bounds it (forward() uses the step's own, from the host).
         window = int(sliding_window or 0)
-        splits = _ops().decode_max_splits(block_tables.shape[1], self.block_size, window) \
-            if isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2 else 1
+        width = block_tables.shape[1] if isinstance(block_tables, torch.Tensor) and block_tables.dim() == 2 else 0
+        splits = launch.decode_splits(width * self.block_size, window)
         num_seqs = seq_lens.shape[0] if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() else 0
         num_heads = query.shape[1] if isinstance(query, torch.Tensor) and query.dim() == 3 else 0
         v.check_caches(self, key_cache, value_cache)
         self._check_tables(block_tables, seq_lens, key_cache)
         workspace = split_workspace(num_seqs, num_heads, splits, self.head_size, self.device)
-        self._decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace)
+        self._decode(out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, splits, workspace)
 
-    def _decode(self, out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, workspace):
+    def _decode(self, out, query, key_cache, value_cache, block_tables, seq_lens, scale, window, splits, workspace):
         split_out, split_max_sum = workspace
         _ops().paged_attention(to_dlpack(out), to_dlpack(query), to_dlpack(key_cache), to_dlpack(value_cache),
                                to_dlpack(block_tables), to_dlpack(seq_lens), float(scale), window,
-                               to_dlpack(split_out), to_dlpack(split_max_sum), _stream(key_cache.device))
+                               to_dlpack(split_out), to_dlpack(split_max_sum), int(splits),
+                               _stream(key_cache.device))
 
     def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
                           block_tables, scale: float, sliding_window: int = 0) -> None:
@@ -144,32 +150,23 @@ class CudaBackend(ReferenceBackend):
 
     # -- once per step, then every layer ---------------------------------------
     def build_metadata(self, common: AttentionMetadata) -> CudaMetadata:
-        """Checks the step's block ids once (host copies; skipped with
-        check_ids off or before the cache exists), then derives the launch
-        sizes and the split-K workspace every layer shares."""
-        if self.check_ids and self.num_blocks is not None:
-            check_step_ids(self.block_size, common, self.num_blocks)
-        return self._derive(common)
+        """Checks the step's block ids once (on the runner's host arrays;
+        skipped with check_ids off or before the cache exists), then derives
+        the launch sizes and the split-K workspace every layer shares."""
+        return self._step(common, self.num_blocks)
 
-    def decode_splits(self, table_width: int) -> int:
-        """Split-K partitions a decode over block tables this wide may use."""
-        return _ops().decode_max_splits(table_width, self.block_size, self.sliding_window)
+    def _step(self, common: AttentionMetadata, num_blocks: int | None) -> CudaMetadata:
+        return build_step(common, block_size=self.block_size, num_heads=self.num_heads, head_size=self.head_size,
+                          sliding_window=self.sliding_window, device=self.device, num_blocks=num_blocks,
+                          check_ids=self.check_ids)
 
     def split_workspace(self, num_decodes: int, splits: int):
         """(split_out, split_max_sum) for that many decodes (empty when splits == 1)."""
         return split_workspace(num_decodes, self.num_heads, splits, self.head_size, self.device)
 
-    def _derive(self, common: AttentionMetadata) -> CudaMetadata:
-        splits = self.decode_splits(common.block_tables.shape[1])
-        split_out, split_max_sum = self.split_workspace(common.num_decodes, splits)
-        return CudaMetadata(**common.common_fields(), prefill_max_query_len=int(common.max_query_len),
-                            decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum)
-
     def forward(self, query, key, value, kv_cache, meta):
         if not isinstance(meta, CudaMetadata):  # a caller outside the model runner (tests)
-            if self.check_ids:  # this cache's size, whatever allocated it
-                check_step_ids(self.block_size, meta, kv_cache[0].shape[0])
-            meta = self._derive(meta)
+            meta = self._step(meta, kv_cache[0].shape[0])  # this cache's size, whatever allocated it
         return super().forward(query, key, value, kv_cache, meta)
 
     def _forward_write(self, key, value, kv_cache, meta) -> None:
@@ -177,7 +174,7 @@ class CudaBackend(ReferenceBackend):
 
     def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
         self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, self.scale,
-                     self.sliding_window, (meta.split_out, meta.split_max_sum))
+                     self.sliding_window, meta.decode_splits, (meta.split_out, meta.split_max_sum))
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         qsl, lens, tables = meta.prefill_part
@@ -188,7 +185,9 @@ class CudaBackend(ReferenceBackend):
         """All copies read the state before the call. The kernel copies pairs
         in parallel, so a mapping whose destinations include a source (never
         the case for copy-on-write, where destinations are fresh blocks) is
-        done with torch indexing instead when the mapping is on the host."""
+        done with torch indexing instead when the mapping is on the host.
+        The model runner passes it on the host: checked there, then moved
+        with non_blocking=True (no wait on the stream)."""
         if not len(key_caches) and not len(value_caches):
             return
         host = block_mapping if block_mapping.device.type == "cpu" else (

@@ -2,7 +2,7 @@
 the contract ops outside the model runner.
 
 The model runner's steps are checked once per step on the host where the
-metadata is built (metadata.check_step_ids), never per layer. A direct
+metadata is built (from its host arrays, metadata.build_step), never per layer. A direct
 caller of ``paged_attention`` / ``prefill_attention`` / ``reshape_and_cache``
 (tests, the conformance suite, someone calling per layer) goes through
 CheckedOnce: checking costs a device->host copy (a sync), so each check runs

@@ -1,15 +1,19 @@
 """CudaBackend's per-step metadata: what every layer's launch needs that
-depends on the step only, derived once by ``CudaBackend.build_metadata``.
+depends on the step only, derived once by ``build_step``.
 
 - ``prefill_max_query_len``: row tiles to launch per prefill sequence (the
-  step's longest query; decodes have one row, so the common max is it);
-  known on the host, so no device sync and no mutable field on the backend.
+  step's longest query); known on the host.
 - ``decode_splits`` and the split-K workspace (``split_out``,
-  ``split_max_sum``): one allocation per step instead of one per layer;
-  layers run one after another on one stream, so they can share it.
-- the block-id checks (``check_step_ids``): once per step, on host copies of
-  the step's index tensors, before any layer launches; the layers then run
-  unchecked (the kernels' own guards remain).
+  ``split_max_sum``): sized by the step's longest DECODE sequence
+  (launch.decode_splits), not by the block table's width, and allocated
+  once per step instead of once per layer (the layers run one after another
+  on one stream and share it).
+- the block-id checks: once per step, on the host arrays the model runner
+  attached (backends/accelerator/host_index.py), before any layer launches;
+  the layers then run unchecked (the kernels' own guards remain).
+
+No device->host copy for a runner step: lengths and ids are read from the
+runner's host arrays. Metadata made outside the runner (tests) costs one.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from paged.backends.accelerator.host_index import HostIndex, check_step_ids, host_index
 from paged.backends.base import AttentionMetadata
-from paged.backends.reference import validation as v
+from paged.backends.cuda.launch import decode_splits
 
 
 @dataclass
@@ -38,21 +43,28 @@ def split_workspace(num_seqs: int, num_heads: int, splits: int, head_size: int, 
     return split_out, split_max_sum
 
 
-def check_step_ids(block_size: int, common: AttentionMetadata, num_blocks: int) -> None:
-    """The step's block ids against a cache of ``num_blocks`` blocks, as the
-    contract ops check them (IndexError / ValueError naming the value): slots,
-    block tables of every sequence, and the prefill rows' query_start_loc.
-    One host copy of each index tensor per step (works on inference tensors:
-    nothing here needs a version counter)."""
-    host = {name: getattr(common, name).cpu()
-            for name in ("slot_mapping", "block_tables", "seq_lens", "query_start_loc")}
-    v.check_slots("slot_mapping", host["slot_mapping"], num_blocks * block_size)
-    v.check_block_tables(_BlockSize(block_size), host["block_tables"], host["seq_lens"], num_blocks)
-    nd, qsl = common.num_decodes, host["query_start_loc"]
-    if nd < common.num_seqs:
-        v.check_query_start_loc(qsl[nd:] - qsl[nd], int(qsl[-1] - qsl[nd]), host["seq_lens"][nd:])
+def max_decode_len(common: AttentionMetadata, host: HostIndex | None, block_size: int) -> int:
+    """The longest decode sequence of the step, from host data: the host
+    seq_lens when read, else what the block table's width holds (a bound on
+    every valid sequence; the kernel writes NaN, never a truncated softmax,
+    for a sequence needing more partitions than launched)."""
+    nd = common.num_decodes
+    if not nd:
+        return 0
+    if host is not None:
+        return int(host.seq_lens[:nd].max())
+    return int(common.block_tables.shape[1]) * block_size
 
 
-@dataclass(frozen=True)
-class _BlockSize:
-    block_size: int  # what check_block_tables reads of a backend
+def build_step(common: AttentionMetadata, *, block_size: int, num_heads: int, head_size: int,
+               sliding_window: int, device, num_blocks: int | None, check_ids: bool) -> CudaMetadata:
+    """The step's metadata; block ids checked once when ``check_ids`` and
+    the cache exists (``num_blocks``)."""
+    check = check_ids and num_blocks is not None
+    host = host_index(common) if check or getattr(common, "host", None) is not None else None
+    if check:
+        check_step_ids(block_size, host, common.num_decodes, num_blocks)
+    splits = decode_splits(max_decode_len(common, host, block_size), sliding_window)
+    split_out, split_max_sum = split_workspace(common.num_decodes, num_heads, splits, head_size, device)
+    return CudaMetadata(**common.common_fields(), prefill_max_query_len=int(common.max_query_len),
+                        decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum)

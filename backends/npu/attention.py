@@ -1,23 +1,31 @@
 """Ascend NPU attention backend on CANN's own paged-attention operators.
 
-Written against torch_npu 2.13.0 (docs/ascend.md):
-- cache writes: torch_npu.npu_scatter_pa_kv_cache(..., cache_mode="Norm")
-  on caches laid out [num_blocks, block_size, Hkv, D] (ND);
+Written against torch_npu 2.13.0 and the older releases named in
+docs/ascend.md; the keywords each operator takes are read from the
+installed release at start-up (operators.py):
+- cache writes: torch_npu.npu_scatter_pa_kv_cache(..., cache_mode="Norm"
+  where the release has cache_mode) on caches laid out [num_blocks,
+  block_size, Hkv, D] (ND); an index copy on releases without the operator;
 - decode and prefill / chunked prefill: torch_npu.npu_fused_infer_attention_score
   with block_table, actual_seq_lengths (query) and actual_seq_lengths_kv,
   BSH layout, the cache viewed as [num_blocks, block_size, Hkv*D]; causal
   prefill uses sparse_mode=3 (right-down causal, so the query rows are the
-  LAST positions of each sequence), sliding windows an explicit mask;
-  a step whose every query is one token (Q_S = 1) goes through the decode
-  call, the operator's incremental branch (metadata.py).
-Every host-side list and mask is derived once per step (build_metadata);
-the per-layer path makes no device->host copy (tests/test_npu_sim.py checks
-it on the simulated NPU).
+  LAST positions of each sequence), sliding windows sparse_mode=4 (band)
+  with the same 2048 x 2048 mask; a step whose every query is one token
+  (Q_S = 1) goes through the decode call, the operator's incremental branch
+  (metadata.py), whose window mask is [B, KV_S].
+Every host-side list and mask is derived once per step (build_metadata),
+from the model runner's host arrays: a runner step makes no device->host
+copy, and the per-layer path none either (tests/test_npu_sim.py checks both
+on the simulated NPU). The operators' documented limits are checked there
+too, with one-line errors.
 Block copies and reads are plain torch indexing, which torch_npu runs on
 the device. torch_npu is imported only when an operator runs.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -25,6 +33,7 @@ from paged.core.argcheck import fail
 from paged.backends.base import AttentionMetadata
 from paged.backends.npu import layout
 from paged.backends.npu import metadata as step
+from paged.backends.npu import operators
 from paged.backends.reference.attention import ReferenceBackend
 from paged.backends.reference import validation as v
 
@@ -53,6 +62,12 @@ class NpuBackend(ReferenceBackend):
             fail("kv_cache_dtype (npu)", f"the model dtype {dtype}", kv_cache_dtype)
         super().__init__(num_heads, num_kv_heads, head_size, block_size, dtype, device, scale, sliding_window)
 
+    @functools.cached_property
+    def operators(self) -> operators.OperatorPlan:
+        """The installed torch_npu's keywords (read once, at the first use:
+        the worker's start-up line reads it before any step)."""
+        return operators.plan(_torch_npu())
+
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         return layout.kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads, self.head_size)
 
@@ -77,9 +92,16 @@ class NpuBackend(ReferenceBackend):
         self._scatter(key, value, key_cache, value_cache, slot_mapping.contiguous())
 
     def _scatter(self, key, value, key_cache, value_cache, slots) -> None:
-        if key.shape[0]:
+        if not key.shape[0]:
+            return
+        plan = self.operators
+        if plan.scatter:
             _torch_npu().npu_scatter_pa_kv_cache(key.contiguous(), value.contiguous(), key_cache, value_cache,
-                                                 slots, cache_mode="Norm")
+                                                 slots, **plan.scatter_kwargs)
+        else:  # a release without the operator: the same rows written by an index copy
+            rows = key_cache.shape[0] * self.block_size
+            key_cache.view(rows, self.num_kv_heads, self.head_size).index_copy_(0, slots, key)
+            value_cache.view(rows, self.num_kv_heads, self.head_size).index_copy_(0, slots, value)
 
     def read_kv(self, key_cache, value_cache, slot_mapping):
         v.check_caches(self, key_cache, value_cache)
@@ -97,8 +119,8 @@ class NpuBackend(ReferenceBackend):
         out, _ = _torch_npu().npu_fused_infer_attention_score(
             query_bsh, self._flat_cache(key_cache), self._flat_cache(value_cache),
             block_table=block_tables, actual_seq_lengths_kv=kv_lens,
-            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads, scale=float(scale),
-            input_layout="BSH", block_size=self.block_size, **extra)
+            num_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            input_layout="BSH", block_size=self.block_size, **{self.operators.scale_keyword: float(scale)}, **extra)
         return out
 
     def _decode(self, out, query, key_cache, value_cache, block_tables, lens: list[int], scale, mask) -> None:
@@ -126,11 +148,11 @@ class NpuBackend(ReferenceBackend):
             self._prefill(out, query, key_cache, value_cache, block_tables, meta, scale)
 
     # -- the contract ops: a one-call step (host lists derived here, not per layer) --
-    def _one_call_meta(self, query_start_loc, seq_lens, block_tables, num_decodes, window):
+    def _one_call_meta(self, query_start_loc, seq_lens, block_tables, num_decodes, window, pool_blocks):
         common = AttentionMetadata(
             slot_mapping=torch.empty(0, dtype=torch.int64, device=seq_lens.device), query_start_loc=query_start_loc,
             seq_lens=seq_lens, block_tables=block_tables, num_decodes=num_decodes, max_query_len=0, max_seq_len=0)
-        return step.build_step(self, common, None, window)  # (the max lengths: unused by the NPU)
+        return step.build_step(self, common, None, pool_blocks, window)  # (the max lengths: unused by the NPU)
 
     def paged_attention(self, out, query, key_cache, value_cache, block_tables, seq_lens,
                         scale: float, sliding_window: int = 0) -> None:
@@ -138,7 +160,7 @@ class NpuBackend(ReferenceBackend):
         if not query.shape[0]:
             return
         qsl = torch.arange(query.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
-        meta = self._one_call_meta(qsl, seq_lens, block_tables, query.shape[0], sliding_window)
+        meta = self._one_call_meta(qsl, seq_lens, block_tables, query.shape[0], sliding_window, key_cache.shape[0])
         self._attend(out, query, key_cache, value_cache, meta, block_tables, scale)
 
     def prefill_attention(self, out, query, key_cache, value_cache, query_start_loc, seq_lens,
@@ -148,16 +170,20 @@ class NpuBackend(ReferenceBackend):
         v.check_query_start_loc(query_start_loc, query.shape[0], seq_lens)
         if not seq_lens.shape[0]:
             return
-        meta = self._one_call_meta(query_start_loc, seq_lens, block_tables, 0, sliding_window)
+        meta = self._one_call_meta(query_start_loc, seq_lens, block_tables, 0, sliding_window, key_cache.shape[0])
         self._attend(out, query, key_cache, value_cache, meta, block_tables, scale)
 
     # -- once per step, then every layer: no host round-trip per layer ---------
+    num_blocks: int | None = None  # known once allocate_kv_cache ran
+
     def build_metadata(self, common: AttentionMetadata) -> step.NpuMetadata:
-        return step.build_step(self, common, getattr(self, "num_blocks", None))
+        # block ids and the pool's limits once the cache exists (the worker allocates it first)
+        return step.build_step(self, common, self.num_blocks, self.num_blocks)
 
     def forward(self, query, key, value, kv_cache, meta):
         if not isinstance(meta, step.NpuMetadata):  # a caller outside the model runner (tests)
-            meta = self.build_metadata(meta)
+            n = kv_cache[0].shape[0]  # this cache's size, whatever allocated it
+            meta = step.build_step(self, meta, n, n)
         return super().forward(query, key, value, kv_cache, meta)
 
     def _forward_write(self, key, value, kv_cache, meta) -> None:

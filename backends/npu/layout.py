@@ -2,13 +2,15 @@
 
 Pure torch, no torch_npu: everything here runs (and is tested) on the CPU.
 The constraints come from the torch_npu 2.13.0 operator docs
-(npu_fused_infer_attention_score, npu_scatter_pa_kv_cache), see docs/ascend.md.
+(npu_fused_infer_attention_score, npu_scatter_pa_kv_cache), see docs/ascend.md;
+the simulator (tests/npu_sim) enforces the same ones.
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from paged.core.argcheck import check_choice, fail
@@ -21,7 +23,12 @@ HEAD_SIZE_ALIGN = 16          # D must be 16-aligned for fp16 / bf16
 MAX_HEAD_SIZE = 512
 MAX_GQA_RATIO = 64            # num_heads / num_kv_heads
 MAX_KV_HIDDEN = 65535         # Hkv * D with the (blocks, block_size, Hkv*D) cache view
-CAUSAL_MASK_SIZE = 2048       # sparse_mode 3 takes a fixed 2048 x 2048 lower-triangular mask
+MAX_QUERY_HIDDEN = 65535      # N * D < this for a BSH query with Q_S > 1
+MAX_HEADS = 256               # query heads, both branches
+MAX_BATCH = 65536             # B, both branches
+MAX_DECODE_KV_LEN = 262144    # Q_S = 1: the key/value S axis
+INT32_MAX = 2**31 - 1         # Q_S = 1: elements of the key (and of the value) tensor
+CAUSAL_MASK_SIZE = 2048       # sparse_mode 3 and 4 take a fixed 2048 x 2048 compressed mask
 
 
 def check_shape(num_heads: int, num_kv_heads: int, head_size: int, block_size: int, dtype) -> None:
@@ -38,6 +45,18 @@ def check_shape(num_heads: int, num_kv_heads: int, head_size: int, block_size: i
     if num_kv_heads * head_size > MAX_KV_HIDDEN:
         fail("num_kv_heads * head_size (npu)", f"<= {MAX_KV_HIDDEN} (the (blocks, block_size, hidden) cache view)",
              num_kv_heads * head_size)
+    if num_heads > MAX_HEADS:
+        fail("num_heads (npu)", f"<= {MAX_HEADS}", num_heads)
+    if num_heads * head_size >= MAX_QUERY_HIDDEN:
+        fail("num_heads * head_size (npu)", f"< {MAX_QUERY_HIDDEN} (a BSH query with more than one token)",
+             num_heads * head_size)
+
+
+def max_decode_blocks(block_size: int, num_kv_heads: int, head_size: int) -> int:
+    """The most blocks a layer's cache may have for the one-token (Q_S = 1)
+    branch: its key tensor, [num_blocks, block_size, Hkv*D], must have at
+    most INT32_MAX elements (the operator's documented limit)."""
+    return INT32_MAX // (block_size * num_kv_heads * head_size)
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
@@ -47,20 +66,21 @@ def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_siz
     return (num_blocks, block_size, num_kv_heads, head_size)
 
 
-def padding_indices(q_lens: list[int], device) -> dict:
+def padding_indices(q_lens: list[int]) -> dict[str, np.ndarray]:
     """The two gathers that turn varlen rows [T, H*D] into the BSH layout
-    [B, max_q, H*D] (right-padded) and back, as index tensors built once per
-    step: ``pad_index`` [B*max_q] picks each padded row's query row (padding
-    rows repeat their sequence's last row: the operator reads only the first
+    [B, max_q, H*D] (right-padded) and back, as host index arrays (the step
+    sends them to the device with its other arrays, in one copy):
+    ``pad_index`` [B*max_q] picks each padded row's query row (padding rows
+    repeat their sequence's last row: the operator reads only the first
     actual_seq_lengths[b] rows); ``unpad_index`` [T] picks each real row of
     the flattened output. Two index_selects per layer instead of B copies."""
-    max_q, pad, unpad, start = max(q_lens), [], [], 0
-    for b, n in enumerate(q_lens):
-        pad += [start + min(r, n - 1) for r in range(max_q)]
-        unpad += range(b * max_q, b * max_q + n)
-        start += n
-    as_index = lambda rows: torch.tensor(rows, dtype=torch.int64, device=device)  # noqa: E731
-    return {"pad_index": as_index(pad), "unpad_index": as_index(unpad)}
+    q = np.asarray(q_lens, dtype=np.int64)
+    max_q = int(q.max())
+    starts = np.concatenate([[0], np.cumsum(q)[:-1]])
+    r = np.arange(max_q)
+    pad = (starts[:, None] + np.minimum(r[None, :], q[:, None] - 1)).reshape(-1)
+    unpad = (np.arange(len(q))[:, None] * max_q + r[None, :])[r[None, :] < q[:, None]]
+    return {"pad_index": pad.astype(np.int64), "unpad_index": unpad.astype(np.int64)}
 
 
 def pad_queries(query: torch.Tensor, pad_index: torch.Tensor, batch: int) -> torch.Tensor:
@@ -82,21 +102,25 @@ def causal_mask(device) -> torch.Tensor:
     return torch.ones(CAUSAL_MASK_SIZE, CAUSAL_MASK_SIZE, dtype=torch.bool, device=device).triu_(1)
 
 
-def window_mask(q_lens: list[int], seq_lens: list[int], kv_len: int, window: int, device) -> torch.Tensor:
-    """Explicit mask [B, 1, max_q, kv_len] (True = masked) for sliding-window
-    attention: query row r of sequence i sits at position
-    p = seq_len - q_len + r and sees keys j with p - window < j <= p.
-    Padding rows copy the last real row, so no row is fully masked."""
-    max_q = max(q_lens)
-    ql = torch.tensor(q_lens, device=device)[:, None]
-    sl = torch.tensor(seq_lens, device=device)[:, None]
-    r = torch.minimum(torch.arange(max_q, device=device)[None, :], ql - 1)
-    pos = (sl - ql + r)[:, :, None]                       # [B, max_q, 1]
-    j = torch.arange(kv_len, device=device)[None, None, :]
-    visible = (j <= pos) & (j > pos - window) if window else (j <= pos)
-    return (~visible)[:, None]
+def decode_window_mask(seq_lens: torch.Tensor, kv_len: int, window: int) -> torch.Tensor:
+    """[B, kv_len] mask (True = masked) for one-token steps with a sliding
+    window, built on the device from the step's device ``seq_lens`` (no
+    host copy): the query is the last position p = seq_len - 1 and sees keys
+    j with p - window < j <= p. (With Q_S = 1 the operator takes no
+    sparse_mode; this [B, KV_S] mask is its documented form, B x kv_len
+    bytes.)"""
+    lens = seq_lens.to(torch.int64)[:, None]
+    j = torch.arange(kv_len, device=seq_lens.device)[None, :]
+    return (j >= lens) | (j < lens - window)
 
 
-def decode_window_mask(seq_lens: list[int], kv_len: int, window: int, device) -> torch.Tensor:
-    """[B, kv_len] mask (True = masked) for one-token decode with a sliding window."""
-    return window_mask([1] * len(seq_lens), seq_lens, kv_len, window, device)[:, 0, 0]
+def band_arguments(window: int) -> dict:
+    """Sliding-window prefill without a dense mask: sparse_mode 4 (band)
+    with the 2048 x 2048 compressed mask. The band is anchored at the
+    bottom-right corner like sparse_mode 3 (the query rows are the
+    sequence's last positions) and keeps keys j with
+    p - pre_tokens <= j <= p + next_tokens, so a window of W keys (p - W <
+    j <= p) is pre_tokens = W - 1, next_tokens = 0. (vllm-ascend passes
+    pre_tokens = W; which one the operator means is the first thing the
+    NPU conformance run's sliding-window checks decide.)"""
+    return {"sparse_mode": 4, "pre_tokens": int(window) - 1, "next_tokens": 0}

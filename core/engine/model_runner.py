@@ -9,10 +9,20 @@ torch.inference_mode(); and computes logits only for the rows that sample
 (the last token of every sequence whose step reaches its last known token,
 and with speculative decoding every draft row after it),
 plus the prompt rows of requests that asked for prompt_logprobs.
+
+Host to device: on the CPU the step's tensors are the numpy arrays
+themselves (no copy). On an accelerator every array of the step goes in ONE
+copy (``to_device``): packed into one page-locked host buffer and copied
+with ``non_blocking=True``, so the host never waits for the device's queued
+work (a copy from pageable memory with non_blocking=False waits for the
+whole stream, once per array). The host arrays travel with the metadata
+(``StepMetadata.host``) so a backend reads lengths and ids there instead of
+copying them back.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
@@ -49,6 +59,63 @@ class HostBatch:
 
 
 @dataclass
+class StepMetadata(AttentionMetadata):
+    """The common metadata of a runner step, with the host arrays it was
+    made from: a backend's ``build_metadata`` reads lengths and block ids
+    there (backends/accelerator/host_index.py) instead of copying them back
+    from the device."""
+
+    host: Optional[HostBatch] = field(default=None, kw_only=True)
+
+
+#: bytes each array starts at in the staging buffer: every device view of it
+#: is aligned as a fresh allocation's first 16 bytes would be
+_STAGING_ALIGN = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _can_pin() -> bool:
+    """Whether this torch can page-lock host memory (an accelerator runtime
+    is present); a CPU-only build cannot."""
+    try:
+        torch.empty(1, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _staging_buffer(nbytes: int) -> torch.Tensor:
+    """A host buffer for one step's arrays: page-locked where possible, so
+    the copy is a DMA the host does not wait for. Pinned blocks come from
+    torch's caching host allocator, which keeps a block until the copies
+    recorded on it have finished, so reusing it for a later step is safe."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=_can_pin())
+
+
+def to_device(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host arrays as tensors on ``device`` in one host->device copy,
+    issued with non_blocking=True (from page-locked memory when the runtime
+    can pin): every array packed into one staging buffer, each device
+    tensor a view of the one copy. On the CPU: the arrays themselves."""
+    if device.type == "cpu":
+        return {name: torch.from_numpy(a) for name, a in arrays.items()}
+    offsets, total = {}, 0
+    for name, a in arrays.items():
+        offsets[name] = total
+        total += -(-a.nbytes // _STAGING_ALIGN) * _STAGING_ALIGN
+    host = _staging_buffer(max(total, _STAGING_ALIGN))
+    flat = host.numpy()
+    for name, a in arrays.items():
+        flat[offsets[name]:offsets[name] + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    dev = host.to(device, non_blocking=True)
+    return {name: dev[offsets[name]:offsets[name] + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
+            for name, a in arrays.items()}
+
+
+_TORCH_DTYPES = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32}
+
+
+@dataclass
 class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -57,6 +124,7 @@ class StepInputs:
     sample_seqs: list[Sequence]
     prompt_lp: list[tuple[ScheduledSeq, int]] = field(default_factory=list)  # (entry, first row)
     batch: Optional[HostBatch] = None
+    device_sample_rows: Optional[torch.Tensor] = None  # sample_rows on the device (sent with the step's inputs)
 
 
 @dataclass
@@ -130,32 +198,38 @@ class ModelRunner:
 
     def inputs_from(self, b: HostBatch, sample_seqs: Optional[list[Sequence]] = None,
                     prompt_entries: Optional[list] = None) -> StepInputs:
-        """The device inputs of a host batch; a tensor-parallel follower
-        has no sequences (its logits are rank 0's to sample)."""
-        dev = self.device
+        """The device inputs of a host batch (one host->device copy,
+        ``to_device``); a tensor-parallel follower has no sequences (its
+        logits are rank 0's to sample)."""
         num_seqs = len(b.seq_lens)
-        common = AttentionMetadata(
-            slot_mapping=torch.from_numpy(b.slot_mapping).to(dev),
-            query_start_loc=torch.from_numpy(b.query_start_loc).to(dev),
-            seq_lens=torch.from_numpy(b.seq_lens).to(dev),
-            block_tables=torch.from_numpy(b.block_tables).to(dev),
+        t = to_device({"slot_mapping": b.slot_mapping, "query_start_loc": b.query_start_loc,
+                       "seq_lens": b.seq_lens, "block_tables": b.block_tables, "input_ids": b.input_ids,
+                       "positions": b.positions, "sample_rows": np.asarray(b.sample_rows, dtype=np.int64)},
+                      self.device)
+        common = StepMetadata(
+            slot_mapping=t["slot_mapping"],
+            query_start_loc=t["query_start_loc"],
+            seq_lens=t["seq_lens"],
+            block_tables=t["block_tables"],
             num_decodes=b.num_decodes,
             max_query_len=int(np.diff(b.query_start_loc).max()) if num_seqs else 0,
             max_seq_len=int(b.seq_lens.max()) if num_seqs else 0,
             first_prompt_row=b.first_prompt_row,
+            host=b,
         )
         # Once per step: what the backend derives from it (launch sizes, host
         # lists, masks) is shared by every layer.
         meta = self.backend.build_metadata(common)
         entries = prompt_entries or [None] * len(b.prompt_rows)
         return StepInputs(
-            input_ids=torch.from_numpy(b.input_ids).to(dev),
-            positions=torch.from_numpy(b.positions).to(dev),
+            input_ids=t["input_ids"],
+            positions=t["positions"],
             meta=meta,
             sample_rows=b.sample_rows,
             sample_seqs=sample_seqs or [],
             prompt_lp=[(e, r) for e, (r, _) in zip(entries, b.prompt_rows)],
             batch=b,
+            device_sample_rows=t["sample_rows"],
         )
 
     # -- one step -------------------------------------------------------------------
@@ -174,12 +248,15 @@ class ModelRunner:
         sampling rows and of the prompt_logprobs rows."""
         copies = inp.batch.copies
         if copies:
-            mapping = torch.tensor(copies, dtype=torch.int64, device=self.device)
+            # on the host: a backend checks it there and moves it without a sync (its copy_blocks)
+            mapping = torch.tensor(copies, dtype=torch.int64)
             self.backend.copy_blocks(self._key_caches, self._value_caches, mapping)
         hidden = self.run_model(inp)
         logits = None
         if len(inp.sample_rows):
-            rows = torch.from_numpy(inp.sample_rows).to(self.device)
+            rows = inp.device_sample_rows
+            if rows is None:  # inputs made without inputs_from
+                rows = torch.from_numpy(inp.sample_rows).to(self.device)
             logits = self.model.compute_logits(hidden.index_select(0, rows)).cpu()  # float32 already
         prompt_logits = [(e, self.model.compute_logits(hidden[r:r + n]).cpu())
                          for (e, r), (_, n) in zip(inp.prompt_lp, inp.batch.prompt_rows)]

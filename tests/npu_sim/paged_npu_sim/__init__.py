@@ -62,6 +62,10 @@ class NpuSimPlatform(NpuPlatform):
     device_type = "cpu"  # the simulator's tensors live on the CPU
     dist_backend = "gloo"
     auto_priority = 0
+    # Host tensors leave the simulated torch.npu's statistics at zero: a
+    # profiled step would measure nothing and cost seconds of bf16 on the CPU
+    # per engine (tests/test_npu_sim.py runs the step itself once).
+    profiles_memory = False
 
     def is_available(self) -> Availability:
         if _real_torch_npu():
