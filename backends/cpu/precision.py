@@ -91,7 +91,7 @@ def plan_of(model) -> PrecisionPlan:
     decoder matrices: their one activations setting (several: none, each
     matrix keeps its own)."""
     modes = {getattr(w, "activations", None) for layer in model.decoder_stack().layers
-             for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)}
+             for _, w in layer.matrices()}
     mode = modes.pop() if len(modes) == 1 else None
     return PrecisionPlan(mode)
 

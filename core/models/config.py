@@ -22,7 +22,7 @@ from paged.core.models.spec import DecoderSpec, llama_like
 
 #: the families paged implements (HF ``architectures`` names and GGUF
 #: ``general.architecture`` names map to one of these: core/models/families/)
-SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "phi3", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("gemma3", "llama", "mistral", "mixtral", "phi3", "qwen2", "qwen2moe", "qwen3", "qwen3moe")
 
 
 @dataclass

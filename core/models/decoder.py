@@ -24,7 +24,9 @@ What a layer's description adds to the Llama layer, and where it runs:
   partial rotary, LongRoPE (``layers.RotaryTable``);
 - a sliding window and attention scale per layer (``LayerAttention`` where
   they differ from the backend's);
-- the embedding scale in the model dtype and a final logit soft-cap.
+- the embedding scale in the model dtype and a final logit soft-cap;
+- a mixture of experts in place of the MLP (core/models/moe.py MoeMlp:
+  router, experts grouped per step, an optional shared expert).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from torch import nn
 
 from paged.core.models.config import ModelConfig
 from paged.core.models.layer_attention import layer_attention
-from paged.core.models.layers import MatrixRole, RotaryTable, SingleDevice, TorchLayerOps, linear
+from paged.core.models.layers import MatrixRole, RotaryTable, SingleDevice, TorchLayerOps, linear, mlp_activation
 from paged.core.models.loaders.packed import PackedBlocks, PackedFields, cat_rows
-from paged.core.models.spec import DecoderSpec, LayerSpec, NormSpec
+from paged.core.models.moe import MoeMlp
+from paged.core.models.spec import DecoderSpec, LayerSpec, MoeSpec, NormSpec
 
 
 @dataclass(frozen=True)
@@ -46,15 +49,16 @@ class DecoderLayerWeights:
     """One decoder layer's parameters, as a stack runner reads them. Matrices
     are dense tensors or the platform's packed weight objects; norm weights
     have their offset applied; ``spec`` is the layer's description (what a
-    runner must execute or decline)."""
+    runner must execute or decline); a mixture-of-experts layer has ``moe``
+    (its experts) and no ``gate_up`` / ``down``."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     qkv: object  # rows q, k, v fused
     qkv_bias: torch.Tensor | None
     o_proj: object
-    gate_up: object  # rows gate, up fused (up alone for an ungated MLP)
-    down: object
+    gate_up: object | None  # rows gate, up fused (up alone for an ungated MLP)
+    down: object | None
     attn_backend: object
     spec: LayerSpec | None = None
     attn_out_norm: torch.Tensor | None = None
@@ -64,6 +68,14 @@ class DecoderLayerWeights:
     rope: RotaryTable | None = None
     sliding_window: int = 0
     scale: float | None = None
+    moe: MoeMlp | None = None
+
+    def matrices(self) -> list[tuple[str, object]]:
+        """(kind, matrix) of every projection of the layer, experts included."""
+        out = [("qkv", self.qkv), ("o_proj", self.o_proj)]
+        if self.moe is not None:
+            return out + self.moe.matrices()
+        return out + [("gate_up", self.gate_up), ("down", self.down)]
 
 
 @dataclass(frozen=True)
@@ -110,15 +122,34 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv_out, c.hidden_size),
             p + "self_attn.v_proj.weight": (kv_out, c.hidden_size),
             p + "self_attn.o_proj.weight": (c.hidden_size, q_out),
-            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
         })
-        if layer.mlp.gated:
-            shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, c.hidden_size)
+        if layer.moe is None:
+            shapes.update(_mlp_shapes(p + "mlp.", c.intermediate_size, c.hidden_size, layer.mlp.gated))
+        else:
+            shapes.update(_moe_shapes(p + "mlp.", layer.moe, c.hidden_size, layer.mlp.gated))
         if a.qkv_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q_out,),
                            p + "self_attn.k_proj.bias": (kv_out,),
                            p + "self_attn.v_proj.bias": (kv_out,)})
+    return shapes
+
+
+def _mlp_shapes(prefix: str, inter: int, hidden: int, gated: bool) -> dict[str, tuple[int, ...]]:
+    shapes = {prefix + "up_proj.weight": (inter, hidden), prefix + "down_proj.weight": (hidden, inter)}
+    if gated:
+        shapes[prefix + "gate_proj.weight"] = (inter, hidden)
+    return shapes
+
+
+def _moe_shapes(prefix: str, moe: MoeSpec, hidden: int, gated: bool) -> dict[str, tuple[int, ...]]:
+    """The router, every expert's MLP and the shared expert (and its gate)."""
+    shapes = {prefix + "gate.weight": (moe.num_experts, hidden)}
+    for e in range(moe.num_experts):
+        shapes.update(_mlp_shapes(f"{prefix}experts.{e}.", moe.intermediate_size, hidden, gated))
+    if moe.shared_intermediate_size:
+        shapes.update(_mlp_shapes(prefix + "shared_expert.", moe.shared_intermediate_size, hidden, gated))
+    if moe.shared_gate:
+        shapes[prefix + "shared_expert_gate.weight"] = (1, hidden)
     return shapes
 
 
@@ -186,12 +217,26 @@ class DecoderLayer(nn.Module):
                          if spec.attention.qkv_bias else None)
         self.o_proj = _param(make(weights[a + "o_proj.weight"], role("o_proj")))
         m = p + "mlp."
-        gate_up = [weights[m + "gate_proj.weight"]] if spec.mlp.gated else []
-        self.gate_up = _param(make(gate_up + [weights[m + "up_proj.weight"]], role("gate_up")))
-        self.down = _param(make(weights[m + "down_proj.weight"], role("down")))
+
+        def mlp(prefix: str) -> tuple[object, object]:
+            """(gate/up rows fused, down) of one MLP."""
+            gate_up = [weights[prefix + "gate_proj.weight"]] if spec.mlp.gated else []
+            return (_param(make(gate_up + [weights[prefix + "up_proj.weight"]], role("gate_up"))),
+                    _param(make(weights[prefix + "down_proj.weight"], role("down"))))
+
+        self.moe = None
+        if spec.moe is None:
+            self.gate_up, self.down = mlp(m)
+        else:
+            moe = spec.moe
+            self.gate_up = self.down = None
+            shared_gate = dense(weights[m + "shared_expert_gate.weight"]) if moe.shared_gate else None
+            # the router stays dense (llama.cpp keeps it float32 too): E x H is small
+            self.moe = MoeMlp(moe, spec.mlp, dense(weights[m + "gate.weight"]),
+                              [mlp(f"{m}experts.{e}.") for e in range(moe.num_experts)], self.parallel,
+                              mlp(m + "shared_expert.") if moe.shared_intermediate_size else None, shared_gate)
         att = spec.attention
         self.attn_backend = layer_attention(attn_backend, att.sliding_window, att.scale_for(c.head_dim))
-        self._silu = spec.mlp.activation == "silu"
 
     def forward(self, hidden: torch.Tensor, residual: torch.Tensor | None, ops: TorchLayerOps,
                 rope: RotaryTable, rope_in, kv_cache, meta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,14 +261,11 @@ class DecoderLayer(nn.Module):
             hidden = self.attn_out_norm(ops, hidden)
 
         x, residual = self.mlp_norm.add(ops, hidden, residual)
-        gate_up = linear(x, self.gate_up, first_prompt_row=prompt)
-        if not self.spec.mlp.gated:
-            act = ops.activation(gate_up, self.spec.mlp.activation)
-        elif self._silu:
-            act = ops.silu_and_mul(gate_up)
+        if self.moe is not None:
+            hidden = self.moe(x, ops, prompt)
         else:
-            act = ops.gelu_tanh_and_mul(gate_up)
-        hidden = self.parallel.output_projection(act, self.down, "mlp", first_prompt_row=prompt)
+            act = mlp_activation(ops, linear(x, self.gate_up, first_prompt_row=prompt), self.spec.mlp)
+            hidden = self.parallel.output_projection(act, self.down, "mlp", first_prompt_row=prompt)
         if self.mlp_out_norm is not None:
             hidden = self.mlp_out_norm(ops, hidden)
         return hidden, residual
@@ -320,7 +362,7 @@ class DecoderForCausalLM(nn.Module):
                 layer.input_norm, layer.post_norm, layer.qkv, layer.qkv_bias, layer.o_proj, layer.gate_up,
                 layer.down, att, layer.spec, opt(layer.attn_out_norm), opt(layer.mlp_out_norm),
                 opt(layer.q_norm), opt(layer.k_norm), self.ropes[layer.rope_index],
-                layer.spec.attention.sliding_window, layer.spec.attention.scale_for(c.head_dim)))
+                layer.spec.attention.sliding_window, layer.spec.attention.scale_for(c.head_dim), layer.moe))
         return DecoderStack(c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size,
                             float(self.spec.final_norm.eps), self.dtype, self.device, self.final_norm, layers,
                             self.spec, tuple(self.ropes))

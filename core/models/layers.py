@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from paged.core.models.spec import RopeSpec, rope_kind
+from paged.core.models.spec import MlpSpec, RopeSpec, rope_kind
 
 #: what a matrix does in the model (``MatrixRole.kind``)
 MATRIX_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head", "embed")
@@ -50,6 +50,16 @@ def linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None,
     if first_prompt_row is None:
         return weight.linear(x, bias)
     return weight.linear(x, bias, first_prompt_row=first_prompt_row)
+
+
+def mlp_activation(ops: "TorchLayerOps", gate_up: torch.Tensor, mlp: MlpSpec) -> torch.Tensor:
+    """An MLP's activation of its gate/up rows (gated: act(gate) * up, else
+    act(up)), by the layer ops (a platform's fused passes where it has them)."""
+    if not mlp.gated:
+        return ops.activation(gate_up, mlp.activation)
+    if mlp.activation == "silu":
+        return ops.silu_and_mul(gate_up)
+    return ops.gelu_tanh_and_mul(gate_up)
 
 
 def embedding_rows(ids: torch.Tensor, table) -> torch.Tensor:
@@ -227,6 +237,17 @@ class SingleDevice:
         slice of the output rows; the result is the full output on every
         rank."""
         return linear(x, weight, **linear_options)
+
+    def gather_inputs(self, x: torch.Tensor, part: str) -> torch.Tensor:
+        """A sharded model's slices of an output projection's input features
+        (``part``: "experts" for every expert's activations at once) -> all
+        of them; here ``x`` is already whole."""
+        return x
+
+    def gather_outputs(self, y: torch.Tensor) -> torch.Tensor:
+        """This rank's output rows (hidden columns) of a projection -> every
+        column; here ``y`` is already whole."""
+        return y
 
     def embed(self, input_ids: torch.Tensor, table) -> torch.Tensor:
         """Embedding rows of ``input_ids`` from this rank's vocab slice."""

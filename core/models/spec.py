@@ -34,6 +34,8 @@ from paged.core.argcheck import fail
 
 NORM_KINDS = ("rms", "layer")
 ACTIVATIONS = ("silu", "gelu_tanh")
+#: how a mixture-of-experts router turns its logits into scores (MoeSpec.scoring)
+MOE_SCORINGS = ("softmax", "sigmoid")
 #: rotary scaling kinds the tables implement (core/models/layers.py rope_inv_freq)
 ROPE_SCALINGS = ("default", "linear", "llama3", "freq_factors", "longrope")
 
@@ -119,11 +121,54 @@ class MlpSpec:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts MLP in place of the dense one: a router
+    (``model.layers.i.mlp.gate``, [num_experts, hidden]) scores each row
+    (``scoring``: softmax over every expert's logit, or each logit's
+    sigmoid), the ``top_k`` best experts run,
+    their scores renormalised to sum to 1 where ``normalize``, and the row's
+    output is the score-weighted sum of those experts' outputs. Each expert
+    (``mlp.experts.e.gate_proj`` / ``up_proj`` / ``down_proj``) is the
+    layer's MLP (MlpSpec) of width ``intermediate_size``. A shared expert
+    (``mlp.shared_expert.*``, the same MLP of width
+    ``shared_intermediate_size``; 0: none) runs on every row and is added,
+    scaled by sigmoid(``mlp.shared_expert_gate`` . x) where ``shared_gate``
+    (Qwen2-MoE), unscaled otherwise (several shared experts are one wider
+    one)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    scoring: str = "softmax"
+    normalize: bool = True
+    shared_intermediate_size: int = 0
+    shared_gate: bool = False
+
+    def __post_init__(self):
+        for name in ("num_experts", "top_k", "intermediate_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                fail(f"moe {name}", "a positive integer", value)
+        if self.top_k > self.num_experts:
+            fail("moe top_k", f"at most num_experts ({self.num_experts})", self.top_k)
+        if self.scoring not in MOE_SCORINGS:
+            fail("moe scoring", " or ".join(MOE_SCORINGS), self.scoring)
+        if not isinstance(self.shared_intermediate_size, int) or self.shared_intermediate_size < 0:
+            fail("moe shared_intermediate_size", "an integer >= 0 (0 = no shared expert)",
+                 self.shared_intermediate_size)
+        if self.shared_gate and not self.shared_intermediate_size:
+            fail("moe shared_gate", "False without a shared expert", self.shared_gate)
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One decoder layer, pre-norm residual:
 
         h = h + attn_post_norm?(attention(attn_norm(h)))
         h = h + mlp_post_norm?(mlp(mlp_norm(h)))
+
+    ``moe``: the MLP is a mixture of experts (MoeSpec; ``mlp`` is each
+    expert's shape), None for a dense MLP.
     """
 
     attn_norm: NormSpec = field(default_factory=NormSpec)
@@ -132,6 +177,7 @@ class LayerSpec:
     mlp: MlpSpec = field(default_factory=MlpSpec)
     attn_post_norm: NormSpec | None = None
     mlp_post_norm: NormSpec | None = None
+    moe: MoeSpec | None = None
 
     def norms(self) -> dict[str, NormSpec | None]:
         """Every norm of the layer by the weight name it reads."""
@@ -176,6 +222,10 @@ class DecoderSpec:
     def with_layers(self, layers) -> "DecoderSpec":
         return replace(self, layers=tuple(layers))
 
+    @property
+    def has_experts(self) -> bool:
+        return any(layer.moe is not None for layer in self.layers)
+
 
 def uniform(num_layers: int, layer: LayerSpec, **model) -> DecoderSpec:
     """A decoder whose layers are all alike (``model``: DecoderSpec's other fields)."""
@@ -194,5 +244,6 @@ def llama_like(num_layers: int, *, eps: float = 1e-5, theta: float = 10000.0, sc
                    tie_word_embeddings=tie_word_embeddings)
 
 
-__all__ = ["NormSpec", "RopeSpec", "AttentionSpec", "MlpSpec", "LayerSpec", "DecoderSpec", "uniform",
-           "llama_like", "rope_kind", "NORM_KINDS", "ACTIVATIONS", "ROPE_SCALINGS"]
+__all__ = ["NormSpec", "RopeSpec", "AttentionSpec", "MlpSpec", "MoeSpec", "LayerSpec", "DecoderSpec", "uniform",
+           "llama_like", "rope_kind", "NORM_KINDS", "ACTIVATIONS", "ROPE_SCALINGS",
+           "MOE_SCORINGS"]

@@ -16,15 +16,23 @@ class TensorParallelOps:
     sharding.py); the embedding is looked up in this rank's vocab slice
     (other ids give zero rows) and all-reduced, so every rank holds the full
     hidden state; the LM head's vocab columns are gathered from every rank
-    for sampling."""
+    for sampling. A mixture of experts gathers every expert's activations
+    of a step at once ("experts") and their output rows at once, two
+    gathers per layer whatever the number of experts."""
 
     def __init__(self, comm, shard: Shard):
         self.comm, self.shard = comm, shard
-        self._input_sizes = {"attention": shard.attn_sizes, "mlp": shard.inter_sizes}
+        self._input_sizes = {"attention": shard.attn_sizes, "mlp": shard.inter_sizes,
+                             "experts": shard.expert_inter_sizes, "shared": shard.shared_inter_sizes}
 
     def output_projection(self, x: torch.Tensor, weight, part: str, **linear_options) -> torch.Tensor:
-        full = self.comm.all_gather_cat(x, self._input_sizes[part])
-        return self.comm.all_gather_cat(linear(full, weight, **linear_options), self.shard.hidden_sizes)
+        return self.gather_outputs(linear(self.gather_inputs(x, part), weight, **linear_options))
+
+    def gather_inputs(self, x: torch.Tensor, part: str) -> torch.Tensor:
+        return self.comm.all_gather_cat(x, self._input_sizes[part])
+
+    def gather_outputs(self, y: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_gather_cat(y, self.shard.hidden_sizes)
 
     def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         start, end = self.shard.vocab

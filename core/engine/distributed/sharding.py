@@ -22,6 +22,13 @@ as pure functions of the config and the weights (no process group here).
   (the lookup is masked and all-reduced, the logits gathered for sampling).
 - The intermediate size is split in units of 32 (a GGUF quantization block)
   where it divides; packed matrices are only ever sliced by rows.
+- Mixture of experts: every rank holds every expert, sliced like the dense
+  MLP (each expert's gate/up rows of the rank's slice of the expert width,
+  its down rows of the rank's hidden slice over every input column; the
+  shared expert likewise at its own width); the router is replicated, so
+  every rank routes every row alike. Expert parallelism (whole experts per
+  rank, rows sent to their experts' ranks) would replace these slices with
+  an all-to-all around the experts (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 
 from paged.core.models.config import ModelConfig
 from paged.core.models.loaders.packed import QUANT_BLOCK, PackedBlocks
+from paged.core.models.spec import MoeSpec
 
 Range = tuple[int, int]
 
@@ -54,6 +62,12 @@ class Shard:
     inter_sizes: tuple[int, ...]
     hidden_sizes: tuple[int, ...]
     vocab_sizes: tuple[int, ...]
+    #: a mixture of experts' slices of the expert and shared-expert widths
+    #: (empty ranges and sizes for a dense model)
+    expert_inter: Range = (0, 0)
+    shared_inter: Range = (0, 0)
+    expert_inter_sizes: tuple[int, ...] = ()
+    shared_inter_sizes: tuple[int, ...] = ()
 
     @property
     def num_heads(self) -> int:
@@ -120,16 +134,37 @@ def plan_shards(config: ModelConfig, world_size: int) -> list[Shard]:
     vocab = split_even(config.vocab_size, world_size)
     lengths = lambda ranges, unit=1: tuple((b - a) * unit for a, b in ranges)  # noqa: E731
     sizes = (lengths([q for q, _ in heads], config.head_dim), lengths(inter), lengths(hidden), lengths(vocab))
-    return [Shard(r, world_size, heads[r][0], heads[r][1], inter[r], hidden[r], vocab[r], *sizes)
+    moe = model_moe(config)
+    experts = split_intermediate(moe.intermediate_size, world_size) if moe else [(0, 0)] * world_size
+    shared = (split_intermediate(moe.shared_intermediate_size, world_size) if moe and moe.shared_intermediate_size
+              else [(0, 0)] * world_size)
+    return [Shard(r, world_size, heads[r][0], heads[r][1], inter[r], hidden[r], vocab[r], *sizes,
+                  experts[r], shared[r], lengths(experts), lengths(shared))
             for r in range(world_size)]
+
+
+def model_moe(config: ModelConfig) -> MoeSpec | None:
+    """The experts' description, one for every expert layer (every family
+    paged runs has one), or None for a dense model."""
+    specs = {layer.moe for layer in config.spec.layers if layer.moe is not None}
+    if len(specs) > 1:
+        raise ValueError(f"tensor parallelism: expected one expert shape for every layer, got {len(specs)}")
+    return specs.pop() if specs else None
 
 
 def local_config(config: ModelConfig, shard: Shard) -> ModelConfig:
     """The config one rank's model is built from: its heads, intermediate
-    slice and vocab slice."""
+    slices (the experts' too) and vocab slice."""
+    decoder = config.decoder
+    moe = model_moe(config)
+    if moe is not None:
+        local = dataclasses.replace(moe, intermediate_size=shard.expert_inter[1] - shard.expert_inter[0],
+                                    shared_intermediate_size=shard.shared_inter[1] - shard.shared_inter[0])
+        decoder = config.spec.with_layers(layer if layer.moe is None else dataclasses.replace(layer, moe=local)
+                                          for layer in config.spec.layers)
     return dataclasses.replace(config, num_heads=shard.num_heads, num_kv_heads=shard.num_kv_heads,
                                intermediate_size=shard.inter[1] - shard.inter[0],
-                               vocab_size=shard.vocab[1] - shard.vocab[0])
+                               vocab_size=shard.vocab[1] - shard.vocab[0], decoder=decoder)
 
 
 def rows(t, start: int, end: int):
@@ -156,7 +191,14 @@ def shard_weights(weights: dict, config: ModelConfig, shard: Shard) -> dict:
                 for n in ("k_proj.", "v_proj."):
                     out[a + n + part] = rows(weights[a + n + part], kv[0] * d, kv[1] * d)
         out[a + "o_proj.weight"] = rows(weights[a + "o_proj.weight"], h0, h1)
-        for n in ("gate_proj.weight", "up_proj.weight"):
-            out[m + n] = rows(weights[m + n], i0, i1)
-        out[m + "down_proj.weight"] = rows(weights[m + "down_proj.weight"], h0, h1)
+        moe = config.spec.layers[i].moe
+        mlps = [(m, (i0, i1))] if moe is None else [(f"{m}experts.{e}.", shard.expert_inter)
+                                                    for e in range(moe.num_experts)]
+        if moe is not None and moe.shared_intermediate_size:
+            mlps.append((m + "shared_expert.", shard.shared_inter))
+        for prefix, (a0, a1) in mlps:
+            for n in ("gate_proj.weight", "up_proj.weight"):
+                if prefix + n in weights:  # an ungated MLP has no gate
+                    out[prefix + n] = rows(weights[prefix + n], a0, a1)
+            out[prefix + "down_proj.weight"] = rows(weights[prefix + "down_proj.weight"], h0, h1)
     return out

@@ -3,7 +3,8 @@ metadata onto the one decoder description (core/models/spec.py), used by
 both loaders (core/models/loaders/gguf_loader.py, hf_loader.py).
 
 Adding a dense family: a ``Family`` in a module here, listed in FAMILIES,
-plus a test (docs/adding-a-model.md)."""
+plus a test (docs/adding-a-model.md); mixture-of-experts families live in
+moe.py."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ from typing import Any
 from paged.core.models.families.base import Family, GgufFacts, Sizes
 from paged.core.models.families.gemma import GEMMA3
 from paged.core.models.families.llama import LLAMA, MISTRAL, QWEN2, QWEN3
+from paged.core.models.families.moe import MIXTRAL, QWEN2_MOE, QWEN3_MOE
 from paged.core.models.families.phi import PHI3
 
-FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, PHI3)
+#: first match wins: Mixtral before Llama (the same GGUF architecture, with experts)
+FAMILIES: tuple[Family, ...] = (MIXTRAL, LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, PHI3, QWEN3_MOE, QWEN2_MOE)
 
 
-def gguf_family(arch: str | None) -> Family | None:
-    """The family of a GGUF ``general.architecture``, or None."""
-    return next((f for f in FAMILIES if arch in f.gguf_archs), None)
+def gguf_family(arch: str | None, meta: dict[str, Any] | None = None) -> Family | None:
+    """The family of a GGUF ``general.architecture`` (and its metadata,
+    for families that share an architecture name), or None."""
+    return next((f for f in FAMILIES if arch in f.gguf_archs and (f.gguf_when is None or f.gguf_when(meta or {}))),
+                None)
 
 
 def hf_family(cfg: dict[str, Any]) -> Family | None:

@@ -54,7 +54,11 @@ class Family:
     """One family's mapping (see the module docstring). ``from_hf(cfg,
     sizes)`` / ``from_gguf(facts, sizes)`` build the DecoderSpec;
     ``gguf_permuted_qk``: llama.cpp's converter interleaved each Q/K head's
-    rotary halves (the loader undoes it)."""
+    rotary halves (the loader undoes it); ``hf_rename``: a layer tensor
+    name (after ``model.layers.i.``) -> paged's, for names a dict cannot
+    list (one per expert); ``gguf_when``: the family takes a file of its
+    architecture only where this says so of the metadata (Mixtral: a
+    ``llama`` file with experts)."""
 
     name: str
     gguf_archs: tuple[str, ...]
@@ -64,6 +68,8 @@ class Family:
     gguf_renames: dict[str, str] = field(default_factory=dict)
     hf_renames: dict[str, str] = field(default_factory=dict)
     gguf_permuted_qk: bool = False
+    hf_rename: Callable[[str], str] | None = None
+    gguf_when: Callable[[dict[str, Any]], bool] | None = None
 
 
 # -- HF config.json ----------------------------------------------------------

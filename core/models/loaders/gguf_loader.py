@@ -6,7 +6,10 @@ metadata. Tensors are renamed to Hugging Face Llama names (llama.cpp's names
 are the same for every family: ``_GLOBAL_NAMES`` / ``_LAYER_NAMES``, with a
 family's own exceptions), fused tensors are split into their parts
 (Phi-3's ``attn_qkv`` and gate-up ``ffn_up``), and what is not kept packed
-is dequantised to the compute dtype. llama.cpp stores Q/K projections of
+is dequantised to the compute dtype. A mixture of experts' 3-D
+``ffn_*_exps`` tensors are split into one matrix per expert
+(``mlp.experts.e.*``, packed where the rest is); expert tensors of a family
+paged has no mapping for are refused, naming them. llama.cpp stores Q/K projections of
 ``llama`` models permuted for its interleaved RoPE; they are permuted back so
 the HF half-rotation convention of our model holds.
 """
@@ -56,8 +59,22 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # mixture of experts: the router, every expert as one 3-D tensor (split
+    # per expert at load), the shared expert and its gate (a vector here)
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+#: tensors of a mixture of experts (llama.cpp's names, and the per-expert
+#: ``ffn_gate.0`` of old Mixtral conversions): a file whose family does not
+#: run them is refused, not loaded without them
+_EXPERT_RE = re.compile(r"blk\.\d+\.(ffn_\w*(exps|shexp|_inp|_chexp)\w*|exp_probs_b|ffn_(gate|up|down)\.\d+)\.")
 
 
 def hf_tensor_name(gguf_name: str, family: Family | None = None) -> str | None:
@@ -109,9 +126,11 @@ def config_from_metadata(path: Path, meta: dict[str, Any], tensors: list[GGUFTen
     description from its family's mapping (which may look at which tensors
     the file holds, and read small ones: rope factors)."""
     gguf_arch = meta.get("general.architecture")
-    family = gguf_family(gguf_arch)
+    family = gguf_family(gguf_arch, meta)
     if family is None:
-        raise ModelLoadError(path, f"unsupported architecture {gguf_arch!r} (supported: {', '.join(gguf_names())})")
+        what = " (a mixture of experts)" if meta.get(f"{gguf_arch}.expert_count") else ""
+        raise ModelLoadError(path, f"unsupported architecture {gguf_arch!r}{what} "
+                                   f"(supported: {', '.join(gguf_names())})")
     m = _ArchMetadata(path, meta, gguf_arch)
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens else m.count("vocab_size")
@@ -192,7 +211,8 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
     path = Path(path)
     meta, tensors = read_gguf(path)
     config = config_from_metadata(path, meta, tensors)
-    family = gguf_family(meta.get("general.architecture"))
+    family = gguf_family(meta.get("general.architecture"), meta)
+    refuse_unmapped_experts(path, family, config, tensors)
     tokenizer = Tokenizer.from_gguf_metadata(meta, source=path)
 
     weights: dict[str, torch.Tensor] = {}
@@ -203,7 +223,8 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
             if name is not None:
                 w = _load_tensor(path, t, name, config, dtype, keep_packed, family.gguf_permuted_qk)
                 try:
-                    weights.update(split_fused(name, w, config))
+                    weights.update(split_experts(name, w, config) if isinstance(w, list) else
+                                   split_fused(name, w, config))
                 except ValueError as e:
                     raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
             else:
@@ -217,6 +238,37 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, *, quiet: bool = F
                 config.num_layers, str(dtype).removeprefix("torch."), time.perf_counter() - start)
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer,
                        chat_template=tokenizer.chat_template, source_path=path)
+
+
+def refuse_unmapped_experts(path: Path, family: Family, config: ModelConfig, tensors) -> None:
+    """A file with expert tensors its family does not run (experts in a
+    dense family's file, old per-expert Mixtral tensors, a router bias) is
+    refused in one line naming the first such tensor."""
+    layers = config.spec.layers
+    for t in tensors:
+        if not _EXPERT_RE.match(t.name):
+            continue
+        layer = int(t.name.split(".")[1])
+        if layer >= len(layers) or layers[layer].moe is None or hf_tensor_name(t.name, family) is None:
+            raise ModelLoadError(path, f"mixture-of-experts tensor {t.name!r} is not supported for architecture "
+                                       f"{family.gguf_archs[0]!r} (paged runs the experts of "
+                                       f"{', '.join(moe_family_names())})")
+
+
+def moe_family_names() -> list[str]:
+    from paged.core.models.families.moe import MIXTRAL, QWEN2_MOE, QWEN3_MOE
+
+    return [f"{MIXTRAL.name} (llama)", QWEN2_MOE.name, QWEN3_MOE.name]
+
+
+def split_experts(name: str, parts: list, config: ModelConfig) -> dict:
+    """A 3-D expert tensor's per-expert matrices under their own names
+    (``mlp.experts.gate_proj`` -> ``mlp.experts.e.gate_proj``)."""
+    layer = int(name.split(".")[2])
+    moe = config.spec.layers[layer].moe
+    if moe is None or len(parts) != moe.num_experts:
+        raise ValueError(f"expected {0 if moe is None else moe.num_experts} experts, got {len(parts)}")
+    return {name.replace("mlp.experts.", f"mlp.experts.{e}."): p for e, p in enumerate(parts)}
 
 
 def split_fused(name: str, w, config: ModelConfig) -> dict:
@@ -245,7 +297,11 @@ def _rows(w, start: int, end: int):
 
 
 def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype,
-                 keep_packed: bool = False, permuted_qk: bool = False) -> torch.Tensor | PackedBlocks:
+                 keep_packed: bool = False, permuted_qk: bool = False) -> torch.Tensor | PackedBlocks | list:
+    """One tensor, dense or packed; a 3-D expert tensor as a list of its
+    experts' matrices; the shared-expert gate vector as HF's [1, hidden]."""
+    if len(t.shape) == 3:
+        return _load_experts(path, t, dtype, keep_packed)
     if t.qtype not in SUPPORTED_TYPES:
         raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
                                    f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
@@ -256,6 +312,8 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
             w = dequantize(t.data, t.qtype, t.shape, dtype)
     except ValueError as e:
         raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
+    if name.endswith("shared_expert_gate.weight") and w.dim() == 1:
+        w = w.unsqueeze(0)
     if permuted_qk:
         # a row permutation: applies to packed block rows just the same
         heads = {".q_proj.": config.num_heads, ".k_proj.": config.num_kv_heads}
@@ -266,8 +324,25 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
     return w
 
 
-def _packed(t: GGUFTensor) -> PackedBlocks:
-    rows, cols = t.shape
+def _load_experts(path: Path, t: GGUFTensor, dtype: torch.dtype, keep_packed: bool) -> list:
+    """[experts, rows, cols] -> each expert's [rows, cols] matrix (packed
+    blocks of the file's type where the rest is kept packed)."""
+    if t.qtype not in SUPPORTED_TYPES:
+        raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
+                                   f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
+    experts, rows, cols = t.shape
+    try:
+        if keep_packed and t.qtype in PACKABLE:
+            w = _packed(t, (experts * rows, cols))
+            return [w.with_rows(w.blocks[e * rows:(e + 1) * rows]) for e in range(experts)]
+        w = dequantize(t.data, t.qtype, t.shape, dtype)
+    except ValueError as e:
+        raise ModelLoadError(path, f"tensor {t.name!r}: {e}") from e
+    return list(w.unbind(0))
+
+
+def _packed(t: GGUFTensor, shape: tuple[int, int] | None = None) -> PackedBlocks:
+    rows, cols = shape or t.shape
     block, type_size = GGML_QUANT_SIZES[t.qtype]
     expected = rows * cols // block * type_size
     if t.data.nbytes != expected:

@@ -62,12 +62,14 @@ def config_from_hf(path: Path, cfg: dict[str, Any], generation: dict[str, Any]) 
 
 def hf_weights(family: Family, config: ModelConfig, weights: dict) -> dict:
     """A checkpoint's tensors under paged's names: the family's renames of
-    layer tensors (Gemma's four norms), fused tensors split."""
+    layer tensors (Gemma's four norms, Mixtral's experts), fused tensors split."""
     out = {}
     for name, w in weights.items():
         m = _LAYER_RE.match(name)
         if m and m.group(2) in family.hf_renames:
             name = f"{m.group(1)}{family.hf_renames[m.group(2)]}.{m.group(3)}"
+        elif m and family.hf_rename is not None:
+            name = f"{m.group(1)}{family.hf_rename(m.group(2))}.{m.group(3)}"
         out.update(split_fused(name, w, config))
     return out
 
