@@ -305,6 +305,34 @@ def test_forward_mixed_batch_matches_reference():
 
 
 @needs_gpu
+def test_per_layer_windows_match_reference():
+    """Layers with their own sliding window (core/models/layer_attention.py)
+    on one CudaBackend sized for none: one step's metadata, each layer's
+    forward equal to the reference backend made for its window."""
+    from paged.core.models.layer_attention import layer_attention
+
+    gen = torch.Generator().manual_seed(5)
+    cuda, _ = _pair(torch.float16, 128, 16, (8, 2))
+    lens, qlens = [1500, 700, 90], [1, 1, 30]
+    tables, seq_lens = _tables(lens, 16, 256, gen)
+    qsl = torch.tensor([0, 1, 2, 32], dtype=torch.int32).cuda()
+    slots = torch.cat([tables[i, torch.arange(n - q, n) // 16].long().cpu() * 16 + torch.arange(n - q, n) % 16
+                       for i, (n, q) in enumerate(zip(lens, qlens))]).cuda()
+    common = AttentionMetadata(slots, qsl, seq_lens, tables, num_decodes=2, max_query_len=30, max_seq_len=1500)
+    cuda.num_blocks = 256
+    meta = cuda.build_metadata(common)
+    q = torch.randn(32, 8, 128, generator=gen).half().cuda()
+    k, v = (torch.randn(32, 2, 128, generator=gen).half().cuda() for _ in range(2))
+    for window in (0, 600, 64, 1):
+        kc, vc = _filled_cache(cuda, 256, gen)
+        rk, rv = kc.clone(), vc.clone()
+        out = layer_attention(cuda, window, cuda.scale).forward(q, k, v, (kc, vc), meta)
+        ref = ReferenceBackend(8, 2, 128, 16, torch.float16, "cuda:0", sliding_window=window)
+        want = ref.forward(q, k, v, (rk, rv), common)
+        torch.testing.assert_close(out.float(), want.float(), atol=2e-3, rtol=2e-3)
+
+
+@needs_gpu
 def test_bad_block_ids():
     cuda, _ = _pair(torch.float16, 64, 16, (4, 2), check_ids=True)
     kc = torch.zeros(cuda.kv_cache_shape(4), dtype=torch.float16, device="cuda")

@@ -11,6 +11,7 @@ replay equal to eager) is in .ci/gpu_check.sh and tests/test_cuda_backend.py."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import types
 
 import numpy as np
@@ -234,6 +235,66 @@ def test_graph_table_is_bounded_by_the_models_context_with_num_kv_blocks():
     assert w.longest_sequence(2_100_000) == 4096
     w.max_model_len = 2048
     assert w.longest_sequence(2_100_000) == 2048 and w.longest_sequence(100) == 1600
+
+
+def test_per_layer_windows_launch_what_each_layers_window_needs():
+    """Layers with their own sliding window (Gemma 3's local layers beside
+    global ones, core/models/layer_attention.py) on one CudaBackend, whose
+    step launch is sized for the widest window (none): each layer launches
+    the partitions its own window needs, over the front of the step's
+    workspace, never fewer than one of its sequences needs (the kernel's own
+    count, ``_C_cuda.decode_max_splits``, is the oracle: fewer writes NaN
+    rows). Before, a backend had one window, and a model with several was
+    refused at build. Under a graph (a bucket above the step's need) too."""
+    from paged.backends.cuda.attention import CudaBackend
+    from paged.backends.cuda.metadata import build_step, layer_launch, split_workspace
+    from paged.backends.npu.attention import NpuBackend
+    from paged.core.models.layer_attention import serves_any_window
+
+    assert serves_any_window(CudaBackend) and serves_any_window(NpuBackend)
+    try:
+        from paged import _C_cuda
+
+        needs = _C_cuda.decode_max_splits
+    except ImportError:
+        needs = lambda blocks, bs, w: launch.decode_splits(blocks * bs, w)  # noqa: E731 (its mirror, tested above)
+    lens = [9008, 304, 48]  # whole 16-token blocks: a table row's blocks are the sequence's
+    common = _decode_step(lens, 16)
+    meta = build_step(common, block_size=16, num_heads=8, head_size=64, sliding_window=0, device="cpu",
+                      num_blocks=1000, check_ids=True)
+    assert meta.decode_splits == 18
+    bucket = dataclasses.replace(meta, decode_splits=32, **dict(zip(("split_out", "split_max_sum"),
+                                                                   split_workspace(3, 8, 32, 64, "cpu"))))
+    for m in (meta, bucket):
+        for window in (0, 4096, 1000, 512, 100, 1):
+            splits, (out, max_sum) = layer_launch(m, window)
+            need = max(needs(n // 16, 16, window) for n in lens)
+            assert need <= splits <= m.decode_splits and (splits == need or m is bucket), (window, splits, need)
+            if splits > 1:  # the front of the step's workspace, as the kernel's shapes want
+                assert out.shape == (3, 8, splits, 64) and max_sum.shape == (3, 8, splits, 2)
+                assert out.is_contiguous() and out.data_ptr() == m.split_out.data_ptr()
+        assert layer_launch(m, 1000)[0] == 2 and layer_launch(m, 0)[0] == m.decode_splits
+    narrow = build_step(common, block_size=16, num_heads=8, head_size=64, sliding_window=1000, device="cpu",
+                        num_blocks=1000, check_ids=True)
+    with pytest.raises(ValueError, match="sliding_window of a layer: expected at most the 1000 the step's decode "
+                                         "launch was sized for, got none"):
+        layer_launch(narrow, 0)
+
+
+def _decode_step(lens: list[int], block_size: int):
+    """Decode metadata (CPU tensors) for sequences of these lengths over distinct blocks."""
+    from paged.backends.base import AttentionMetadata
+
+    blocks = [-(-n // block_size) for n in lens]
+    tables = torch.full((len(lens), max(blocks)), -1, dtype=torch.int32)
+    at, slots = 0, []
+    for i, (n, b) in enumerate(zip(lens, blocks)):
+        tables[i, :b] = torch.arange(at, at + b)
+        slots.append((at + (n - 1) // block_size) * block_size + (n - 1) % block_size)
+        at += b
+    return AttentionMetadata(torch.tensor(slots), torch.arange(len(lens) + 1, dtype=torch.int32),
+                             torch.tensor(lens, dtype=torch.int32), tables, num_decodes=len(lens),
+                             max_query_len=1, max_seq_len=max(lens))
 
 
 def test_decode_graph_sizes_and_padding():

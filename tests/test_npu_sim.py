@@ -10,7 +10,10 @@ an NPU run (docs/ascend.md).
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import zipfile
 from pathlib import Path
 
 import entry_point_site
@@ -286,6 +289,54 @@ def test_a_keyword_the_release_lacks_is_a_type_error(sim, release):
         sim.npu_scatter_pa_kv_cache(k, k, cache, cache, torch.tensor([3]))
 
 
+#: unpacked by csrc_ascend/fetch_torch_npu_headers.sh; more releases: PAGED_TORCH_NPU_WHEELS, folders of
+#: wheels fetched with `pip download --no-deps torch-npu==<version>`
+UNPACKED_2_13 = Path.home() / ".cache/paged/torch-npu-2.13.0"
+_PROTOTYPES = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+
+
+def _wheel_sources() -> dict[str, Path]:
+    found = {"2.13.0": UNPACKED_2_13} if (UNPACKED_2_13 / _PROTOTYPES).exists() else {}
+    for folder in filter(None, os.environ.get("PAGED_TORCH_NPU_WHEELS", "").split(os.pathsep)):
+        found.update({w.name.split("-")[1]: w for w in sorted(Path(folder).glob("torch_npu-*.whl"))})
+    return found
+
+
+def _wheel_keywords(source: Path, op: str) -> list[tuple[str, str]] | None:
+    """The keyword-only (name, default) pairs of ``op``'s prototype in a
+    torch-npu wheel (or its unpacked folder); None when it has no such op."""
+    if source.suffix == ".whl":
+        with zipfile.ZipFile(source) as z:
+            text = z.read(_PROTOTYPES).decode()
+    else:
+        text = (source / _PROTOTYPES).read_text()
+    m = re.search(rf"func: {op}\((.*?)\) ->", text)
+    if m is None:
+        return None
+    keyword_only = m.group(1).split(", *, ", 1)[1].split(", ")
+    return [(a.split("=")[0].split()[-1], a.split("=")[1].strip("'\"")) for a in keyword_only]
+
+
+@pytest.mark.parametrize("version, source", sorted(_wheel_sources().items()) or [
+    pytest.param(None, None, marks=pytest.mark.skip(reason="no torch-npu wheel here "
+                 "(csrc_ascend/fetch_torch_npu_headers.sh, or PAGED_TORCH_NPU_WHEELS)"))])
+def test_simulated_signatures_are_the_wheels_prototypes(sim, version, source):
+    """Each simulated release's operator keywords (names, order, cache_mode's
+    default) are those of the release's PyPI wheel prototypes, so the
+    keyword choice tested above is the one each release needs (the
+    simulator once took cache_mode everywhere and misspelled
+    compress_seq_offsets). Grounding, not a device run."""
+    release = sim.SAME_AS.get(version, version)
+    assert release in sim.RELEASES, f"torch-npu {version}: the simulator has no signature for it"
+    scatter, attention = sim.RELEASES[release]
+    wheel_scatter = _wheel_keywords(source, "npu_scatter_pa_kv_cache")
+    assert (None if scatter is None else [k for k, _ in scatter]) == (
+        None if wheel_scatter is None else [k for k, _ in wheel_scatter])
+    if scatter and dict(scatter).get("cache_mode"):
+        assert dict(wheel_scatter)["cache_mode"] == dict(scatter)["cache_mode"] == "PA_NZ"
+    assert [k for k, _ in attention] == [k for k, _ in _wheel_keywords(source, "npu_fused_infer_attention_score")]
+
+
 # ---- documented limits: in the simulator, and checked at metadata build ----------------
 
 def _decode_step(tables, lens, bs=128):
@@ -416,6 +467,59 @@ def test_sliding_window_prefill_is_a_band_on_the_compressed_mask(sim, monkeypatc
     ref = kc.run_attention(ReferenceBackend(8, 2, 64, 128, torch.bfloat16, "cpu", sliding_window=100), batch, case)
     assert kc._rel_error(got, ref) < kc.TOLERANCE[torch.bfloat16]
     assert seen == [{"sparse_mode": 4, "pre_tokens": 99, "next_tokens": 0, "mask": (2048, 2048)}]
+
+
+def test_per_layer_windows_reach_each_layers_operator_call(sim, monkeypatch):
+    """Layers with their own sliding window (Gemma 3: local layers beside
+    global ones, core/models/layer_attention.py) on one NpuBackend sized for
+    the widest (none): one step's metadata, and each layer's two calls get
+    its own window's arguments (the decode call's [B, KV_S] mask, the
+    prefill call's band), derived on the device without a host read; every
+    layer equal to the reference backend made for its window. Before, the
+    step's masks were the backend's one window, so such a model was refused
+    at build."""
+    from paged.core.models.layer_attention import layer_attention
+
+    seen = []
+    real = sim.npu_fused_infer_attention_score
+
+    def recording(query, *args, **kw):
+        mask = kw.get("atten_mask")
+        seen.append((query.shape[1], kw.get("sparse_mode"), kw.get("pre_tokens"),
+                     None if mask is None else tuple(mask.shape)))
+        return real(query, *args, **kw)
+
+    monkeypatch.setattr(sim, "npu_fused_infer_attention_score", recording)
+    # two decodes (700, 130 tokens), a 200-token chunk over a 300-token prefix, a 50-token prompt
+    case = kc.AttnCase(8, 2, 64, 128, (700, 130, 500, 50), query_lens=(1, 1, 200, 50), pad_slots=0)
+    be = NpuBackend(8, 2, 64, 128, torch.bfloat16, "cpu")
+    batch = kc.make_batch(case, torch.bfloat16)
+    starts, lens = batch.query_start_loc.tolist(), case.seq_lens
+    new_rows = torch.cat([torch.arange(sum(lens[:i]) + n - q, sum(lens[:i]) + n)  # each sequence's last q rows
+                          for i, (n, q) in enumerate(zip(lens, case.query_lens))])
+    common = AttentionMetadata(batch.slot_mapping[new_rows], batch.query_start_loc, batch.seq_lens,
+                               batch.block_tables, num_decodes=2, max_query_len=200, max_seq_len=700)
+    key, value = batch.key[new_rows], batch.value[new_rows]
+    windows = (0, 100, 1, 300, 100)
+    caches = be.allocate_kv_cache(len(windows), batch.num_blocks)
+    for kv in caches:
+        be.reshape_and_cache(batch.key, batch.value, *kv, batch.slot_mapping)
+    meta = be.build_metadata(common)
+    outs = []
+    with sim.HostSyncGuard(forbid=True):
+        for window, kv in zip(windows, caches):
+            outs.append(layer_attention(be, window, be.scale).forward(batch.query, key, value, kv, meta))
+    refs = {}
+    for window, out in zip(windows, outs):
+        ref = ReferenceBackend(8, 2, 64, 128, torch.bfloat16, "cpu", sliding_window=window)
+        refs[window] = ref.forward(batch.query, key, value, kc.filled_cache(ref, batch), common)
+        assert kc._rel_error(out, refs[window]) < kc.TOLERANCE[torch.bfloat16], window
+    assert kc._rel_error(refs[100], refs[0]) > 10 * kc.TOLERANCE[torch.bfloat16]  # the windows matter here
+    masks = {(q, mode, pre, shape) for q, mode, pre, shape in seen}
+    assert masks == {(1, None, None, None), (200, 3, None, (2048, 2048)),  # window 0
+                     (1, None, None, (2, 896)), (200, 4, 99, (2048, 2048)),  # 100
+                     (200, 4, 0, (2048, 2048)), (200, 4, 299, (2048, 2048))}  # 1, 300 (decode masks: [2, 7 x 128])
+    assert len(seen) == 2 * len(windows) and sorted(meta.other_windows) == [1, 100, 300]
 
 
 def test_step_metadata_reads_no_device_data(sim, monkeypatch):

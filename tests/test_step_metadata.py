@@ -87,9 +87,9 @@ def test_npu_metadata_holds_the_host_lists_and_masks(window):
     assert meta.write_rows.tolist() == [0, 1, 2, 3, 4, 5] and meta.write_slots.tolist() == [
         129, 260, 388, 389, 390, 128]
     if window:
-        assert torch.equal(meta.decode_mask, layout.decode_window_mask([130, 5], 256, window, "cpu"))
-        assert meta.prefill_extra["sparse_mode"] == 0
-        assert torch.equal(meta.prefill_extra["atten_mask"], layout.window_mask([3, 2], [7, 2], 256, window, "cpu"))
+        assert torch.equal(meta.decode_mask, layout.decode_window_mask(torch.tensor([130, 5]), 256, window))
+        assert meta.prefill_extra["sparse_mode"] == 4 and meta.prefill_extra["pre_tokens"] == window - 1
+        assert meta.prefill_extra["atten_mask"] is layout.causal_mask(torch.device("cpu"))  # the 2048 one, no dense mask
     else:
         assert meta.decode_mask is None and meta.prefill_extra["sparse_mode"] == 3
     # the common fields are the step's own tensors, not copies

@@ -35,7 +35,7 @@ from paged.backends.reference.attention import ReferenceBackend, check_distinct_
 from paged.backends.reference import validation as v
 from paged.backends.cuda import launch
 from paged.backends.cuda.id_checks import CheckedOnce
-from paged.backends.cuda.metadata import CudaMetadata, build_step, split_workspace
+from paged.backends.cuda.metadata import CudaMetadata, build_step, layer_launch, split_workspace
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -55,6 +55,9 @@ def _stream(device: torch.device) -> int:
 
 class CudaBackend(ReferenceBackend):
     name = "cuda"
+    #: each layer attends with its own window (core/models/layer_attention.py): the kernels take it per
+    #: call, and a narrower layer launches what its window needs (metadata.layer_launch)
+    per_layer_windows = True
 
     def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="cuda",
                  scale=None, sliding_window=None, check_ids: bool | None = None, kv_cache_dtype=None):
@@ -173,8 +176,9 @@ class CudaBackend(ReferenceBackend):
         self._write(key, value, kv_cache[0], kv_cache[1], meta.slot_mapping)
 
     def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
+        splits, workspace = layer_launch(meta, self.sliding_window)
         self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, seq_lens, self.scale,
-                     self.sliding_window, meta.decode_splits, (meta.split_out, meta.split_max_sum))
+                     self.sliding_window, splits, workspace)
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         qsl, lens, tables = meta.prefill_part

@@ -126,7 +126,7 @@ class CudaGraphRunner(ModelRunner):
                                    max_query_len=1, max_seq_len=self.width * self.block_size)
         split_out, split_max_sum = self._workspace(n, splits)
         return CudaMetadata(**common.common_fields(), prefill_max_query_len=1, decode_splits=splits,
-                            split_out=split_out, split_max_sum=split_max_sum)
+                            split_out=split_out, split_max_sum=split_max_sum, window=self.window)
 
     def graph_keys(self) -> list[tuple[int, int]]:
         """Every (size, bucket) to capture, largest first (one memory pool:

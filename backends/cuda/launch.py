@@ -40,6 +40,21 @@ def decode_splits(max_seq_len: int, sliding_window: int = 0) -> int:
     return max(1, -(-keys // SPLIT_PARTITION))
 
 
+def layer_splits(step_splits: int, step_window: int, layer_window: int) -> int:
+    """Partitions a layer with its own sliding window launches in a step
+    whose launch (``step_splits``) was sized for ``step_window`` (the
+    backend's: the widest of the model's layers, 0 = none): a window caps a
+    sequence's visible keys, so a layer of window W needs at most
+    ceil(W / 512) whatever the step's lengths; never more than the step's.
+    ValueError for a layer wider than the step was sized for (its longer
+    sequences would get NaN rows)."""
+    step_window, layer_window = int(step_window or 0), int(layer_window or 0)
+    if step_window and not 0 < layer_window <= step_window:
+        raise ValueError(f"sliding_window of a layer: expected at most the {step_window} the step's decode "
+                         f"launch was sized for, got {layer_window or 'none'}")
+    return min(step_splits, decode_splits(layer_window)) if layer_window else step_splits
+
+
 def split_buckets(max_splits: int) -> list[int]:
     """The split counts graphs are captured for: 1, 2, 4, ... below
     ``max_splits``, and ``max_splits`` itself (ascending)."""

@@ -8,6 +8,10 @@ depends on the step only, derived once by ``build_step``.
   (launch.decode_splits), not by the block table's width, and allocated
   once per step instead of once per layer (the layers run one after another
   on one stream and share it).
+- per-layer windows (core/models/layer_attention.py): a layer whose window
+  is narrower than the backend's launches only the partitions its window
+  can need (launch.layer_splits) over the front of the step's workspace
+  (``layer_launch``);
 - the block-id checks: once per step, on the host arrays the model runner
   attached (backends/accelerator/host_index.py), before any layer launches;
   the layers then run unchecked (the kernels' own guards remain).
@@ -24,7 +28,7 @@ import torch
 
 from paged.backends.accelerator.host_index import HostIndex, check_step_ids, host_index
 from paged.backends.base import AttentionMetadata
-from paged.backends.cuda.launch import decode_splits
+from paged.backends.cuda.launch import decode_splits, layer_splits
 
 
 @dataclass
@@ -33,6 +37,7 @@ class CudaMetadata(AttentionMetadata):
     decode_splits: int
     split_out: torch.Tensor  # float32 [num_decodes, H, splits, D], empty when splits == 1
     split_max_sum: torch.Tensor  # float32 [num_decodes, H, splits, 2], empty when splits == 1
+    window: int = 0  # the sliding window decode_splits was sized for (0: none)
 
 
 def split_workspace(num_seqs: int, num_heads: int, splits: int, head_size: int, device):
@@ -41,6 +46,22 @@ def split_workspace(num_seqs: int, num_heads: int, splits: int, head_size: int, 
     split_out = torch.empty((*ws, head_size if splits > 1 else 0), dtype=torch.float32, device=device)
     split_max_sum = torch.empty((*ws, 2 if splits > 1 else 0), dtype=torch.float32, device=device)
     return split_out, split_max_sum
+
+
+def layer_launch(meta: CudaMetadata, window: int) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
+    """(partitions, (split_out, split_max_sum)) for a layer attending with
+    ``window`` in this step: ``launch.layer_splits`` partitions over the
+    leading [num_decodes, H, splits] partials of the step's workspace
+    (contiguous views: no allocation, the same under a CUDA graph)."""
+    splits = layer_splits(meta.decode_splits, meta.window, window)
+    if splits == meta.decode_splits:
+        return splits, (meta.split_out, meta.split_max_sum)
+    if splits <= 1:  # (the kernel reads no workspace)
+        return 1, (meta.split_out.view(-1)[:0], meta.split_max_sum.view(-1)[:0])
+    nd, heads, _, head_size = meta.split_out.shape
+    n = nd * heads * splits
+    return splits, (meta.split_out.view(-1)[:n * head_size].view(nd, heads, splits, head_size),
+                    meta.split_max_sum.view(-1)[:n * 2].view(nd, heads, splits, 2))
 
 
 def max_decode_len(common: AttentionMetadata, host: HostIndex | None, block_size: int) -> int:
@@ -67,4 +88,5 @@ def build_step(common: AttentionMetadata, *, block_size: int, num_heads: int, he
     splits = decode_splits(max_decode_len(common, host, block_size), sliding_window)
     split_out, split_max_sum = split_workspace(common.num_decodes, num_heads, splits, head_size, device)
     return CudaMetadata(**common.common_fields(), prefill_max_query_len=int(common.max_query_len),
-                        decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum)
+                        decode_splits=splits, split_out=split_out, split_max_sum=split_max_sum,
+                        window=int(sliding_window or 0))

@@ -54,6 +54,9 @@ class NpuBackend(ReferenceBackend):
     backend; the cache layout and every kernel are the NPU's own."""
 
     name = "npu"
+    #: each layer attends with its own window (core/models/layer_attention.py): the step's masks per
+    #: window come from NpuMetadata.for_window
+    per_layer_windows = True
 
     def __init__(self, num_heads, num_kv_heads, head_size, block_size, dtype, device="npu",
                  scale=None, sliding_window=None, kv_cache_dtype=None):
@@ -131,11 +134,12 @@ class NpuBackend(ReferenceBackend):
                                   lens, scale, **extra)
         out.copy_(o.reshape(s, h, d))
 
-    def _prefill(self, out, query, key_cache, value_cache, block_tables, meta, scale) -> None:
+    def _prefill(self, out, query, key_cache, value_cache, block_tables, meta, scale, window) -> None:
         """Q_S > 1: queries right-padded to BSH by the step's gather indices."""
         padded = layout.pad_queries(query, meta.pad_index, len(meta.prefill_q_lens))
+        _, extra = meta.for_window(window)
         o = self._fused_attention(padded, key_cache, value_cache, block_tables, meta.prefill_kv_lens, scale,
-                                  actual_seq_lengths=meta.prefill_q_lens, **meta.prefill_extra)
+                                  actual_seq_lengths=meta.prefill_q_lens, **extra)
         out.copy_(layout.unpad_output(o, meta.unpad_index, self.num_heads))
 
     def _attend(self, out, query, key_cache, value_cache, meta, block_tables, scale) -> None:
@@ -145,7 +149,7 @@ class NpuBackend(ReferenceBackend):
             self._decode(out, query, key_cache, value_cache, block_tables, meta.decode_kv_lens, scale,
                          meta.decode_mask)
         else:
-            self._prefill(out, query, key_cache, value_cache, block_tables, meta, scale)
+            self._prefill(out, query, key_cache, value_cache, block_tables, meta, scale, meta.window)
 
     # -- the contract ops: a one-call step (host lists derived here, not per layer) --
     def _one_call_meta(self, query_start_loc, seq_lens, block_tables, num_decodes, window, pool_blocks):
@@ -193,9 +197,9 @@ class NpuBackend(ReferenceBackend):
         self._scatter(key, value, kv_cache[0], kv_cache[1], meta.write_slots)
 
     def _forward_decode(self, out, query, kv_cache, meta, block_tables, seq_lens) -> None:
-        self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, meta.decode_kv_lens,
-                     self.scale, meta.decode_mask)
+        mask, _ = meta.for_window(self.sliding_window)
+        self._decode(out, query, kv_cache[0], kv_cache[1], block_tables, meta.decode_kv_lens, self.scale, mask)
 
     def _forward_prefill(self, out, query, kv_cache, meta) -> None:
         _, _, tables = meta.prefill_part
-        self._prefill(out, query, kv_cache[0], kv_cache[1], tables, meta, self.scale)
+        self._prefill(out, query, kv_cache[0], kv_cache[1], tables, meta, self.scale, self.sliding_window)

@@ -20,6 +20,12 @@ sequence's blocks in the call (prefix caching shares blocks in the pool but
 not in this sum), the one-token branch's int32 element limit on K and V and
 its longest key length, batch <= 65536.
 
+Per-layer windows (a model whose layers have their own sliding window,
+core/models/layer_attention.py): the masks are derived at build for the
+backend's window, and for another window the first time a layer with it
+asks (``NpuMetadata.for_window``), once per step and window: device ops
+on the step's device seq_lens and host ints, no host read.
+
 Decode-shaped steps: when every non-decode sequence has one query token (a
 1-token chunked-prefill remainder, a full prefix-cache hit), the whole step
 goes through the decode call. With Q_S = 1 the fused operator takes its
@@ -53,6 +59,21 @@ class NpuMetadata(AttentionMetadata):
     prefill_extra: dict = field(default_factory=dict)  # atten_mask + sparse_mode (+ band) for the prefill call
     pad_index: torch.Tensor | None = None  # [B * max_q]: query row behind each padded BSH row
     unpad_index: torch.Tensor | None = None  # [prefill tokens]: padded output row of each real row
+    window: int = 0  # the sliding window decode_mask and prefill_extra are for
+    kv_len: int = 0  # key columns of the decode mask (block table width x block size)
+    other_windows: dict = field(default_factory=dict, repr=False)  # window -> (decode_mask, prefill_extra)
+
+    def for_window(self, window: int) -> tuple[torch.Tensor | None, dict]:
+        """(decode mask, prefill mask arguments) for a layer attending with
+        ``window``: the step's own, or derived once per step for another
+        window (per-layer windows)."""
+        window = int(window or 0)
+        if window == self.window:
+            return self.decode_mask, self.prefill_extra
+        if window not in self.other_windows:
+            self.other_windows[window] = window_arguments(self.seq_lens[:self.num_decodes], self.kv_len,
+                                                          bool(self.prefill_q_lens), window)
+        return self.other_windows[window]
 
 
 def prefill_extra(window: int, device) -> dict:
@@ -61,6 +82,16 @@ def prefill_extra(window: int, device) -> dict:
     (sparse_mode 4): never a dense [B, 1, max_q, KV_S] mask."""
     extra = {"atten_mask": layout.causal_mask(device), "sparse_mode": 3}
     return extra | layout.band_arguments(window) if window else extra
+
+
+def window_arguments(decode_seq_lens: torch.Tensor, kv_len: int, has_prefill: bool,
+                     window: int) -> tuple[torch.Tensor | None, dict]:
+    """The mask arguments of a step's two calls for one window: the decode
+    call's [B, KV_S] window mask (None without a window or decodes), the
+    prefill call's compressed-mask arguments ({} without prefills)."""
+    dev = decode_seq_lens.device
+    mask = layout.decode_window_mask(decode_seq_lens, kv_len, window) if window and decode_seq_lens.shape[0] else None
+    return mask, (prefill_extra(window, dev) if has_prefill else {})
 
 
 def check_call(be, kv_lens: list[int], pool_blocks: int | None, one_token: bool) -> None:
@@ -114,6 +145,7 @@ def build_step(be, common: AttentionMetadata, num_blocks: int | None, pool_block
         check_call(be, kv_lens[nd:], pool_blocks, one_token=False)
     window = be.sliding_window if window is None else int(window or 0)
     dev, kv_len = common.seq_lens.device, common.block_tables.shape[1] * be.block_size
+    decode_mask, extra = window_arguments(common.seq_lens[:nd], kv_len, bool(q_all[nd:]), window)
     q_lens, pre_kv = q_all[nd:], kv_lens[nd:]
     slots = host.slot_mapping.numpy()
     keep = np.flatnonzero(slots >= 0)
@@ -127,7 +159,5 @@ def build_step(be, common: AttentionMetadata, num_blocks: int | None, pool_block
         write_rows=write_rows,
         write_slots=common.slot_mapping.contiguous() if write_rows is None else common.slot_mapping[write_rows],
         decode_kv_lens=kv_lens[:nd],
-        decode_mask=layout.decode_window_mask(common.seq_lens[:nd], kv_len, window) if nd and window else None,
-        prefill_q_lens=q_lens, prefill_kv_lens=pre_kv,
-        prefill_extra=prefill_extra(window, dev) if q_lens else {},
-        pad_index=index.get("pad_index"), unpad_index=index.get("unpad_index"))
+        decode_mask=decode_mask, prefill_q_lens=q_lens, prefill_kv_lens=pre_kv, prefill_extra=extra,
+        pad_index=index.get("pad_index"), unpad_index=index.get("unpad_index"), window=window, kv_len=kv_len)

@@ -157,6 +157,10 @@ RELEASES = {
                                                 for k, d in _ATTENTION)),
 }
 
+#: releases whose prototypes were read and found equal to a key of RELEASES
+SAME_AS = {"2.3.1.post6": "2.5.1", "2.4.0.post4": "2.5.1", "2.6.0": "2.5.1", "2.8.0": "2.7.1", "2.9.0": "2.7.1",
+           "2.11.0": "2.10.0", "2.12.0": "2.10.0"}
+
 
 def _signature(positional, keywords) -> inspect.Signature:
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in positional]
