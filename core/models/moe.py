@@ -69,6 +69,9 @@ class MoeMlp:
         self.gate_up = [g for g, _ in experts]
         self.down = [d for _, d in experts]
         self.shared, self.shared_gate = shared, shared_gate
+        #: expert MLPs run since construction (each reads its weights once):
+        #: what benchmarks/moe.py turns into expert bytes read per step
+        self.expert_runs = 0
 
     def matrices(self) -> list[tuple[str, object]]:
         """(kind, matrix) of every expert and shared-expert matrix."""
@@ -90,6 +93,7 @@ class MoeMlp:
         per_expert, generating = (sizes, None) if first_prompt_row is None else sizes
         xs = x.index_select(0, order // k)
         segments = [(e, start, n) for e, (start, n) in enumerate(zip(_starts(per_expert), per_expert)) if n]
+        self.expert_runs += len(segments)
 
         def prompt_at(e: int) -> int | None:
             return None if generating is None else generating[e]

@@ -1,0 +1,251 @@
+"""Mixture-of-experts families against HF transformers float32 (the oracle),
+on every path paged runs them, as tests/test_families.py checks the dense
+ones.
+
+Per family (tests/moe_models.py: Mixtral as a GGUF ``llama`` file,
+Qwen3-MoE with Q/K norms and renormalised top-k, Qwen2-MoE with a
+sigmoid-gated shared expert and raw top-k weights), a tiny random model is
+saved as an HF folder and written to GGUF at F32 and Q8_0 (3-D expert
+tensors, a float32 router), then:
+
+- both loaders describe the same experts;
+- the Python layers with the reference backend (the torch loop over
+  experts every platform runs): logits within 2e-4 of HF's over a batched
+  prefill and greedy decode, greedy tokens equal but at HF near-ties;
+- the CPU with packed Q8_0 experts: float32 activations close to HF; the
+  default (mixed) plan bitwise the same alone as batched and prefilled in
+  chunks as whole, each expert's matrices called once per step whatever the
+  number of rows that chose it, the C++ stack declined, and -tp 2 (thread
+  ranks) bitwise -tp 1;
+- ``paged generate`` and the LLM API serve the Q8_0 file;
+- MoE files paged does not run are refused in one line naming what.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+transformers = pytest.importorskip("transformers")
+_C = pytest.importorskip("paged._C_cpu")
+
+from family_models import PagedRunner, greedy_run  # noqa: E402
+from moe_models import FAMILIES, build, hf_on  # noqa: E402
+from test_families import (NEW, assert_matches_hf, cpu_model, hf_logits, prompts, reference_model,  # noqa: E402
+                           scenario)
+
+from paged.backends.cpu.worker import stack_for  # noqa: E402
+from paged.core.engine.distributed.local_group import ThreadRanks  # noqa: E402
+from paged.core.engine.distributed.parallel_ops import TensorParallelOps  # noqa: E402
+from paged.core.engine.distributed.sharding import local_config, plan_shards, shard_weights  # noqa: E402
+from paged.core.models.loaders import ModelLoadError, load_model_files  # noqa: E402
+from paged.core.models.moe import route  # noqa: E402
+from paged.core.models.spec import MoeSpec  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    return build(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def packed(family):
+    fam, hf, files = family
+    return fam, hf, load_model_files(files["q8_0"], torch.float32, quiet=True, keep_packed=True)
+
+
+# -- the description ------------------------------------------------------------------
+
+def test_loaders_describe_the_experts(family):
+    fam, hf, files = family
+    loaded = {k: load_model_files(p, torch.float32, quiet=True) for k, p in files.items()}
+    cfg = hf.config
+    want = MoeSpec(getattr(cfg, "num_local_experts", None) or cfg.num_experts, cfg.num_experts_per_tok,
+                   getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size,
+                   normalize=fam.name != "qwen2moe",
+                   shared_intermediate_size=getattr(cfg, "shared_expert_intermediate_size", 0) or 0,
+                   shared_gate=fam.name == "qwen2moe")
+    for k, v in loaded.items():
+        assert v.config.architecture == fam.name, k
+        assert [layer.moe for layer in v.config.spec.layers] == [want] * fam.layers, k
+
+
+# -- the Python layers against HF ------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["hf", "f32", "q8_0"])
+def test_python_layers_match_hf(family, source):
+    fam, hf, files = family
+    loaded = load_model_files(files[source], torch.float32, quiet=True)
+    model, backend = reference_model(loaded)
+    ps = prompts(loaded.config.vocab_size)
+    ours, generated = greedy_run(model, backend, loaded.config.num_layers, ps, NEW)
+    oracle = hf if source != "q8_0" else hf_on(hf, Q.Q8_0)
+    worst = assert_matches_hf(ours, generated, hf_logits(oracle, ps, generated), 2e-4)
+    print(f"{fam.name} {source}: max |logit diff| vs HF {worst:.1e}")
+
+
+# -- the CPU: packed experts, the plan, tensor parallelism ------------------------------
+
+def test_cpu_float32_activations_match_hf(packed):
+    fam, hf, loaded = packed
+    model, backend = cpu_model(loaded.config, loaded.weights, "float32")
+    ps = prompts(loaded.config.vocab_size)
+    ours, generated = greedy_run(model, backend, loaded.config.num_layers, ps, NEW)
+    assert_matches_hf(ours, generated, hf_logits(hf_on(hf, Q.Q8_0), ps, generated), 1e-3)
+
+
+def test_cpu_default_plan_is_batch_invariant_and_chunk_invariant(packed):
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, backend = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+    assert model.layer_stack is None and stack_for(model) is None  # experts run on the Python layers
+    ps = prompts(c.vocab_size) + [[5, 9, 17, 3, 44, 61, 2]]
+    batched, gen = greedy_run(model, backend, c.num_layers, ps, NEW)
+    for i, p in enumerate(ps):
+        alone, g = greedy_run(model, backend, c.num_layers, [p], NEW)
+        assert g[0] == gen[i] and torch.equal(alone[0], batched[i]), f"{fam.name}: sequence {i} alone vs batched"
+    chunked, g = greedy_run(model, backend, c.num_layers, ps, NEW, chunk=7)
+    assert g == gen and all(torch.equal(a, b) for a, b in zip(chunked, batched)), f"{fam.name}: chunked prefill"
+    ref = hf_logits(hf_on(hf, Q.Q8_0), ps, gen)
+    assert max((o - r).abs().max().item() for o, r in zip(batched, ref)) < 0.05
+
+
+class CountingLinear:
+    """A packed matrix that counts its calls (and the rows they carried)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls, self.rows = inner, 0, 0
+
+    def linear(self, x, bias=None, **kw):
+        self.calls += 1
+        self.rows += x.shape[0]
+        return self.inner.linear(x, bias, **kw)
+
+
+def test_each_expert_is_called_once_per_step(packed):
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, backend = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+    for layer in model.layers:
+        layer.moe.gate_up = [CountingLinear(w) for w in layer.moe.gate_up]
+        layer.moe.down = [CountingLinear(w) for w in layer.moe.down]
+    ps = prompts(c.vocab_size)
+    runner = PagedRunner(model, backend, c.num_layers, 64, 2)
+    with torch.inference_mode():
+        runner.step([0, 1], [ps[0][:30], ps[1][:20]], [0, 0])
+    k = c.spec.layers[0].moe.top_k
+    for i, layer in enumerate(model.layers):
+        for mats in (layer.moe.gate_up, layer.moe.down):
+            assert all(m.calls <= 1 for m in mats), f"layer {i}: {[m.calls for m in mats]}"
+            assert sum(m.rows for m in mats) == 50 * k  # every row's k choices, each once
+            assert sum(m.calls for m in mats) >= 2  # 50 rows did not all choose the same experts
+
+
+def test_tensor_parallel_two_ranks_compute_one_process_bits(packed):
+    fam, hf, loaded = packed
+    c, w = loaded.config, loaded.weights
+    ps = prompts(c.vocab_size)
+    single, _ = cpu_model(c, w, "mixed", kv_dtype=torch.float16)
+    want = scenario(single, c.num_layers, ps)
+    group = ThreadRanks(2)
+    shards = plan_shards(c, 2)
+    width = c.spec.layers[0].moe.intermediate_size
+    assert shards[0].expert_inter[0] == 0 and shards[0].expert_inter[1] == shards[1].expert_inter[0] < width
+    assert shards[1].expert_inter[1] == width  # each rank a slice of every expert
+    ranks = [cpu_model(local_config(c, s), shard_weights(w, c, s), "mixed",
+                       TensorParallelOps(group.comm(s.rank), s), torch.float16)[0] for s in shards]
+    got = group.run([lambda _comm, m=m: scenario(m, c.num_layers, ps) for m in ranks])
+    for rank, outs in enumerate(got):
+        for step, (a, b) in enumerate(zip(outs, want)):
+            assert torch.equal(a, b), f"{fam.name}: rank {rank} step {step}"
+
+
+# -- serving ---------------------------------------------------------------------------
+
+def test_llm_api_serves_the_family(family):
+    from paged.core.engine.config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.sampling_params import SamplingParams
+    from paged.core.entrypoints.llm import LLM
+
+    fam, hf, files = family
+    engine = Engine(EngineConfig(model=str(files["q8_0"]), device="cpu", max_model_len=128, max_num_seqs=4,
+                                 kv_cache_memory="16MiB", warm_up=False))
+    assert engine.model_config.architecture == fam.name
+    llm = LLM.from_engine(engine)
+    chat = engine.tokenizer.apply_chat_template([{"role": "user", "content": "hello world, the tree"}])
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    alone = llm.generate([chat], params)[0].outputs[0].token_ids
+    together = llm.generate(["the a is", chat, "hello"], params)[1].outputs[0].token_ids
+    assert len(alone) == 6 and alone == together
+
+
+def test_paged_generate_cli_serves_a_moe_gguf(tmp_path):
+    from test_cli_env import paged
+
+    fam, hf, files = build("qwen3moe", tmp_path)
+    result = paged("--device", "cpu", "generate", "--model", str(files["q8_0"]), "hello world",
+                   "--max-tokens", "4", "--max-model-len", "128", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout.strip(), (result.stdout, result.stderr)
+
+
+# -- what is refused ---------------------------------------------------------------------
+
+def _tiny_gguf(path, arch: str, tensors: dict[str, np.ndarray], experts: int = 0):
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in (("block_count", 1), ("context_length", 64), ("embedding_length", 32),
+                       ("feed_forward_length", 32), ("attention.head_count", 2), ("vocab_size", 8)):
+        w.add_uint32(f"{arch}.{key}", value)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(1)
+    for name, data in tensors.items():
+        w.add_tensor(name, data.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("arch,tensors,experts,says", [
+    ("deepseek2", {"blk.0.ffn_gate_exps.weight": np.zeros((4, 32, 32))}, 4,
+     "unsupported architecture 'deepseek2' (a mixture of experts)"),
+    ("gpt-oss", {}, 8, "unsupported architecture 'gpt-oss' (a mixture of experts)"),
+    ("qwen3", {"blk.0.ffn_gate_exps.weight": np.zeros((4, 32, 32))}, 0,
+     "mixture-of-experts tensor 'blk.0.ffn_gate_exps.weight' is not supported for architecture 'qwen3'"),
+    ("llama", {"blk.0.ffn_gate.0.weight": np.zeros((32, 32))}, 0,
+     "mixture-of-experts tensor 'blk.0.ffn_gate.0.weight' is not supported for architecture 'llama'"),
+], ids=["deepseek2", "gpt-oss", "experts-in-a-dense-family", "old-per-expert-mixtral"])
+def test_unsupported_moe_is_refused_in_one_line(tmp_path, arch, tensors, experts, says):
+    path = _tiny_gguf(tmp_path / "m.gguf", arch, tensors, experts)
+    with pytest.raises(ModelLoadError) as e:
+        load_model_files(path, quiet=True)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# -- routing -----------------------------------------------------------------------------
+
+def test_route_scores_and_renormalises_as_specified():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0], [0.2, 0.0, 1.0, -2.0]])
+    soft = route(logits, MoeSpec(4, 2, 32))
+    p = torch.softmax(logits, -1)
+    assert soft[1].tolist() == [[3, 0], [2, 0]]
+    torch.testing.assert_close(soft[0], torch.stack([p[0, [3, 0]], p[1, [2, 0]]]) /
+                               torch.stack([p[0, [3, 0]].sum(), p[1, [2, 0]].sum()]).unsqueeze(1))
+    raw = route(logits, MoeSpec(4, 2, 32, normalize=False))
+    torch.testing.assert_close(raw[0], torch.stack([p[0, [3, 0]], p[1, [2, 0]]]))
+    sig = route(logits, MoeSpec(4, 2, 32, scoring="sigmoid", normalize=False))
+    torch.testing.assert_close(sig[0], torch.sigmoid(torch.tensor([[3.0, 2.0], [1.0, 0.2]])))
