@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 
 from paged.backends.accelerator.worker import AcceleratorWorker, profile_seq_lens
 from paged.backends.cuda import launch
