@@ -36,6 +36,7 @@ from paged.backends.reference import validation as v
 from paged.backends.cuda import launch
 from paged.backends.cuda.id_checks import CheckedOnce
 from paged.backends.cuda.metadata import CudaMetadata, build_step, layer_launch, split_workspace
+from paged.core.engine.model_runner import to_device
 
 __all__ = ["CudaBackend", "SUPPORTED_HEAD_SIZES", "SUPPORTED_DTYPES"]
 
@@ -191,7 +192,9 @@ class CudaBackend(ReferenceBackend):
         the case for copy-on-write, where destinations are fresh blocks) is
         done with torch indexing instead when the mapping is on the host.
         The model runner passes it on the host: checked there, then moved
-        with non_blocking=True (no wait on the stream)."""
+        as the step's inputs are (model_runner.to_device: from page-locked
+        memory, non-blocking; from pageable memory the runtime would wait
+        for the stream)."""
         if not len(key_caches) and not len(value_caches):
             return
         host = block_mapping if block_mapping.device.type == "cpu" else (
@@ -205,7 +208,8 @@ class CudaBackend(ReferenceBackend):
                 return
         if block_mapping.shape[0] == 0:
             return
-        mapping = block_mapping.to(key_caches[0].device, non_blocking=True)
+        mapping = (to_device({"block_mapping": block_mapping.numpy()}, key_caches[0].device)["block_mapping"]
+                   if block_mapping.device.type == "cpu" else block_mapping)  # pinned, non-blocking
         _ops().copy_blocks([to_dlpack(c) for c in key_caches], [to_dlpack(c) for c in value_caches],
                            to_dlpack(mapping), _stream(key_caches[0].device))
 
