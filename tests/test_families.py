@@ -18,8 +18,8 @@ at F32 and Q8_0, then:
   HF; the default (mixed) plan bitwise the same alone as batched, prefilled
   in chunks as whole (windowed families: the same tokens, logits within
   0.02: the CPU prompt attention's key steps follow the window edge of a
-  query tile), on the C++ stack as on the Python layers (or the stack
-  declines the family explicitly), and under -tp 2 (thread ranks) as in one
+  query tile), on the C++ stack as on the Python layers (every family: the
+  stack executes the description), and under -tp 2 (thread ranks) as in one
   process;
 - the engine on the Q8_0 file: a chat request alone and beside others gives
   the same tokens, with the family's stop tokens.
@@ -40,6 +40,7 @@ _C = pytest.importorskip("paged._C_cpu")
 from family_models import FAMILIES, PagedRunner, greedy_run, hf_on, make_hf, write_gguf  # noqa: E402
 
 from paged.backends.cpu.attention import CpuBackend  # noqa: E402
+from paged.backends.cpu.layer_stack import decline_reason, shape_decline  # noqa: E402
 from paged.backends.cpu.precision import PlannedPackedLinear, PrecisionPlan  # noqa: E402
 from paged.backends.cpu.worker import CpuWorker, apply_plan, ops_for, stack_for  # noqa: E402
 from paged.backends.reference.attention import ReferenceBackend  # noqa: E402
@@ -211,14 +212,14 @@ def test_cpu_default_plan_is_batch_invariant_and_chunk_invariant(packed, monkeyp
     assert max((o - r).abs().max().item() for o, r in zip(batched, ref)) < 0.05
 
 
-def test_cpu_stack_equals_python_layers_or_declines(packed, monkeypatch):
+def test_cpu_stack_equals_python_layers(packed, monkeypatch):
+    """The C++ stack executes every family's description (Q/K norms, GELU-tanh,
+    Gemma's four norms, local and global tables, partial rotary, LongRoPE,
+    per-layer windows and scales) with the Python layers' bits."""
     fam, hf, loaded = packed
     c = loaded.config
     model, backend = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
-    if model.layer_stack is None:
-        # the stack declines what it has no ops for: nothing else computes the family
-        assert fam.name in ("qwen3", "gemma3", "phi3"), f"{fam.name}: expected the stack"
-        return
+    assert decline_reason(model) is None and model.layer_stack is not None, fam.name
     ps = prompts(c.vocab_size)
     runs = {}
     for flag in ("1", "0"):
@@ -226,6 +227,24 @@ def test_cpu_stack_equals_python_layers_or_declines(packed, monkeypatch):
         runs[flag] = greedy_run(model, backend, c.num_layers, ps, NEW, chunk=9)
     assert runs["1"][1] == runs["0"][1]
     assert all(torch.equal(a, b) for a, b in zip(runs["1"][0], runs["0"][0])), fam.name
+
+
+def test_stack_declines_what_it_has_no_kernels_for():
+    """LayerNorm, an ungated MLP and norms of several eps in one layer: the
+    stack names what it lacks (the model keeps the Python layers)."""
+    from types import SimpleNamespace
+
+    from paged.core.models.spec import LayerSpec, MlpSpec, NormSpec, uniform
+
+    def stack(layer, final=NormSpec()):
+        spec = uniform(2, layer, final_norm=final)
+        return SimpleNamespace(spec=spec, layers=[SimpleNamespace(spec=s, moe=None) for s in spec.layers])
+
+    assert shape_decline(stack(LayerSpec())) is None
+    assert shape_decline(stack(LayerSpec(), NormSpec("layer"))) == "a LayerNorm final norm"
+    assert shape_decline(stack(LayerSpec(mlp_norm=NormSpec("layer")))) == "layer 0: LayerNorm"
+    assert shape_decline(stack(LayerSpec(mlp=MlpSpec(gated=False)))) == "layer 0: an ungated MLP"
+    assert shape_decline(stack(LayerSpec(attn_post_norm=NormSpec(eps=1e-3)))) == "layer 0: norms of several eps"
 
 
 def test_tensor_parallel_two_ranks_compute_one_process_bits(packed, monkeypatch):

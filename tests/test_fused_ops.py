@@ -85,6 +85,52 @@ def test_silu_and_mul(isa, dtype, t, inter):
     close(out, F.silu(g) * u, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,inter", [(1, 640), (3, 7), (9, 100)])
+def test_gelu_tanh_and_mul(isa, dtype, t, inter):
+    gu = rand(t, 2 * inter, dtype=dtype, scale=4.0)
+    if inter >= 5:  # where exp's clamp bites (2y beyond -64 / 87) and zero
+        gu[0, :5] = torch.tensor([0.0, -100.0, 100.0, -5.0, -9.0]).to(dtype)
+    out = torch.empty(t, inter, dtype=dtype)
+    C.gelu_tanh_and_mul(out, gu)
+    g, u = gu.double().chunk(2, dim=-1)
+    close(out, F.gelu(g, approximate="tanh") * u, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t,h,hkv,d", [(1, 4, 2, 32), (5, 3, 1, 16), (17, 2, 2, 256)])
+def test_qk_rms_norm_in_place(isa, dtype, t, h, hkv, d):
+    qkv = rand(t, (h + 2 * hkv) * d, dtype=dtype, scale=3.0)
+    qw, kw = rand(d, dtype=dtype, seed=1), rand(d, dtype=dtype, seed=2)
+    want = qkv.double().clone()
+    q = want[:, :h * d].view(t, h, d)
+    k = want[:, h * d:(h + hkv) * d].view(t, hkv, d)
+    want[:, :h * d] = ref_rms_norm(q, qw, 1e-6).reshape(t, h * d)
+    want[:, h * d:(h + hkv) * d] = ref_rms_norm(k, kw, 1e-6).reshape(t, hkv * d)
+    v_before = qkv[:, (h + hkv) * d:].clone()
+    C.qk_rms_norm(qkv, qw, kw, h, hkv, d, 1e-6)
+    close(qkv, want, dtype)
+    assert torch.equal(qkv[:, (h + hkv) * d:], v_before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partial_rotary_rotates_the_leading_dims(isa, dtype):
+    """A table narrower than the head (Phi-4-mini's 3/4): each head's first
+    R dims take the half rotation over R, the rest pass unchanged."""
+    t, h, hkv, d, r = 5, 4, 2, 16, 12
+    inv_freq = rope_inv_freq(r, 10000.0, None)
+    cache = cos_sin_cache(inv_freq, 64)
+    positions = torch.tensor([0, 1, 7, 63, 30])
+    qkv = rand(t, (h + 2 * hkv) * d, dtype=dtype)
+    heads = qkv.double().clone()[:, :(h + hkv) * d].view(t, h + hkv, d)
+    want = qkv.double().clone()
+    rotated = ref_rope(heads[..., :r].reshape(t, -1).contiguous(), positions, inv_freq, h + hkv, 0, r)
+    want[:, :(h + hkv) * d].view(t, h + hkv, d)[..., :r] = rotated.view(t, h + hkv, r)
+    C.rotary_embedding(positions, qkv, cache, h, hkv, d)
+    close(qkv, want, dtype)
+    assert torch.equal(qkv.view(t, -1, d)[:, :h + hkv, r:].double(), heads[..., r:])
+
+
 def ref_rope(qkv, positions, inv_freq, h, hkv, d):
     """float64 half rotation of the q and k heads; v untouched."""
     t = qkv.shape[0]
@@ -184,6 +230,14 @@ def test_bad_arguments_raise_naming_the_value():
         C.rotary_embedding(torch.zeros(2, dtype=torch.int32), qkv, cache, 1, 1, 8)
     with pytest.raises(IndexError, match=r"positions\[1\]: expected a position in \[0, 16\) \(the rotary table.s size\), got 16$"):
         C.rotary_embedding(torch.tensor([0, 16]), qkv, cache, 1, 1, 8)
+    with pytest.raises(ValueError, match=r"cos_sin_cache: expected shape \[max_pos, R\], R even in \[2, head_dim = 8\], got shape \[16, 10\]"):
+        C.rotary_embedding(torch.zeros(2, dtype=torch.int64), qkv, torch.randn(16, 10), 1, 1, 8)
+    with pytest.raises(ValueError, match=r"k_weight: expected the dtype of qkv \(float32\), got dtype bfloat16"):
+        C.qk_rms_norm(qkv, torch.ones(8), torch.ones(8, dtype=torch.bfloat16), 1, 1, 8, 1e-6)
+    with pytest.raises(ValueError, match=r"q_weight: expected shape \[8\]"):
+        C.qk_rms_norm(qkv, torch.ones(7), torch.ones(8), 1, 1, 8, 1e-6)
+    with pytest.raises(ValueError, match=r"out: expected shape \[2, 4\] \(for gate_up \[2, 8\]\), got shape \[2, 3\]"):
+        C.gelu_tanh_and_mul(torch.empty(2, 3), x)
     with pytest.raises(ValueError, match=r"fused ops ISA: expected one of auto, .*\(the ISAs available on this CPU\), got .avx9000.$"):
         C.set_fused_ops_isa("avx9000")
 
@@ -212,6 +266,15 @@ def test_layer_ops_match_torch_ops(dtype):
     assert torch.equal(got_res, want_res)
     close(got_x, want_x, dtype)
     close(fused.silu_and_mul(gu), plain.silu_and_mul(gu), dtype)
+    close(fused.gelu_tanh_and_mul(gu), plain.gelu_tanh_and_mul(gu), dtype)
+    qn, kn = rand(d, dtype=dtype, seed=5), rand(d, dtype=dtype, seed=6)
+    close(fused.qk_norm(qkv.clone(), qn, kn, h, hkv, d, 1e-6), plain.qk_norm(qkv.clone(), qn, kn, h, hkv, d, 1e-6),
+          dtype)
+    partial = RotaryTable(d, 512, 10000.0, None, dtype, torch.device("cpu"), rotary_dim=12)
+    want = plain.rope_split_qkv(qkv, partial, plain.rope_inputs(partial, positions), h, hkv, d)
+    got = fused.rope_split_qkv(qkv.clone(), partial, fused.rope_inputs(partial, positions), h, hkv, d)
+    for g, e in zip(got, want):
+        close(g, e, dtype)
     want = plain.rope_split_qkv(qkv, rope, plain.rope_inputs(rope, positions), h, hkv, d)
     got = fused.rope_split_qkv(qkv.clone(), rope, fused.rope_inputs(rope, positions), h, hkv, d)
     for g, e in zip(got, want):

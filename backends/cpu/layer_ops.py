@@ -17,8 +17,12 @@ __all__ = ["CpuFusedLayerOps", "fused_layer_ops"]
 
 class CpuFusedLayerOps(TorchLayerOps):
     """The same ops as single C++ passes (paged._C_cpu, csrc_cpu/ops) on CPU
-    tensors of float32 / bfloat16. ``add_rms_norm`` and the rotation work in
-    place (x becomes the normed rows, residual the sum; qkv is rotated).
+    tensors of float32 / bfloat16. ``add_rms_norm``, the Q/K norms and the
+    rotation work in place (x becomes the normed rows, residual the sum; qkv
+    is normed and rotated). The rotation takes the table's width as the
+    rotary dimension (a partial-rotary table rotates each head's leading
+    dims). LayerNorm and an ungated MLP's activation stay torch's (no
+    family has them).
 
     Tensors cross as DLPack capsules (``to_dlpack``): handing nanobind the
     tensor itself goes through torch's Python-level ``__dlpack__`` and costs
@@ -45,6 +49,16 @@ class CpuFusedLayerOps(TorchLayerOps):
         self._C.silu_and_mul(to_dlpack(out), to_dlpack(gate_up))
         return out
 
+    def gelu_tanh_and_mul(self, gate_up):
+        out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
+        self._C.gelu_tanh_and_mul(to_dlpack(out), to_dlpack(gate_up))
+        return out
+
+    def qk_norm(self, qkv, q_weight, k_weight, num_heads, num_kv_heads, head_dim, eps):
+        self._C.qk_rms_norm(to_dlpack(qkv), to_dlpack(q_weight), to_dlpack(k_weight), num_heads, num_kv_heads,
+                            head_dim, eps)
+        return qkv
+
     def rope_inputs(self, rope, positions):
         return positions.to(torch.int64).contiguous(), rope.cos_sin_cache
 
@@ -69,4 +83,4 @@ def fused_layer_ops(dtype: torch.dtype) -> CpuFusedLayerOps | None:
         module = compiled_ops()
     except ImportError:
         return None
-    return CpuFusedLayerOps(module) if hasattr(module, "fused_add_rms_norm") else None
+    return CpuFusedLayerOps(module) if hasattr(module, "qk_rms_norm") else None

@@ -7,9 +7,19 @@ same arguments in the same order from C++ (csrc_cpu/model/layer_stack.h), so
 its hidden states and KV caches are bitwise those of the Python path, which
 stays the fallback (and the tests' oracle).
 
+It executes each layer's description (core/models/spec.py), handed over as
+data at ``add_layer``: RMSNorms before attention and MLP and, where the
+layer has them, of the attention and MLP outputs (Gemma 3), per-head Q/K
+RMSNorm (Qwen3, Gemma 3), a Q/K/V bias (Qwen2), a SiLU- or GELU-tanh-gated
+MLP, the layer's own rotary table (Gemma 3's local and global bases,
+LongRoPE, partial rotary: the table's width), window and attention scale.
+What it has no kernels for it declines, naming it (``decline_reason``):
+LayerNorm, an ungated MLP, a mixture of experts; the model then runs on the
+Python layers.
+
 The CPU worker attaches it to the model (backends/cpu/worker.py), which
-describes itself through ``decoder_stack()``. Eligible models: CPU, float32,
-the fused CPU layer ops (``accepts``), every layer's
+describes itself through ``decoder_stack()``. Eligible models besides their
+shape: CPU, float32, the fused CPU layer ops (``accepts``), every layer's
 matrices packed (``CpuPackedLinear``, all with the same ``activations``) and
 attention on ``CpuBackend``. The stack runs the packed kernel with its
 layers' ``activations``: with "float32", steps of ``DENSE_ROWS`` tokens or
@@ -34,7 +44,7 @@ from paged.backends.cpu import quant_linear as packed_linear
 from paged.backends.cpu.layer_ops import CpuFusedLayerOps
 from paged.backends.cpu.quant_linear import CpuPackedLinear
 
-__all__ = ["LayerStack", "enabled"]
+__all__ = ["LayerStack", "enabled", "decline_reason"]
 
 
 def enabled() -> bool:
@@ -53,12 +63,97 @@ def _panels(mats) -> list:
     return [] if all(p is None for p in panels) else [None if p is None else dl(p) for p in panels]
 
 
+def _layer_shape(layer) -> dict:
+    """add_layer's description of one layer (csrc_cpu/model/layer_stack.h LayerShape)."""
+    s, attn = layer.spec, layer.attn_backend
+    opt = lambda t: None if t is None else dl(t)  # noqa: E731
+    shape = dict(scale=float(attn.scale), sliding_window=int(attn.sliding_window or 0),
+                 cos_sin=dl(layer.rope.cos_sin_cache), attn_out_norm=opt(layer.attn_out_norm),
+                 mlp_out_norm=opt(layer.mlp_out_norm), q_norm=opt(layer.q_norm), k_norm=opt(layer.k_norm))
+    if s is not None:
+        shape.update(eps=float(s.attn_norm.eps), activation=s.mlp.activation)
+        if s.attention.qk_norm is not None:
+            shape["qk_eps"] = float(s.attention.qk_norm.eps)
+    return shape
+
+
 def _dense_f32(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device.type == "cpu"
 
 
+def _own_backend(attn):
+    """A layer's attention backend (a LayerAttention's own: core/models/layer_attention.py)."""
+    return getattr(attn, "backend", attn)
+
+
+def _layer_matrices(layer) -> tuple:
+    return (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+
+
+def shape_decline(stack) -> str | None:
+    """What of the description (``stack``: a model's ``decoder_stack()``)
+    the C++ stack has no kernels for, or None where it runs every layer."""
+    if stack.spec is not None and stack.spec.final_norm.kind != "rms":
+        return "a LayerNorm final norm"
+    for i, layer in enumerate(stack.layers):
+        s = layer.spec
+        if getattr(layer, "moe", None) is not None:
+            return f"layer {i}: a mixture of experts"
+        if s is None:
+            continue
+        norms = [n for n in (s.attn_norm, s.mlp_norm, s.attn_post_norm, s.mlp_post_norm) if n is not None]
+        if any(n.kind != "rms" for n in norms + [s.attention.qk_norm] if n is not None):
+            return f"layer {i}: LayerNorm"
+        if len({n.eps for n in norms}) != 1:
+            return f"layer {i}: norms of several eps"
+        if not s.mlp.gated:
+            return f"layer {i}: an ungated MLP"
+    return None
+
+
+def decline_reason(model) -> str | None:
+    """Why ``model`` runs on the Python layers rather than the C++ stack, or
+    None where the stack takes it (see the module docstring)."""
+    try:
+        from paged import _C_cpu
+    except ImportError:
+        return "the CPU extension is not built"
+    spec = model.decoder_stack()
+    layers = spec.layers
+    if not hasattr(_C_cpu, "LayerStack") or not layers:
+        return "no LayerStack in the extension"
+    if spec.device.type != "cpu" or spec.dtype != torch.float32 or not _dense_f32(spec.final_norm):
+        return "not a float32 CPU model"
+    reason = shape_decline(spec)
+    if reason:
+        return reason
+    backend = _own_backend(layers[0].attn_backend)
+    if type(backend) is not CpuBackend or backend.dtype != torch.float32:
+        return "attention not on a float32 CpuBackend"
+    activations = set()
+    for i, layer in enumerate(layers):
+        mats = _layer_matrices(layer)
+        norms = (layer.input_norm, layer.post_norm, layer.attn_out_norm, layer.mlp_out_norm, layer.q_norm,
+                 layer.k_norm, layer.qkv_bias)
+        if not all(isinstance(w, CpuPackedLinear) for w in mats):
+            return f"layer {i}: a matrix not packed"
+        if _own_backend(layer.attn_backend) is not backend or not all(n is None or _dense_f32(n) for n in norms):
+            return f"layer {i}: another backend or a norm not float32"
+        if layer.rope is None or not _dense_f32(layer.rope.cos_sin_cache):
+            return f"layer {i}: no float32 rotary table"
+        activations.update(w.activations for w in mats)
+        if len({w.one_term for w in mats[1:]}) != 1:  # one setting for O, gate/up and down
+            return f"layer {i}: O, gate/up and down on different terms"
+    if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
+        return "matrices of several activations settings"
+    s16 = any(w.qtype == "s16" for layer in layers for w in _layer_matrices(layer))
+    if s16 and activations & {"float32", "mixed-bf16"}:  # s16 runs those as a dense GEMM / two terms in Python
+        return "s16 matrices under float32 or mixed-bf16 activations"
+    return None
+
+
 class LayerStack:
-    """Python face of ``_C_cpu.LayerStack`` for one ``LlamaForCausalLM``."""
+    """Python face of ``_C_cpu.LayerStack`` for one ``DecoderForCausalLM``."""
 
     def __init__(self, native):
         self._native = native
@@ -68,44 +163,23 @@ class LayerStack:
     @classmethod
     def for_model(cls, model) -> "LayerStack | None":
         """The stack for ``model`` (anything with ``decoder_stack()``), or None
-        when it is not eligible (see the module docstring)."""
-        try:
-            from paged import _C_cpu
-        except ImportError:
+        where it declines (``decline_reason``)."""
+        if decline_reason(model) is not None:
             return None
+        from paged import _C_cpu
+
         spec = model.decoder_stack()
         layers = spec.layers
-        if (not hasattr(_C_cpu, "LayerStack") or not layers or spec.device.type != "cpu"
-                or spec.dtype != torch.float32 or not _dense_f32(spec.final_norm)):
-            return None
-        backend = layers[0].attn_backend
-        if type(backend) is not CpuBackend or backend.dtype != torch.float32:
-            return None
-        activations = set()
-        for layer in layers:
-            mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-            packed = all(isinstance(w, CpuPackedLinear) for w in mats)
-            if (not packed or layer.attn_backend is not backend or not _dense_f32(layer.input_norm)
-                    or not _dense_f32(layer.post_norm)
-                    or not (layer.qkv_bias is None or _dense_f32(layer.qkv_bias))):
-                return None
-            activations.update(w.activations for w in mats)
-            if len({w.one_term for w in mats[1:]}) != 1:  # one setting for O, gate/up and down
-                return None
-        if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
-            return None
-        s16 = any(w.qtype == "s16" for layer in layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
-        if s16 and activations & {"float32", "mixed-bf16"}:  # s16 runs those as a dense GEMM / two terms in Python
-            return None
+        backend = _own_backend(layers[0].attn_backend)
         native = _C_cpu.LayerStack(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size,
                                    spec.intermediate_size, spec.rms_norm_eps, backend.scale, backend.sliding_window,
-                                   dl(spec.final_norm), activations.pop())
+                                   dl(spec.final_norm), layers[0].qkv.activations)
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
-            mats = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+            mats = _layer_matrices(layer)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term)
+                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term, **_layer_shape(layer))
         return cls(native)
 
     @staticmethod
@@ -129,7 +203,8 @@ class LayerStack:
             # the native call checks the count against the layers (ValueError)
             self._native.bind_kv_caches([(dl(k), dl(v)) for k, v in kv_caches])
             self._bound = kv_caches
-        positions, cos_sin = rope_in
+        # the positions are every table's; each layer rotates with its own table (bound at add_layer)
+        positions, cos_sin = rope_in if isinstance(rope_in, tuple) else rope_in[0]
         out = torch.empty_like(hidden)
         self._native.run(dl(hidden), dl(out), dl(positions), dl(cos_sin),
                          dl(meta.slot_mapping), dl(meta.query_start_loc),

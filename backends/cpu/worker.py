@@ -4,7 +4,8 @@ paths chosen here, not in the model.
 - layer ops: the fused C++ passes of csrc_cpu/ops (backends/cpu/layer_ops.py)
   for float32 / bfloat16, else torch's;
 - stack runner: ``LayerStack``, every decoder layer of a step in one C++ call,
-  where the model is eligible (backends/cpu/layer_stack.py);
+  executing the model's description where it has the kernels for it
+  (backends/cpu/layer_stack.py; ``decline_reason`` names what it lacks);
 - precision: one plan (backends/cpu/precision.py) built from
   ``linear_activations`` before the model, handed to the packed-weight
   factory (each matrix made with its arithmetic), to the attention backend
@@ -125,33 +126,15 @@ class CpuWorker(Worker):
 
 
 def ops_for(model) -> TorchLayerOps:
-    """The fused C++ passes unless the model has a shape they do not run:
-    they rotate whole heads, so a partial-rotary model (Phi-4-mini) runs
-    torch's ops."""
-    if any(rope.partial for rope in model.decoder_stack().ropes):
-        return TorchLayerOps()
+    """The fused C++ passes (every op a family's description needs but
+    LayerNorm and an ungated MLP's activation, which stay torch's)."""
     return cpu_layer_ops(model.dtype)
 
 
 def stack_for(model):
-    """The C++ layer stack for ``model``, or None where it declines."""
-    return LayerStack.for_model(model) if llama_shaped(model) else None
-
-
-def llama_shaped(model) -> bool:
-    """Whether every layer is the shape the C++ stack runs: RMSNorm before
-    attention and MLP only, no Q/K norms, a SiLU-gated MLP, whole-head
-    rotation from one table, the backend's own window and scale."""
-    stack = model.decoder_stack()
-    if len(stack.ropes) != 1 or stack.ropes[0].partial or stack.spec.final_norm.kind != "rms":
-        return False
-    for layer in stack.layers:
-        s = layer.spec
-        if (s.attn_norm.kind != "rms" or s.mlp_norm.kind != "rms" or s.attn_post_norm or s.mlp_post_norm
-                or s.attention.qk_norm or s.mlp.activation != "silu" or not s.mlp.gated
-                or not isinstance(layer.attn_backend, CpuBackend)):
-            return False
-    return True
+    """The C++ layer stack for ``model``, or None where it declines
+    (backends/cpu/layer_stack.py decline_reason names why)."""
+    return LayerStack.for_model(model)
 
 
 def apply_plan(model, plan: PrecisionPlan) -> None:

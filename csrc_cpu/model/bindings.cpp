@@ -14,8 +14,8 @@ namespace paged::cpu {
 void register_model(nb::module_& m) {
   using model::LayerStack;
   nb::class_<LayerStack>(m, "LayerStack",
-                         "The decoder layers of a float32 Llama-family model on packed GGUF weights, run in "
-                         "one call per step with the kernels and arguments of the Python path (bitwise "
+                         "The decoder layers of a float32 model on packed GGUF weights, each as its description "
+                         "says (core/models/spec.py), run in one call per step with the kernels and arguments of the Python path (bitwise "
                          "identical). Single-threaded: one engine thread per stack. activations: the packed "
                          "linear's 'float32', 'int8' or 'int8x2' (quant_linear's argument) for every matrix, or 'mixed' "
                          "(int8 for every row of the O, gate/up and down projections of layers added with one_term, "
@@ -24,13 +24,35 @@ void register_model(nb::module_& m) {
       .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, double, int64_t, model::Array, std::string>(),
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "hidden_size"_a, "intermediate_size"_a, "eps"_a,
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
-      .def("add_layer", &LayerStack::add_layer, "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(),
-           "o_proj"_a, "gate_up"_a, "down"_a, "panels"_a = std::vector<std::optional<model::Array>>{},
-           "one_term"_a = false,
-           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
-           "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
-           "it matches the active linear ISA). one_term ('mixed' only): every row takes one int8 term in "
-           "this layer's O, gate/up and down projections.")
+      .def(
+          "add_layer",
+          [](LayerStack& self, model::Array input_norm, model::Array post_norm, model::PackedMatrix qkv,
+             std::optional<model::Array> qkv_bias, model::PackedMatrix o_proj, model::PackedMatrix gate_up,
+             model::PackedMatrix down, std::vector<std::optional<model::Array>> panels, bool one_term,
+             std::optional<double> eps, std::optional<double> qk_eps, std::optional<double> scale,
+             std::optional<int64_t> sliding_window, std::string activation, std::optional<model::Array> attn_out_norm,
+             std::optional<model::Array> mlp_out_norm, std::optional<model::Array> q_norm,
+             std::optional<model::Array> k_norm, std::optional<model::Array> cos_sin) {
+            self.add_layer(std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(qkv_bias),
+                           std::move(o_proj), std::move(gate_up), std::move(down), std::move(panels), one_term,
+                           model::LayerShape{eps, qk_eps, scale, sliding_window, std::move(activation),
+                                             std::move(attn_out_norm), std::move(mlp_out_norm), std::move(q_norm),
+                                             std::move(k_norm), std::move(cos_sin)});
+          },
+          "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(), "o_proj"_a, "gate_up"_a, "down"_a,
+          "panels"_a = std::vector<std::optional<model::Array>>{}, "one_term"_a = false, nb::kw_only(),
+          "eps"_a.none() = nb::none(), "qk_eps"_a.none() = nb::none(), "scale"_a.none() = nb::none(),
+          "sliding_window"_a.none() = nb::none(), "activation"_a = "silu", "attn_out_norm"_a.none() = nb::none(),
+          "mlp_out_norm"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(),
+          "cos_sin"_a.none() = nb::none(),
+          "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
+          "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
+          "it matches the active linear ISA). one_term ('mixed' only): every row takes one int8 term in "
+          "this layer's O, gate/up and down projections. The layer's description (None: the stack's): eps of "
+          "its norms, qk_eps of the per-head q_norm / k_norm [head_dim] (Qwen3, Gemma 3), attention scale and "
+          "sliding_window, activation of the gate ('silu' or 'gelu_tanh'), attn_out_norm / mlp_out_norm "
+          "[hidden] (RMSNorm of o_proj's / down's output before the residual add: Gemma 3) and cos_sin, the "
+          "layer's float32 rotary table [max_pos, R] (R < head_dim: partial rotary; None: run()'s).")
       .def("bind_kv_caches", &LayerStack::bind_kv_caches, "kv_caches"_a,
            "One (key_cache, value_cache) per layer, used by the following run() calls.")
       .def("run", &LayerStack::run, "hidden"_a, "out"_a, "positions"_a, "cos_sin"_a, "slot_mapping"_a,

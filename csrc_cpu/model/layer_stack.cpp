@@ -70,18 +70,36 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                           std::vector<std::optional<Array>> panels, bool one_term) {
+                           std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape) {
+  const auto& c = cfg_;
   if (one_term && activations_ != "mixed")
     fail("one_term", "false unless the stack's activations are 'mixed'", "true with activations '" + activations_ + "'");
-  f32_tensor("input_norm", input_norm, {cfg_.hidden_size});
-  f32_tensor("post_norm", post_norm, {cfg_.hidden_size});
-  if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(cfg_.num_heads + 2 * cfg_.num_kv_heads) * cfg_.head_dim});
+  f32_tensor("input_norm", input_norm, {c.hidden_size});
+  f32_tensor("post_norm", post_norm, {c.hidden_size});
+  if (qkv_bias) f32_tensor("qkv_bias", *qkv_bias, {(c.num_heads + 2 * c.num_kv_heads) * c.head_dim});
   if (!panels.empty() && panels.size() != 4)
     fail("panels", "none or 4 (qkv, o_proj, gate_up, down)", int64_t(panels.size()));
   panels.resize(4);
+  Activation activation = Activation::SiLU;
+  if (shape.activation == "gelu_tanh") activation = Activation::GeluTanh;
+  else if (shape.activation != "silu") fail("activation", "'silu' or 'gelu_tanh'", "'" + shape.activation + "'");
+  if (shape.attn_out_norm) f32_tensor("attn_out_norm", *shape.attn_out_norm, {c.hidden_size});
+  if (shape.mlp_out_norm) f32_tensor("mlp_out_norm", *shape.mlp_out_norm, {c.hidden_size});
+  if (bool(shape.q_norm) != bool(shape.k_norm)) fail("q_norm, k_norm", "both or neither", "one of them");
+  if (shape.q_norm) {
+    f32_tensor("q_norm", *shape.q_norm, {c.head_dim});
+    f32_tensor("k_norm", *shape.k_norm, {c.head_dim});
+  }
+  if (shape.cos_sin) f32_tensor("cos_sin", *shape.cos_sin, {-1, -1});  // its width: checked by the rotation
+  const double eps = shape.eps.value_or(c.eps);
+  const int64_t window = shape.sliding_window.value_or(c.sliding_window);
+  if (window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", window);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
                           {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
-                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term});
+                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term, eps,
+                          shape.qk_eps.value_or(eps), shape.scale.value_or(c.scale), window, activation,
+                          std::move(shape.attn_out_norm), std::move(shape.mlp_out_norm), std::move(shape.q_norm),
+                          std::move(shape.k_norm), std::move(shape.cos_sin)});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -133,6 +151,7 @@ void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in
 void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens,
                            Array& block_tables, int64_t nd) {
   const auto& c = cfg_;
+  const Layer& l = layers_[index];
   const auto t = size_t(tokens), h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
   const Array& key_cache = std::get<0>(kv_caches_[index]);
   const Array& value_cache = std::get<1>(kv_caches_[index]);
@@ -141,7 +160,7 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
   const auto ns = int64_t(seq_lens.shape(0));
   if (nd == ns) {
     attn::paged_attention(f32(attn_.data(), {t, h, d}), f32(q_.data(), {t, h, d}), key_cache, value_cache,
-                          block_tables, seq_lens, c.scale, c.sliding_window);
+                          block_tables, seq_lens, l.scale, l.sliding_window);
     return;
   }
   const auto* lens = static_cast<const int32_t*>(seq_lens.data());
@@ -150,8 +169,8 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
   const nb::dlpack::dtype i32 = nb::dtype<int32_t>();
   if (nd) {
     attn::paged_attention(f32(attn_.data(), {decodes, h, d}), f32(q_.data(), {decodes, h, d}), key_cache,
-                          value_cache, view(tables, {decodes, width}, i32), view(lens, {decodes}, i32), c.scale,
-                          c.sliding_window);
+                          value_cache, view(tables, {decodes, width}, i32), view(lens, {decodes}, i32), l.scale,
+                          l.sliding_window);
   }
   // sequences [s0, s1) of the prefill part (prefill_starts_ counts from sequence nd)
   auto prefill = [&](int64_t s0, int64_t s1, PrefillOp op) {
@@ -162,7 +181,7 @@ void LayerStack::attention(size_t index, int64_t tokens, Array& slot_mapping, Ar
     const size_t skip = (decodes + size_t(row0)) * h * d, n = size_t(s1 - s0);
     op(f32(attn_.data() + skip, {size_t(rows), h, d}), f32(q_.data() + skip, {size_t(rows), h, d}), key_cache,
        value_cache, view(part_starts_.data(), {n + 1}, i32), view(lens + s0, {n}, i32),
-       view(tables + size_t(s0) * width, {n, width}, i32), c.scale, c.sliding_window);
+       view(tables + size_t(s0) * width, {n, width}, i32), l.scale, l.sliding_window);
   };
   prefill(nd, prompt_seq_, attn::prefill_attention);
   prefill(std::max(nd, prompt_seq_), ns, prompt_op_);
@@ -215,41 +234,61 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
   }
   reserve(tokens);
 
+  auto* x = static_cast<float*>(out.data());  // each layer's normed rows and output
+  for (size_t i = 0; i < layers_.size(); ++i)
+    layer(i, hidden, x, tokens, positions, cos_sin, slot_mapping, seq_lens, block_tables, num_decodes, bf16_split);
+  ops::fused_add_rms_norm(f32(x, {size_t(tokens), size_t(c.hidden_size)}), hidden, final_norm_, c.eps);
+}
+
+// One layer (DecoderLayer.forward): hidden holds the residual, x [T, hidden]
+// the previous layer's output and then this layer's.
+void LayerStack::layer(size_t i, Array& hidden, float* x, int64_t tokens, Array& positions, Array& cos_sin,
+                       Array& slot_mapping, Array& seq_lens, Array& block_tables, int64_t num_decodes,
+                       int64_t bf16_split) {
+  const auto& c = cfg_;
+  const Layer& l = layers_[i];
   const auto t = size_t(tokens), hid = size_t(c.hidden_size);
   const int64_t qkv_w = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, q_w = c.num_heads * c.head_dim;
-  auto* x = static_cast<float*>(out.data());  // each layer's normed rows and output
   const Array x_rows = f32(x, {t, hid});
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& l = layers_[i];
-    if (i == 0)
-      ops::rms_norm(x_rows, hidden, l.input_norm, c.eps);  // the embedding rows are the first residual
-    else
-      ops::fused_add_rms_norm(x_rows, hidden, l.input_norm, c.eps);
+  if (i == 0)
+    ops::rms_norm(x_rows, hidden, l.input_norm, l.eps);  // the embedding rows are the first residual
+  else
+    ops::fused_add_rms_norm(x_rows, hidden, l.input_norm, l.eps);
 
-    linear(l.qkv, x, tokens, c.hidden_size, qkv_.data(), qkv_w, bf16_split);
-    if (l.qkv_bias) {  // torch's `out += bias`: one float32 add per element
-      const auto* b = static_cast<const float*>(l.qkv_bias->data());
-      for (size_t r = 0; r < t; ++r) {
-        float* row = qkv_.data() + r * size_t(qkv_w);
-        for (int64_t j = 0; j < qkv_w; ++j) row[j] += b[j];
-      }
+  linear(l.qkv, x, tokens, c.hidden_size, qkv_.data(), qkv_w, bf16_split);
+  if (l.qkv_bias) {  // torch's `out += bias`: one float32 add per element
+    const auto* b = static_cast<const float*>(l.qkv_bias->data());
+    for (size_t r = 0; r < t; ++r) {
+      float* row = qkv_.data() + r * size_t(qkv_w);
+      for (int64_t j = 0; j < qkv_w; ++j) row[j] += b[j];
     }
-    const Array qkv_rows = f32(qkv_.data(), {t, size_t(qkv_w)});
-    ops::rotary_embedding(positions, qkv_rows, cos_sin, c.num_heads, c.num_kv_heads, c.head_dim);
-    const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
-    ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
-    attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
-    // a middle layer of "mixed": every row on one term here (two_term_rows 0)
-    const int64_t rest_split = l.one_term ? 0 : bf16_split;
-    linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, rest_split);
-
-    ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, c.eps);
-    linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, rest_split);
-    ops::silu_and_mul(f32(act_.data(), {t, size_t(c.intermediate_size)}),
-                      f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)}));
-    linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size, rest_split);
   }
-  ops::fused_add_rms_norm(x_rows, hidden, final_norm_, c.eps);
+  const Array qkv_rows = f32(qkv_.data(), {t, size_t(qkv_w)});
+  if (l.q_norm) ops::qk_rms_norm(qkv_rows, *l.q_norm, *l.k_norm, c.num_heads, c.num_kv_heads, c.head_dim, l.qk_eps);
+  ops::rotary_embedding(positions, qkv_rows, l.cos_sin ? *l.cos_sin : cos_sin, c.num_heads, c.num_kv_heads,
+                        c.head_dim);
+  const auto h = size_t(c.num_heads), hkv = size_t(c.num_kv_heads), d = size_t(c.head_dim);
+  ops::split_qkv(qkv_rows, f32(q_.data(), {t, h, d}), f32(k_.data(), {t, hkv, d}), f32(v_.data(), {t, hkv, d}));
+  attention(i, tokens, slot_mapping, seq_lens, block_tables, num_decodes);
+  // a middle layer of "mixed": every row on one term here (two_term_rows 0)
+  const int64_t rest_split = l.one_term ? 0 : bf16_split;
+  linear(l.o_proj, attn_.data(), tokens, q_w, x, c.hidden_size, rest_split);
+  if (l.attn_out_norm) ops::rms_norm(x_rows, x_rows, *l.attn_out_norm, l.eps);  // in place: a row at a time
+
+  ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, l.eps);
+  linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, rest_split);
+  const Array act = f32(act_.data(), {t, size_t(c.intermediate_size)});
+  const Array gate_up = f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)});
+  switch (l.activation) {
+    case Activation::SiLU:
+      ops::silu_and_mul(act, gate_up);
+      break;
+    case Activation::GeluTanh:
+      ops::gelu_tanh_and_mul(act, gate_up);
+      break;
+  }
+  linear(l.down, act_.data(), tokens, c.intermediate_size, x, c.hidden_size, rest_split);
+  if (l.mlp_out_norm) ops::rms_norm(x_rows, x_rows, *l.mlp_out_norm, l.eps);
 }
 
 }  // namespace paged::cpu::model

@@ -1,11 +1,19 @@
-// The decoder layers of one CPU step in one extension call (issue #5/#6).
+// The decoder layers of one CPU step in one extension call (issue #5/#6),
+// executing each layer's description (core/models/spec.py LayerSpec, handed
+// over by backends/cpu/layer_stack.py as a LayerShape): RMSNorm before
+// attention and MLP, optional RMSNorms of the attention and MLP outputs
+// before their residual adds (Gemma 3), optional per-head Q/K RMSNorm
+// (Qwen3, Gemma 3), a Q/K/V bias, a SiLU- or GELU-tanh-gated MLP, the
+// layer's own rotary table (any base or scaling, partial rotary: its width
+// says how many dims rotate), sliding window and attention scale.
 //
 // LayerStack holds every layer's weights (nanobind ndarrays that keep the
 // Python tensors alive) and scratch buffers sized by the step's token count,
 // and runs the same kernel entry points, with the same arguments and in the
-// same order, as the Python path (LlamaDecoderLayer.forward with
-// CpuFusedLayerOps and CpuBackend), so its results are bitwise identical;
-// what it saves is Python dispatch, DLPack capsules and torch allocations.
+// same order, as the Python path (core/models/decoder.py DecoderLayer.forward
+// with CpuFusedLayerOps and CpuBackend), so its results are bitwise
+// identical; what it saves is Python dispatch, DLPack capsules and torch
+// allocations.
 //
 // `activations` is the packed linear's setting for every matrix of the stack
 // ("float32", "int8" or "int8x2", linear/quant_linear.h), the same the Python
@@ -53,8 +61,24 @@ struct StackMatrix {
 
 struct StackConfig {
   int64_t num_heads, num_kv_heads, head_dim, hidden_size, intermediate_size;
-  double eps, scale;
+  double eps, scale;  // the final norm's eps; a layer's defaults (LayerShape)
   int64_t sliding_window;
+};
+
+enum class Activation { SiLU, GeluTanh };
+
+// What one layer adds to the Llama layer (core/models/spec.py LayerSpec);
+// unset values take the stack's (StackConfig) or run()'s rotary table.
+struct LayerShape {
+  std::optional<double> eps;           // every norm of the layer over hidden rows
+  std::optional<double> qk_eps;        // the per-head Q/K norms' (default: eps)
+  std::optional<double> scale;         // attention scale
+  std::optional<int64_t> sliding_window;
+  std::string activation = "silu";     // of the gate: "silu" or "gelu_tanh"
+  std::optional<Array> attn_out_norm;  // [hidden]: RMSNorm of o_proj's output before the residual add
+  std::optional<Array> mlp_out_norm;   // [hidden]: of down's output
+  std::optional<Array> q_norm, k_norm; // [head_dim]: per-head RMSNorm of Q and K before the rotation
+  std::optional<Array> cos_sin;        // float32 [max_pos, R]: the layer's rotary table
 };
 
 // float32 scratch, 64-byte aligned like torch's allocations.
@@ -71,10 +95,11 @@ class LayerStack {
   // or one per matrix (qkv, o_proj, gate_up, down; each None or
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
   // one_term ("mixed" only): every row takes one int8 term in this layer's
-  // O, gate/up and down projections (else two).
+  // O, gate/up and down projections (else two). shape: what the layer adds
+  // to the Llama layer, checked here.
   void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                 std::vector<std::optional<Array>> panels = {}, bool one_term = false);
+                 std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {});
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -82,7 +107,8 @@ class LayerStack {
   // All layers plus the final add + RMSNorm of one step. hidden [T, hidden]
   // (the embedding rows) becomes the residual; out [T, hidden] receives the
   // final normed hidden states. positions int64 [T] and cos_sin float32 are
-  // CpuFusedLayerOps.rope_inputs; the rest is AttentionMetadata.
+  // CpuFusedLayerOps.rope_inputs (cos_sin: the table of layers added without
+  // their own); the rest is AttentionMetadata.
   void run(Array hidden, Array out, Array positions, Array cos_sin, Array slot_mapping, Array query_start_loc,
            Array seq_lens, Array block_tables, int64_t num_decodes, int64_t first_prompt_row = -1);
 
@@ -96,12 +122,18 @@ class LayerStack {
     StackMatrix qkv, o_proj, gate_up, down;
     std::optional<Array> qkv_bias;
     bool one_term = false;
+    double eps, qk_eps, scale;
+    int64_t sliding_window;
+    Activation activation;
+    std::optional<Array> attn_out_norm, mlp_out_norm, q_norm, k_norm, cos_sin;
   };
 
   void linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
               int64_t two_term_rows = -1) const;
   void attention(size_t index, int64_t tokens, Array& slot_mapping, Array& seq_lens, Array& block_tables,
                  int64_t num_decodes);
+  void layer(size_t index, Array& hidden, float* x, int64_t tokens, Array& positions, Array& cos_sin,
+             Array& slot_mapping, Array& seq_lens, Array& block_tables, int64_t num_decodes, int64_t bf16_split);
   void reserve(int64_t tokens);
   // The kernel of this run's prompt rows over the bound caches: mixed-bf16's
   // bfloat16 one (attn::bf16_prompt_attention_reads), mixed's lane-major

@@ -1,4 +1,4 @@
-// paged._C_cpu fused elementwise ops of the Llama layer (ops/ops.h).
+// paged._C_cpu fused elementwise ops of a decoder layer (ops/ops.h).
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -17,10 +17,17 @@ void register_ops(nb::module_& m) {
         "In place: residual += x, then x = rms_norm(residual) * weight.");
   m.def("silu_and_mul", &o::silu_and_mul, "out"_a, "gate_up"_a,
         "out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:].");
+  m.def("gelu_tanh_and_mul", &o::gelu_tanh_and_mul, "out"_a, "gate_up"_a,
+        "out[T, I] = gelu_tanh(gate_up[:, :I]) * gate_up[:, I:] (GELU's tanh approximation).");
+  m.def("qk_rms_norm", &o::qk_rms_norm, "qkv"_a, "q_weight"_a, "k_weight"_a, "num_heads"_a, "num_kv_heads"_a,
+        "head_dim"_a, "eps"_a,
+        "In place: RMSNorm of every q head (weights q_weight [D]) and k head (k_weight [D]) of fused qkv "
+        "rows [T, (H + 2 Hkv) * D]; v untouched.");
   m.def("rotary_embedding", &o::rotary_embedding, "positions"_a, "qkv"_a, "cos_sin_cache"_a, "num_heads"_a,
         "num_kv_heads"_a, "head_dim"_a,
         "Half (neox) RoPE in place on the q and k heads of fused qkv rows [T, (H + 2 Hkv) * D]; "
-        "cos_sin_cache float32 [max_pos, D] holds cos then sin of pos * inv_freq.");
+        "cos_sin_cache float32 [max_pos, R] holds cos then sin of pos * inv_freq; the first R (even, <= D) "
+        "dims of each head rotate, the rest pass.");
   m.def("split_qkv", &o::split_qkv, "qkv"_a, "q"_a, "k"_a, "v"_a,
         "Copy fused qkv rows into contiguous q [T, H, D], k and v [T, Hkv, D].");
   m.def("argmax_rows", &o::argmax_rows, "logits"_a, "out"_a,

@@ -102,7 +102,10 @@ void fused_add_rms_norm(Array x, Array residual, Array weight, double eps) {
   for_rows(xt.dim(0), a.width, [&](int64_t b, int64_t en) { k->add_rms_norm(a, b, en); });
 }
 
-void silu_and_mul(Array out, Array gate_up) {
+namespace {
+
+// out [T, I] and gate_up [T, 2 I] of one dtype, checked once.
+SiluMulArgs gated_args(Array& out, Array& gate_up) {
   Elem e, eo;
   TensorArg gt = elem_tensor("gate_up", gate_up, {-1, -1}, &e);
   TensorArg ot = elem_tensor("out", out, {-1, -1}, &eo);
@@ -112,9 +115,48 @@ void silu_and_mul(Array out, Array gate_up) {
     fail("out", "shape [" + std::to_string(gt.dim(0)) + ", " + std::to_string(gt.dim(1) / 2) + "] (for gate_up " +
                     gt.shape_str() + ")",
          "shape " + ot.shape_str());
-  const SiluMulArgs a{ot.data, gt.data, e, ot.dim(1)};
+  return SiluMulArgs{ot.data, gt.data, e, ot.dim(1)};
+}
+
+}  // namespace
+
+void silu_and_mul(Array out, Array gate_up) {
+  const SiluMulArgs a = gated_args(out, gate_up);
   const RowKernels* k = active();
-  for_rows(gt.dim(0), gt.dim(1), [&](int64_t b, int64_t en) { k->silu_and_mul(a, b, en); });
+  for_rows(int64_t(gate_up.shape(0)), 2 * a.inter, [&](int64_t b, int64_t en) { k->silu_and_mul(a, b, en); });
+}
+
+void gelu_tanh_and_mul(Array out, Array gate_up) {
+  const SiluMulArgs a = gated_args(out, gate_up);
+  const RowKernels* k = active();
+  for_rows(int64_t(gate_up.shape(0)), 2 * a.inter, [&](int64_t b, int64_t en) { k->gelu_tanh_and_mul(a, b, en); });
+}
+
+void qk_rms_norm(Array qkv, Array q_weight, Array k_weight, int64_t num_heads, int64_t num_kv_heads,
+                 int64_t head_dim, double eps) {
+  positive("num_heads", num_heads);
+  positive("num_kv_heads", num_kv_heads);
+  positive("head_dim", head_dim);
+  Elem e;
+  TensorArg qt = elem_tensor("qkv", qkv, {-1, -1}, &e);
+  const int64_t width = (num_heads + 2 * num_kv_heads) * head_dim;
+  attn::require_dim(qt, 1, width, "(num_heads + 2 * num_kv_heads) * head_dim");
+  Elem eq, ek;
+  const TensorArg qw = elem_tensor("q_weight", q_weight, {head_dim}, &eq);
+  const TensorArg kw = elem_tensor("k_weight", k_weight, {head_dim}, &ek);
+  require_same_elem(qt, e, qw, eq);
+  require_same_elem(qt, e, kw, ek);
+  const float ep = check_eps(eps);
+  const size_t es = qt.elem_size, row_bytes = size_t(width) * es, k_offset = size_t(num_heads * head_dim) * es;
+  auto* rows = static_cast<char*>(qt.data);
+  const RowKernels* k = active();
+  for_rows(qt.dim(0), (num_heads + num_kv_heads) * head_dim, [&](int64_t b, int64_t en) {
+    for (int64_t r = b; r < en; ++r) {  // the row's Q heads, then its K heads, each normed in place
+      char* q = rows + size_t(r) * row_bytes;
+      k->rms_norm(NormArgs{q, q, nullptr, qw.data, e, head_dim, ep}, 0, num_heads);
+      k->rms_norm(NormArgs{q + k_offset, q + k_offset, nullptr, kw.data, e, head_dim, ep}, 0, num_kv_heads);
+    }
+  });
 }
 
 void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t num_heads, int64_t num_kv_heads,
@@ -128,15 +170,20 @@ void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t n
   attn::require_dim(qt, 1, width, "(num_heads + 2 * num_kv_heads) * head_dim");
   TensorArg pt = attn::int_tensor("positions", positions, 64, {qt.dim(0)});
   attn::DType cdt;
-  TensorArg ct = attn::float_tensor("cos_sin_cache", cos_sin_cache, {-1, head_dim}, &cdt);
+  TensorArg ct = attn::float_tensor("cos_sin_cache", cos_sin_cache, {-1, -1}, &cdt);
   if (cdt != attn::DType::F32)
     fail("cos_sin_cache", "dtype float32", std::string("dtype ") + attn::dtype_name(cdt));
+  const int64_t rotary_dim = ct.dim(1);  // a partial-rotary table rotates each head's leading dims only
+  if (rotary_dim % 2 || rotary_dim < 2 || rotary_dim > head_dim)
+    fail("cos_sin_cache", "shape [max_pos, R], R even in [2, head_dim = " + std::to_string(head_dim) + "]",
+         "shape " + ct.shape_str());
   const auto* pos = static_cast<const int64_t*>(pt.data);
   for (int64_t i = 0; i < pt.dim(0); ++i)
     if (pos[i] < 0 || pos[i] >= ct.dim(0))
       attn::fail_index("positions[" + std::to_string(i) + "]",
                        "a position in [0, " + std::to_string(ct.dim(0)) + ") (the rotary table's size)", pos[i]);
-  const RopeArgs a{qt.data, pos, static_cast<const float*>(ct.data), e, num_heads + num_kv_heads, width, head_dim};
+  const RopeArgs a{qt.data, pos, static_cast<const float*>(ct.data), e, num_heads + num_kv_heads, width, head_dim,
+                   rotary_dim};
   const RowKernels* k = active();
   for_rows(qt.dim(0), (num_heads + num_kv_heads) * head_dim, [&](int64_t b, int64_t en) { k->rotary(a, b, en); });
 }

@@ -1,5 +1,5 @@
-// Fused elementwise ops of the Llama layer on CPU (RMSNorm, residual add,
-// SiLU-and-mul, RoPE, Q/K/V split) and the greedy sampler's argmax: one pass
+// Fused elementwise ops of a decoder layer on CPU (RMSNorm, residual add,
+// SiLU- and GELU-tanh-and-mul, per-head Q/K RMSNorm, RoPE, Q/K/V split) and the greedy sampler's argmax: one pass
 // over each row instead of a chain of small torch ops. Arguments are checked
 // once in fused_ops.cpp; the row kernels (kernels.inc, built per ISA) trust them.
 #pragma once
@@ -19,6 +19,9 @@ using Array = nanobind::ndarray<>;
 void rms_norm(Array out, Array x, Array weight, double eps);
 void fused_add_rms_norm(Array x, Array residual, Array weight, double eps);
 void silu_and_mul(Array out, Array gate_up);
+void gelu_tanh_and_mul(Array out, Array gate_up);
+void qk_rms_norm(Array qkv, Array q_weight, Array k_weight, int64_t num_heads, int64_t num_kv_heads,
+                 int64_t head_dim, double eps);
 void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_dim);
 void split_qkv(Array qkv, Array q, Array k, Array v);

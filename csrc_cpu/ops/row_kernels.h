@@ -21,6 +21,7 @@ struct NormArgs {
   float eps;
 };
 
+// silu_and_mul / gelu_tanh_and_mul: act(gate) * up.
 struct SiluMulArgs {
   void* out;            // [T, inter]
   const void* gate_up;  // [T, 2 * inter]: gate then up
@@ -31,11 +32,12 @@ struct SiluMulArgs {
 struct RopeArgs {
   void* qkv;                // [T, (H + 2 Hkv) * D], q and k parts rotated in place
   const int64_t* positions; // [T], checked against the table
-  const float* cos_sin;     // [max_pos, D]: cos(pos * f_i) for i < D/2, then sin
+  const float* cos_sin;     // [max_pos, R]: cos(pos * f_i) for i < R/2, then sin
   Elem elem;
   int64_t rotated_heads;    // H + Hkv
   int64_t row_stride;       // (H + 2 Hkv) * D
-  int64_t head_dim;
+  int64_t head_dim;         // D
+  int64_t rotary_dim;       // R: the leading dims of each head that rotate (even, <= D); the rest pass
 };
 
 struct ArgmaxArgs {
@@ -50,6 +52,7 @@ struct RowKernels {
   void (*rms_norm)(const NormArgs&, int64_t begin, int64_t end);
   void (*add_rms_norm)(const NormArgs&, int64_t begin, int64_t end);
   void (*silu_and_mul)(const SiluMulArgs&, int64_t begin, int64_t end);
+  void (*gelu_tanh_and_mul)(const SiluMulArgs&, int64_t begin, int64_t end);
   void (*rotary)(const RopeArgs&, int64_t begin, int64_t end);
   void (*argmax)(const ArgmaxArgs&, int64_t begin, int64_t end);
 };
