@@ -314,17 +314,17 @@ def test_per_layer_windows_match_reference():
     gen = torch.Generator().manual_seed(5)
     cuda, _ = _pair(torch.float16, 128, 16, (8, 2))
     lens, qlens = [1500, 700, 90], [1, 1, 30]
-    tables, seq_lens = _tables(lens, 16, 256, gen)
+    tables, seq_lens = _tables(lens, 16, 320, gen)  # 94 columns x 3 sequences
     qsl = torch.tensor([0, 1, 2, 32], dtype=torch.int32).cuda()
     slots = torch.cat([tables[i, torch.arange(n - q, n) // 16].long().cpu() * 16 + torch.arange(n - q, n) % 16
                        for i, (n, q) in enumerate(zip(lens, qlens))]).cuda()
     common = AttentionMetadata(slots, qsl, seq_lens, tables, num_decodes=2, max_query_len=30, max_seq_len=1500)
-    cuda.num_blocks = 256
+    cuda.num_blocks = 320
     meta = cuda.build_metadata(common)
     q = torch.randn(32, 8, 128, generator=gen).half().cuda()
     k, v = (torch.randn(32, 2, 128, generator=gen).half().cuda() for _ in range(2))
     for window in (0, 600, 64, 1):
-        kc, vc = _filled_cache(cuda, 256, gen)
+        kc, vc = _filled_cache(cuda, 320, gen)
         rk, rv = kc.clone(), vc.clone()
         out = layer_attention(cuda, window, cuda.scale).forward(q, k, v, (kc, vc), meta)
         ref = ReferenceBackend(8, 2, 128, 16, torch.float16, "cuda:0", sliding_window=window)
