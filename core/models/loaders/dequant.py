@@ -76,7 +76,9 @@ def dequantize(data: np.ndarray, qtype: Q, shape: tuple[int, ...], dtype: torch.
         raise ValueError(f"{qtype.name} data has {raw.size} bytes, expected "
                          f"{numel // block * type_size} for shape {tuple(shape)}")
     if qtype in _PLAIN:
-        out = _as_tensor(raw).view(_PLAIN[qtype]).reshape(shape)
+        # a copy even when the dtype matches: a view would keep the whole
+        # file mapping (every page the loader touched) in the process's RSS
+        return _as_tensor(raw).view(_PLAIN[qtype]).reshape(shape).to(dtype, copy=True)
     elif qtype in _TORCH_BLOCK_DEQUANT:
         out = _TORCH_BLOCK_DEQUANT[qtype](_as_tensor(raw).view(-1, type_size)).reshape(shape)
     else:
