@@ -6,6 +6,7 @@ plus the shared kernel checks of core/conformance/kernel_checks.py."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import os
 import shutil
@@ -189,10 +190,37 @@ def _filled_cache(be, num_blocks, gen):
     return [torch.randn(shape, generator=gen).to(be.dtype).cuda() for _ in range(2)]
 
 
+def _host_tables(lens, block_size, num_blocks, gen):
+    """Block tables [S, longest's blocks] whose used entries are distinct ids
+    of a pool of ``num_blocks`` (the rest padding, -1), and the lengths."""
+    used = [math.ceil(n / block_size) for n in lens]
+    if sum(used) > num_blocks:
+        raise ValueError(f"num_blocks: expected at least the {sum(used)} blocks the sequences use, got {num_blocks}")
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    tables = torch.full((len(lens), max(used)), -1, dtype=torch.int32)
+    for i, at in enumerate(itertools.accumulate([0] + used[:-1])):
+        tables[i, :used[i]] = perm[at:at + used[i]]
+    return tables, torch.tensor(lens, dtype=torch.int32)
+
+
 def _tables(lens, block_size, num_blocks, gen):
-    width = max(math.ceil(n / block_size) for n in lens)
-    perm = torch.randperm(num_blocks, generator=gen)[: width * len(lens)]
-    return perm.view(len(lens), width).to(torch.int32).cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
+    return tuple(t.cuda() for t in _host_tables(lens, block_size, num_blocks, gen))
+
+
+def test_gpu_tests_block_tables_fit_their_pools():
+    """The GPU tests' tables (they cannot run here): each sequence's used
+    blocks distinct, padding past them; the helper used to cut
+    max-blocks x sequences ids out of pools smaller than that, failing every
+    GPU test before any kernel ran."""
+    gen = torch.Generator().manual_seed(0)
+    lens = [1, 17, 511, 512, 513, 1500, 3000]
+    tables, seq_lens = _host_tables(lens, 16, sum(math.ceil(n / 16) for n in lens) + 8, gen)
+    used = [math.ceil(n / 16) for n in lens]
+    ids = torch.cat([tables[i, :u] for i, u in enumerate(used)])
+    assert tables.shape == (7, 188) and ids.unique().numel() == ids.numel() == sum(used)
+    assert all((tables[i, u:] == -1).all() for i, u in enumerate(used)) and seq_lens.tolist() == lens
+    with pytest.raises(ValueError, match="expected at least the 101 blocks the sequences use, got 100"):
+        _host_tables([1500, 100], 16, 100, gen)
 
 
 @needs_gpu
@@ -222,7 +250,7 @@ def test_prefill_with_cached_prefix_matches_reference(dtype, head_size, window):
     cuda, ref = _pair(dtype, head_size, 16, (8, 2), window)
     # fresh prompt, prefix hit, one-token chunk, full, and one over many 64-row tiles and key tiles
     lens, qlens = [5, 70, 300, 64, 400], [5, 33, 1, 64, 230]
-    num_blocks = 128  # _tables draws max(ceil(len / 16)) = 25 distinct blocks per sequence
+    num_blocks = 128  # the sequences use 54 blocks
     kc, vc = _filled_cache(cuda, num_blocks, gen)
     tables, seq_lens = _tables(lens, 16, num_blocks, gen)
     qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32).cuda()
