@@ -367,7 +367,7 @@ def test_bad_block_ids():
     q = torch.zeros(1, 4, 64, dtype=torch.float16, device="cuda")
     tables = torch.tensor([[9]], dtype=torch.int32, device="cuda")
     lens = torch.tensor([5], dtype=torch.int32, device="cuda")
-    with pytest.raises(IndexError, match=r"block_tables\[0, 0\] = 9"):
+    with pytest.raises(IndexError, match=r"block_tables\[0, 0\]: expected a block id in \[0, 4\), got 9"):
         cuda.paged_attention(torch.empty_like(q), q, kc, kc, tables, lens, 1.0, 0)
     tables[0, 0] = 2  # modified in place: checked again, now valid
     cuda.paged_attention(torch.empty_like(q), q, kc, kc, tables, lens, 1.0, 0)
