@@ -6,6 +6,7 @@
 
     # per file: prefill and batch-1 decode tok/s, weight GB/s, RSS after load
     python benchmarks/quant_types.py run /tmp/q1b/*.gguf [--llama-bench PATH] [--json PATH]
+        [--serve --llama-server PATH]   # and 16 streams: `paged serve` beside `llama-server -np 16 -cb`
 
 `make` writes the F16 file with gguf-py's GGUFWriter and quantizes it with
 llama.cpp's `llama-quantize` (../shared/PEERS.md builds it), whose presets
@@ -208,6 +209,49 @@ def measure_llama(path: str, args) -> dict | None:
     return got
 
 
+def _wait_ready(url: str, proc, what: str, limit_s: float = 600.0) -> None:
+    import urllib.request
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{what} not ready after {limit_s:.0f} s")
+
+
+def serve_streams(path: str, args) -> dict:
+    """Output tok/s at --streams concurrent streams: paged serve, then
+    llama-server (-np STREAMS -cb) when given, each alone on the machine."""
+    from serving_peers import measure
+
+    bench = argparse.Namespace(input_len=args.serve_input_len, output_len=args.serve_output_len, seed=100)
+    port = 8790
+    servers = [("paged", [sys.executable, "-m", "paged.core.entrypoints.cli", "serve", "--model", path,
+                          "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.streams)])]
+    if args.llama_server:
+        ctx = args.streams * (args.serve_input_len + args.serve_output_len + 64)
+        servers.append(("llamacpp", [args.llama_server, "-m", path, "--host", "127.0.0.1", "--port", str(port),
+                                     "-t", str(args.threads), "-np", str(args.streams), "-cb", "-c", str(ctx)]))
+    got = {}
+    for name, cmd in servers:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(url, proc, name)
+            level = measure(url, name, args.streams, bench)
+            got[name] = {"output_tok_s": level["output_throughput"]}
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return got
+
+
 def run(args) -> int:
     bw = copy_bandwidth()
     report = {"copy_gb_s": bw, "threads": args.threads, "prompt_len": args.prompt_len,
@@ -226,6 +270,12 @@ def run(args) -> int:
               f"{fmt('prefill_tok_s'):>8}{ratio('prefill_tok_s'):>7}{p['decode_tok_s']:>8.2f}"
               f"{fmt('decode_tok_s'):>7}{ratio('decode_tok_s'):>7}{p['decode_gb_s']:>6.1f}"
               f"{p['rss_minus_kv_bytes'] / p['file_bytes']:>12.2f}", flush=True)
+        if args.serve:
+            streams = serve_streams(path, args)
+            report["files"][os.path.basename(path)]["serving"] = streams
+            pg, lcs = streams["paged"]["output_tok_s"], streams.get("llamacpp", {}).get("output_tok_s")
+            print(f"  {args.streams} streams: paged {pg:.1f} output tok/s"
+                  + (f", llama-server {lcs:.1f} ({pg / lcs:.2f}x)" if lcs else ""), flush=True)
     emit_json(report, args.json)
     return 0
 
@@ -246,6 +296,11 @@ def main() -> int:
     rn.add_argument("--decode-tokens", type=positive_int, default=32)
     rn.add_argument("--rounds", type=positive_int, default=2)
     rn.add_argument("--json", default=None, metavar="PATH")
+    rn.add_argument("--serve", action="store_true", help="also measure serving at --streams streams")
+    rn.add_argument("--llama-server", default=None, metavar="PATH")
+    rn.add_argument("--streams", type=positive_int, default=16)
+    rn.add_argument("--serve-input-len", type=positive_int, default=128)
+    rn.add_argument("--serve-output-len", type=positive_int, default=64)
     args = ap.parse_args()
     return make(args) if args.cmd == "make" else run(args)
 
