@@ -81,9 +81,7 @@ class PlannedPackedLinear:
 
     def __call__(self, packed, role: MatrixRole | None = None) -> CpuPackedLinear:
         p = self.plan.matrix(role)
-        w = CpuPackedLinear(packed, activations=p.activations)
-        w.one_term = p.one_term  # part of making it: CpuPackedLinear's constructor has no argument for it
-        return w
+        return CpuPackedLinear(packed, activations=p.activations, one_term=p.one_term)
 
 
 def plan_of(model) -> PrecisionPlan:

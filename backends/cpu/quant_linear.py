@@ -141,7 +141,7 @@ class CpuPackedLinear:
     the model's ``packed_linear`` to choose it for a whole model; the layer
     stack follows its layers' setting."""
 
-    def __init__(self, packed: PackedBlocks, activations: str = "float32"):
+    def __init__(self, packed: PackedBlocks, activations: str = "float32", one_term: bool = False):
         self.activations = check_activations(activations)
         if self.activations == "mixed-bf16":
             resolve_activations(self.activations)  # ValueError where the CPU cannot run it
@@ -151,8 +151,11 @@ class CpuPackedLinear:
         self.nbytes = packed.nbytes
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
         # "mixed" only: every row takes one int8 term here, else two (the O,
-        # gate/up and down projections of one_term_layers)
-        self.one_term = False
+        # gate/up and down projections of one_term_layers: the precision plan's)
+        if one_term and self.activations != "mixed":
+            raise ValueError(f"one_term: expected False unless activations are 'mixed', got True with "
+                             f"activations {self.activations!r}")
+        self.one_term = bool(one_term)
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
 
