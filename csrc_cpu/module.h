@@ -5,7 +5,8 @@
 
 namespace paged::cpu {
 void register_runtime(nanobind::module_& m);     // runtime/: topology, pinning, NUMA memory
-void register_host_arena(nanobind::module_& m);  // runtime/host_arena.cpp: the NUMA host arena of the KV cache
+void register_host_arena(nanobind::module_& m);  // runtime/host_arena.cpp: NUMA host memory (numa_zeros)
+void register_kv_arena(nanobind::module_& m);    // runtime/kv_arena.cpp: the KV cache's on-demand arena
 void register_attention(nanobind::module_& m);   // attention/: paged attention + cache ops
 void register_linear(nanobind::module_& m);      // linear/: linear layers on quantized weights
 void register_ops(nanobind::module_& m);         // ops/: fused elementwise ops of the Llama layer

@@ -7,9 +7,6 @@ Python API of AttentionBackend and allocates what the kernels write into.
 
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -17,8 +14,6 @@ from paged.core.argcheck import fail
 from paged.backends.base import AttentionBackend, kv_row_width
 
 __all__ = ["CpuBackend", "ops"]
-
-log = logging.getLogger(__name__)
 
 
 def ops():
@@ -39,14 +34,6 @@ def dl(t):
     return t
 
 
-def _zeros(shape, dtype):
-    try:  # NUMA-aware allocation when the CPU platform provides it
-        from paged.backends.cpu.host.memory import numa_zeros
-    except ImportError:
-        return torch.zeros(shape, dtype=dtype)
-    return numa_zeros(shape, dtype)
-
-
 class CpuBackend(AttentionBackend):
     name = "cpu"
     #: "float32": every prefill row through prefill_attention; "bf16" (set by
@@ -58,6 +45,14 @@ class CpuBackend(AttentionBackend):
     #: does the same (docs/kernels.md, "bfloat16 prompt attention",
     #: "Lane-major prompt attention").
     prompt_attention = "float32"
+    #: how the KV cache commits its memory (backends/cpu/host/kv_memory.py):
+    #: "prefault" (pages committed a little ahead of use by a background
+    #: thread), "on-demand" (each page at its first write, inside a step) or
+    #: "all" (everything before the engine starts); benchmarks/kv_commit.py
+    #: compares them
+    kv_commit = "prefault"
+    #: the KV cache's memory once allocate_kv_cache has made it
+    kv_memory = None
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -74,18 +69,24 @@ class CpuBackend(AttentionBackend):
         return (num_blocks, self.num_kv_heads, self.block_size, kv_row_width(self.head_size, self.kv_cache_dtype))
 
     def allocate_kv_cache(self, num_layers: int, num_blocks: int):
-        # The host arena faults its pages in now (docs/block-pool.md): several
-        # seconds for a few GiB on some VMs, so a large cache says what it is doing.
-        shape, dtype = self.kv_cache_shape(num_blocks), self.kv_cache_dtype
-        gib = self.bytes_per_block(num_layers) * num_blocks / 2**30
-        if gib >= 1.0:
-            log.info("KV cache: committing %.2f GiB of host memory", gib)
-        t0 = time.perf_counter()
-        caches = [(_zeros(shape, dtype), _zeros(shape, dtype)) for _ in range(num_layers)]
-        seconds = time.perf_counter() - t0
-        if gib >= 1.0:
-            log.info("KV cache: %.2f GiB committed in %.1f s", gib, seconds)
-        return caches
+        """Every layer's (key, value) over one arena that reserves all the
+        blocks and commits them as they come into use (kv_commit)."""
+        from paged.backends.cpu.host.kv_memory import KvCacheMemory
+
+        if self.kv_commit not in ("prefault", "on-demand", "all"):
+            fail("kv_commit (CpuBackend)", "prefault, on-demand or all", self.kv_commit)
+        self.kv_memory = KvCacheMemory(num_layers, self.kv_cache_shape(num_blocks), self.kv_cache_dtype,
+                                       prefault=self.kv_commit == "prefault",
+                                       commit_all=self.kv_commit == "all")
+        return self.kv_memory.caches
+
+    def build_metadata(self, common):
+        """Nothing to derive; tells the KV memory the highest block this step
+        writes, so its pre-faulter stays ahead of the block pool."""
+        host = getattr(common, "host", None)
+        if self.kv_memory is not None and host is not None and len(host.slot_mapping):
+            self.kv_memory.written(int(host.slot_mapping.max()) // self.block_size)
+        return common
 
     def reshape_and_cache(self, key, value, key_cache, value_cache, slot_mapping) -> None:
         self._ops.reshape_and_cache(dl(key), dl(value), dl(key_cache), dl(value_cache), dl(slot_mapping))

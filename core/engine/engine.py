@@ -151,11 +151,14 @@ class Engine:
         self.num_finished = 0
         dtype_how = "auto" if str(config.dtype).strip().lower() == "auto" else "--dtype"
         summary = worker.startup_summary()
+        reserved, committed = num_blocks * worker.bytes_per_block / 2**30, worker.kv_cache_committed_bytes()
+        memory = f"{reserved:.2f} GiB" if committed is None else \
+            f"{reserved:.2f} GiB reserved, {committed / 2**30:.2f} GiB committed now"
         log.info("engine ready in %.1f s: %s on %s; dtype %s (%s); weights %s; KV cache %s, %d blocks x %d "
-                 "tokens (%.2f GiB)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
+                 "tokens = %d tokens fit (%s)%s", time.perf_counter() - t0, self.model_path, self.platform.name,
                  str(self.dtype).removeprefix("torch."), dtype_how, self.weight_format,
-                 str(self.kv_cache_dtype).removeprefix("torch."), num_blocks,
-                 self.block_size, num_blocks * worker.bytes_per_block / 2**30, f"; {summary}" if summary else "")
+                 str(self.kv_cache_dtype).removeprefix("torch."), num_blocks, self.block_size,
+                 num_blocks * self.block_size, memory, f"; {summary}" if summary else "")
 
     def _linear_activations(self, config: EngineConfig) -> str | None:
         """What the worker's packed-weight linears multiply (GGUF blocks kept

@@ -231,6 +231,13 @@ class Worker:
     def bytes_per_block(self) -> int:
         return self.backend.bytes_per_block(self.num_layers)
 
+    def kv_cache_committed_bytes(self) -> int | None:
+        """Bytes of the KV cache committed now where the backend commits it
+        as it is used (its ``kv_memory``: the CPU's); None: all of it,
+        allocated up front."""
+        memory = getattr(self.backend, "kv_memory", None)
+        return None if memory is None else memory.committed_bytes()
+
     def determine_num_blocks(self, requested_bytes: int | None, max_model_len: int, max_num_seqs: int,
                              max_num_batched_tokens: int) -> int:
         """Profile -> budget -> blocks: the peak of a worst-case step (where
