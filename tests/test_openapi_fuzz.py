@@ -37,7 +37,7 @@ def schema(keyed):
 
 POSITIVE, NEGATIVE = schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE
 POSTS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
-GETS = ["/v1/models", "/health", "/version", "/metrics"]  # no inputs: nothing negative to generate
+GETS = ["/v1/models", "/health", "/version", "/metrics", "/v1/engine/state"]  # no inputs: nothing negative to generate
 CASES = [("POST", p, m) for p in POSTS for m in (POSITIVE, NEGATIVE)] + [("GET", p, POSITIVE) for p in GETS]
 
 
@@ -48,7 +48,8 @@ def cut_generation(case) -> None:
         return
     for key in GENERATION_FIELDS:
         value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 2:
+        # 3.0 is an integer too (JSON Schema's, and the server's)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 2:
             body[key] = 2
     if case.path == "/v1/chat/completions" and "max_tokens" not in body and "max_completion_tokens" not in body:
         body["max_completion_tokens"] = 2

@@ -1,4 +1,6 @@
-"""Issue 22 (server side): no request can hurt another.
+"""Issue 22 (server side): no request can hurt another; issue 46: what a
+hostile client still found (the schema and the server disagreeing, a body
+cut off mid-read).
 
 Each test names the item it guards. A real `paged serve` process on
 127.0.0.1 (test_server's shared servers) answers everything but item 2's
@@ -244,7 +246,7 @@ def test_item8_more_prompts_than_the_queue_holds_is_a_400_not_a_retry(keyed):
 
 
 @pytest.mark.parametrize("field,value", [("max_tokens", "10"), ("stream", "yes"), ("prompt", [True, False]),
-                                         ("n", 1.0), ("echo", 1), ("logprobs", True)])
+                                         ("n", 1.5), ("echo", 1), ("logprobs", True)])
 def test_item8_no_type_coercion(server, field, value):
     assert_error(complete(server, {"prompt": "hi", "max_tokens": 2, field: value}), 400, field, param=field)
 
@@ -293,3 +295,78 @@ def test_item9_schema_endpoints_sit_behind_the_api_key(keyed):
     assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert schema["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in schema["paths"]["/health"]["get"]
+
+
+# -- issue 46: /openapi.json and the server agree; a body cut off mid-read -----------------
+
+
+def served_validator(server, component: str):
+    """A JSON Schema validator for one request body as /openapi.json publishes it."""
+    import jsonschema
+
+    schema = httpx.get(server.url + "/openapi.json").json()
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{component}",
+                                            "components": schema["components"]})
+
+
+def test_issue46_whole_number_floats_are_integers(server):
+    """JSON Schema's integer includes 2.0; the served schema says integer."""
+    validator = served_validator(server, "CompletionRequest")
+    as_ints = {"prompt": "The sea is", "max_tokens": 3, "min_tokens": 0, "n": 1, "temperature": 0}
+    as_floats = {**as_ints, "max_tokens": 3.0, "min_tokens": 0.0, "n": 1.0}
+    assert validator.is_valid({**as_floats, "model": server.model})
+    floats = complete(server, as_floats)
+    assert floats.status_code == 200, floats.text
+    assert floats.json()["choices"][0]["text"] == complete(server, as_ints).json()["choices"][0]["text"]
+    r = httpx.post(server.url + "/detokenize", json={"tokens": [1.0, 2]})
+    assert r.json() == httpx.post(server.url + "/detokenize", json={"tokens": [1, 2]}).json()
+    assert not validator.is_valid({"prompt": "x", "n": 1.5})
+    assert_error(complete(server, {"prompt": "x", "n": 1.5}), 400, "integer", param="n")
+
+
+def test_issue46_what_the_schema_refuses_the_server_refuses(server):
+    """Each body the server refuses here, the served schema calls invalid
+    (and the body beside it that both accept)."""
+    cases = [("CompletionRequest", "/v1/completions", {"prompt": ""}, {"prompt": "a", "max_tokens": 1}),
+             ("CompletionRequest", "/v1/completions", {"prompt": ["a", ""]}, {"prompt": ["a"], "max_tokens": 1}),
+             ("CompletionRequest", "/v1/completions", {"prompt": "a", "best_of": 3}, {"prompt": "a", "best_of": None,
+                                                                                        "max_tokens": 1}),
+             ("TokenizeRequest", "/tokenize", {}, {"prompt": ""}),
+             ("TokenizeRequest", "/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]},
+              {"prompt": "a", "messages": None})]
+    for component, path, refused, accepted in cases:
+        validator = served_validator(server, component)
+        assert not validator.is_valid(refused), refused
+        assert httpx.post(server.url + path, json=refused, timeout=60).status_code == 400, refused
+        assert validator.is_valid(accepted), accepted
+        r = httpx.post(server.url + path, json=accepted, timeout=60)
+        assert r.status_code == 200, (accepted, r.text)
+
+
+def test_issue46_405_names_the_allowed_methods(server):
+    for method, path, allowed in (("GET", "/v1/completions", "POST"), ("DELETE", "/v1/chat/completions", "POST"),
+                                  ("POST", "/health", "GET"), ("PUT", "/v1/engine/state", "GET")):
+        r = httpx.request(method, server.url + path)
+        assert_error(r, 405, "Method Not Allowed")
+        methods = {m.strip() for m in r.headers["allow"].split(",")}
+        assert allowed in methods and method not in methods, r.headers["allow"]
+
+
+def test_issue46_a_client_gone_mid_body_leaves_one_quiet_line_and_nothing_held(server):
+    import socket
+    import time
+
+    log_start = os.path.getsize(server.log.name)
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100000\r\n\r\n" + b'{"prompt": "' + b"a" * 1000)
+    time.sleep(1.0)  # the server notices on its next read
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert complete(server, {"prompt": "hi", "max_tokens": 1}).status_code == 200
+    server.log.flush()
+    with open(server.log.name) as f:
+        added = f.read()[log_start:]
+    assert "Traceback" not in added and "ClientDisconnect" not in added, added[-3000:]
+    state = httpx.get(server.url + "/v1/engine/state").json()
+    assert state["requests"]["in_flight"] == 0 and state["kv_cache"]["blocks_used"] == 0

@@ -169,6 +169,33 @@ def test_other_requests_step_while_a_compilation_is_pending(engine):
     jsonschema.validate(json.loads(final["constrained"].outputs[0].text), schema)
 
 
+def test_a_large_constraint_never_delays_a_small_one(engine):
+    """Large constraints compile on their own lane: one held there (a slow
+    client's schema) leaves small ones compiling on theirs."""
+    from test_structured_server import PATTERNS
+
+    compiler, gate = engine.grammars.compiler, threading.Event()
+    large, small = as_json({**PATTERNS(400), "title": "lane-test"}), as_json({**PERSON, "title": "lane-test"})
+    compiler.lane_for(large).submit(gate.wait)  # the large lane is busy until released
+    try:
+        large_done = compiler.submit(large)
+        compiler.submit(small).result(timeout=60)
+        assert not large_done.done()
+    finally:
+        gate.set()
+    large_done.result(timeout=60)
+    assert compiler.lane_for(small) is compiler.pool is not compiler.lane_for(large)
+
+
+def test_llguidance_panic_text_never_reaches_a_client():
+    """The text llguidance 1.9.1 gave a 680 KB schema (after 6.6 s; the size
+    limit refuses such schemas before compiling now) became one plain line."""
+    from paged.core.engine.structured.compiler import INTERNAL_LIMIT, _one_line
+
+    assert _one_line("panic: assertion failed: grammar.symbols.len() < u16::MAX as usize - 10") == INTERNAL_LIMIT
+    assert _one_line("error: unclosed group\n  (ab\n  ^") == "unclosed group"
+
+
 def test_abort_while_compiling(engine):
     gate = threading.Event()
     engine.grammars.compiler.pool.submit(gate.wait)

@@ -31,6 +31,13 @@ TIME = {"type": "function", "function": {
 ASK = [{"role": "user", "content": "What is the weather in Paris, and what time is it there?"}]
 
 
+def PATTERNS(n: int) -> dict:
+    """n string properties with distinct patterns: llguidance's costliest
+    schema per byte (~1 s at 128 KiB, 6.6 s and a panic at 680 KB)."""
+    return {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "pattern": f"^[a-z]{{{i % 7 + 1},{i % 13 + 9}}}x{i}$"} for i in range(n)}}
+
+
 class Person(BaseModel):
     name: str = Field(max_length=20)
     age: int = Field(ge=0, le=120)
@@ -218,12 +225,20 @@ def test_auto_and_none_leave_the_model_free(server):
     ({"guided_choice": ["ok", "\U00063539"]}, "guided_choice", ["byte 0xF1"]),
     ({"guided_regex": "a\U00063539"}, None, ["vocabulary"]),  # found while generating: still the request's 400
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", ["letters"]),
+    # impossible: compiles, but no output satisfies it (was a 200 with empty content)
+    ({"guided_json": {"$ref": "#"}}, "guided_json", ["admits none"]),
+    ({"guided_json": {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},
+     "guided_json", ["admits none"]),
+    ({"guided_grammar": "root ::= root"}, "guided_grammar", ["admits none"]),
+    # 1.1 MB: refused by its size at once (was 6 s of compiling, then llguidance's panic text)
+    ({"guided_json": PATTERNS(18000)}, "guided_json", ["at most 131072 bytes"]),
 ], ids=["unsupported-keyword", "bad-type", "missing-ref", "no-json_schema", "regex", "look-behind", "two-kinds",
         "json-text", "grammar", "two-fields", "tool-schema", "unknown-tool", "tools-and-regex", "required-no-tools",
-        "tool-name", "unwritable-choice", "unwritable-regex"])
+        "tool-name", "unwritable-choice", "unwritable-regex", "ref-root", "ref-cycle", "rule-of-itself",
+        "huge-schema"])
 def test_bad_constraints_are_a_400_naming_the_field(server, body, param, words):
     r = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
                                               **body})
     assert_error(r, 400, *words, param=param)
-    assert "\n" not in r.json()["error"]["message"]
+    assert "\n" not in r.json()["error"]["message"] and "panic" not in r.json()["error"]["message"]
     assert httpx.get(server.url + "/health").status_code == 200

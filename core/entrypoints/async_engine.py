@@ -311,7 +311,9 @@ class RequestGroup:
         if out.finished and request_id in self._running:
             self._running.discard(request_id)
             if obs is not None:
-                obs.on_finish(len(out.prompt_token_ids or ()), total, now - self.arrival, self._ttft[request_id])
+                finish = ",".join(sorted({o.finish_reason for o in out.outputs if o.finish_reason})) or None
+                obs.on_finish(len(out.prompt_token_ids or ()), total, now - self.arrival, self._ttft[request_id],
+                              request_id=request_id, finish_reason=finish)
 
     def close(self) -> None:
         """Release the group; members still running are aborted (their KV

@@ -13,6 +13,16 @@ GIL meanwhile), so it runs on its own thread for requests the engine admits
 and never inside an engine step. Failures are cached too: a client retrying
 a bad schema costs one dictionary lookup.
 
+One client cannot stall the others: a constraint's text is held to
+MAX_CONSTRAINT_BYTES (a schema of thousands of patterns costs seconds and,
+larger, trips llguidance's internal limits), and constraints over
+LARGE_CONSTRAINT_BYTES compile on a lane of their own, so they queue behind
+each other, never in front of the small ones most requests carry.
+
+A constraint that admits no output at all (a `$ref` cycle, `{"$ref": "#"}`,
+`root ::= root`) compiles in llguidance but allows no first token; it is
+found here by computing the start state's mask once, and refused.
+
 The llguidance tokenizer is built from paged's own tokenizer (its HF
 `tokenizers` JSON) on first use, ~0.5 s, and shared by every matcher.
 
@@ -38,6 +48,11 @@ from paged.core.engine.structured.params import JSON_LAYOUT, StructuredOutputsPa
 
 #: distinct compiled constraints kept (a template is a few KB to a few MB)
 CACHE_SIZE = 256
+#: the most bytes of constraint text (a schema's JSON) compiled: ~2 s of
+#: compiling at worst here (thousands of string patterns)
+MAX_CONSTRAINT_BYTES = 128 * 2**10
+#: constraints larger than this compile on the large lane
+LARGE_CONSTRAINT_BYTES = 8 * 2**10
 
 
 class GrammarError(ValueError):
@@ -57,6 +72,7 @@ class GrammarCompiler:
         self._cache_size = cache_size
         self._lock = threading.Lock()  # the cache and the tokenizer: engine, server and compile threads
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="paged-grammar")
+        self._large_pool = ThreadPoolExecutor(1, thread_name_prefix="paged-grammar-large")
 
     @property
     def vocab_size(self) -> int:
@@ -64,7 +80,8 @@ class GrammarCompiler:
 
     @property
     def pool(self) -> ThreadPoolExecutor:
-        """The compile thread (one: compilations queue rather than crowd the engine's cores)."""
+        """The compile thread of small constraints (one per lane: compilations
+        queue rather than crowd the engine's cores)."""
         return self._pool
 
     # -- compiling ---------------------------------------------------------------
@@ -104,7 +121,12 @@ class GrammarCompiler:
         except GrammarError as exc:
             hit = exc
         if hit is None:
-            return self._pool.submit(self.compile, params, param)
+            if len(params.key()[1]) <= MAX_CONSTRAINT_BYTES:
+                return self.lane_for(params).submit(self.compile, params, param)
+            try:  # refused by its size at once: it waits behind no other compilation
+                hit = self.compile(params, param)
+            except GrammarError as exc:
+                hit = exc
         done: Future = Future()
         if isinstance(hit, GrammarError):
             done.set_exception(hit)
@@ -112,7 +134,15 @@ class GrammarCompiler:
             done.set_result(hit)
         return done
 
+    def lane_for(self, params: StructuredOutputsParams) -> ThreadPoolExecutor:
+        """The thread `params` compiles on: large constraints queue on their own."""
+        return self._large_pool if len(params.key()[1]) > LARGE_CONSTRAINT_BYTES else self._pool
+
     def _build(self, params: StructuredOutputsParams, param: str) -> llguidance.LLMatcher:
+        size = len(params.key()[1].encode("utf-8", "surrogatepass"))
+        if size > MAX_CONSTRAINT_BYTES:
+            raise GrammarError(message(param, f"a {params.describe()} of at most {MAX_CONSTRAINT_BYTES} bytes "
+                                              "(its JSON text)", f"{size} bytes"))
         if params.kind == "choice":
             self._check_writable(params.choice, f"{param}.choice" if param == "structured_outputs" else param)
         grammar = self._grammar_text(params, param)
@@ -120,6 +150,12 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.ll_tokenizer(), grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise _grammar_error(params, param, matcher.get_error())
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():  # no first token allowed, and nothing to stop on
+            raise GrammarError(message(param, f"a {params.describe()} that some output satisfies",
+                                       short_repr(params.value, 60)) +
+                               ", which admits none (a rule or $ref that only refers to itself?)")
         return matcher
 
     @staticmethod
@@ -169,7 +205,8 @@ class GrammarCompiler:
         return self._ll_tokenizer
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        for lane in (self._pool, self._large_pool):
+            lane.shutdown(wait=False, cancel_futures=True)
 
 
 _WHAT = {"json": "a JSON schema llguidance can compile", "json_object": "a JSON object",
@@ -182,9 +219,16 @@ def _grammar_error(params: StructuredOutputsParams, param: str, why: str) -> Gra
                         f"which fails: {_one_line(why)}")
 
 
+#: what a panic inside llguidance says instead of its assertion text
+INTERNAL_LIMIT = "it is too large or too complex for llguidance (an internal limit was hit)"
+
+
 def _one_line(message: str, limit: int = 300) -> str:
     """llguidance's messages span lines (a caret under the regex); keep the
-    line that names the problem."""
+    line that names the problem. A panic's text names llguidance's internals
+    (`assertion failed: grammar.symbols.len() < ...`), nothing a client can act on."""
+    if message.lstrip().lower().startswith("panic") or "panicked at" in message:
+        return INTERNAL_LIMIT
     lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
     named = next((ln for ln in lines if ln.startswith("error:")), None)
     text = named.removeprefix("error:").strip() if named else (lines[0] if lines else "unknown error")

@@ -15,6 +15,9 @@ Structured-output constraints are compiled on the engine's grammar thread
 before the request is submitted, so a bad schema is a 400 and a slow one
 holds up only its own request.
 
+GET / is a web page (a chat and the engine's live state, server/web.py)
+fed by the API and GET /v1/engine/state (server/live.py).
+
 Tools (chat): rendered by the model's template when it knows them, else in
 the Hermes fallback (core/entrypoints/tools.py); calls are parsed out of the output
 (core/entrypoints/tool_parser.py), streamed as OpenAI tool_call deltas.
@@ -43,6 +46,7 @@ from paged.core.entrypoints.server.errors import APIError, api_error_from, bad_r
 from paged.core.entrypoints.server.metrics import ServerMetrics
 from paged.core.entrypoints.server.openapi import ERROR_RESPONSES, add_schema_routes
 from paged.core.entrypoints.server.structured import chat_delta, chat_message, request_constraint
+from paged.core.entrypoints.server.web import STATE_PATH, add_web_routes
 from paged.core.entrypoints.tool_parser import ToolCallStream
 from paged.core.entrypoints.tools import Tool, fallback_messages, native_messages, template_renders_tools
 
@@ -423,6 +427,11 @@ class OpenAIServer:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     # -- small endpoints -----------------------------------------------------
+    def engine_state(self) -> dict:
+        """GET /v1/engine/state: what the web page shows (server/live.py)."""
+        return self.metrics.live.state(self.aengine.stats(), self.aengine.num_in_flight, self.config.model_name,
+                                       self.config.max_model_len, self.metrics.totals())
+
     def models(self) -> dict:
         # the name only: where the model lives on disk is none of a client's business
         name = self.config.model_name
@@ -470,7 +479,7 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
                   redirect_slashes=False)
     app.state.server = server
     install_handlers(app)
-    guarded_paths = set(P.REQUEST_BODIES) | {"/v1/models"}
+    guarded_paths = set(P.REQUEST_BODIES) | {"/v1/models", STATE_PATH}
 
     def guarded(handler):
         async def endpoint(request: Request):
@@ -488,6 +497,7 @@ def create_app(aengine: AsyncEngine, tokenizer: Any, config: ServerConfig,
         return server.models()
 
     app.add_api_route("/v1/models", guarded(models), methods=["GET"], responses={401: ERROR_RESPONSES[401]})
+    add_web_routes(app, guarded, server.engine_state)
     add_schema_routes(app, config.model_name, guarded_paths, server.check_auth, secured=bool(config.api_key))
 
     @app.get("/health")

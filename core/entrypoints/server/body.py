@@ -15,17 +15,20 @@ whole (argcheck.short_repr).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from paged.core.entrypoints.server.errors import APIError, expected, field_path, from_validation
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 M = TypeVar("M", bound=BaseModel)
+log = logging.getLogger("paged.server")
 
 
 def decode(raw: bytes, model: type[M]) -> M:
@@ -43,11 +46,18 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit, f"{int(declared)} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(limit, "more")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit, "more")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # nothing was submitted yet: dropping the chunks frees all; a client
+        # going away is routine, not a traceback
+        log.debug("%s %s: the client disconnected while sending its body (%d bytes read)",
+                  request.method, request.url.path, size)
+        raise APIError(499, "client disconnected while sending the body", "client_closed_request") from None
     return b"".join(chunks)
 
 

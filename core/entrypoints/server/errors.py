@@ -121,4 +121,6 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
+        response = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
+        response.headers.update(exc.headers or {})  # a 405's Allow: the methods the route takes
+        return response

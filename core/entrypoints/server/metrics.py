@@ -4,13 +4,16 @@ Written by hand (a few counters, gauges and histograms) so serving does not
 depend on prometheus_client; the tests parse the output with its parser.
 Latencies are recorded by the AsyncEngine (it calls the on_* hooks on the
 event-loop thread); engine gauges come from the engine's stats snapshot.
+The hooks also feed the web page's history (server/live.py).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable
+from typing import Iterable, Optional
+
+from paged.core.entrypoints.server.live import LiveHistory
 
 PREFIX = "paged:"
 
@@ -72,27 +75,38 @@ class ServerMetrics:
             PREFIX + "time_per_output_token_seconds", "Mean time per output token after the first.", TPOT_BUCKETS
         )
         self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "End-to-end request latency.", E2E_BUCKETS)
+        self.live = LiveHistory()
 
     # -- hooks called by AsyncEngine ---------------------------------------
     def on_first_token(self, ttft: float) -> None:
         with self._lock:
             self.ttft.observe(ttft)
+        self.live.on_first_token(ttft)
 
     def on_tokens(self, n: int) -> None:
         with self._lock:
             self.generation_tokens += n
+        self.live.on_tokens(n)
 
-    def on_finish(self, prompt_tokens: int, output_tokens: int, e2e: float, ttft: float) -> None:
+    def on_finish(self, prompt_tokens: int, output_tokens: int, e2e: float, ttft: float, request_id: str = "",
+                  finish_reason: Optional[str] = None) -> None:
         with self._lock:
             self.prompt_tokens += prompt_tokens
             self.requests_finished += 1
             self.e2e.observe(e2e)
             if output_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (output_tokens - 1))
+        self.live.on_finish(request_id, prompt_tokens, output_tokens, e2e, ttft, finish_reason)
 
     def on_rejected(self) -> None:
         with self._lock:
             self.requests_rejected += 1
+
+    def totals(self) -> dict:
+        """The server's counters, for the web page's state."""
+        with self._lock:
+            return {"finished": self.requests_finished, "rejected": self.requests_rejected,
+                    "prompt_tokens": self.prompt_tokens, "generation_tokens": self.generation_tokens}
 
     # -- exposition ----------------------------------------------------------
     def render(self, engine_stats: dict, num_in_flight: int) -> str:

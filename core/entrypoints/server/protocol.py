@@ -4,7 +4,8 @@ These models are the boundary: everything a request can carry is checked
 here, and they are also what /openapi.json publishes.
 
 - Types are strict: "10" is no integer, "yes" no bool, true no token id;
-  numbers must be finite. Failures become 400s in the form
+  numbers must be finite. A whole-number float (2.0) is an integer, as
+  JSON Schema says and /openapi.json promises; 2.5 is not. Failures become 400s in the form
   `field: expected X, got Y` (server/errors.py).
 - An OpenAI or vLLM field we do not support is refused with a 400 naming it
   unless its value changes nothing (`audio: null`, `suffix: ""`, ...):
@@ -25,8 +26,8 @@ import time
 import uuid
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WrapValidator,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 from paged.core.engine.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SEED_MAX, SEED_MIN, StructuredOutputsParams
@@ -75,6 +76,17 @@ def _absent_or_empty(value) -> bool:
 
 
 _TOOLS = "the deprecated functions API is not supported: use tools"
+
+
+def _whole(value):
+    """JSON Schema's integer: 2.0 is one; 2.5, "2" and true are not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: an integer field: strict, but a whole-number float counts
+Int = Annotated[int, BeforeValidator(_whole)]
 
 
 class _Request(BaseModel):
@@ -146,11 +158,11 @@ class SamplingFields(_Request):
     """Sampling fields shared by completions and chat completions."""
 
     model: Optional[str] = None
-    n: int = Field(1, ge=1, le=128)
+    n: Int = Field(1, ge=1, le=128)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     stop: Stop = None
-    seed: Optional[int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    seed: Optional[Int] = Field(None, ge=SEED_MIN, le=SEED_MAX)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[LogitBias] = Field(None, description="token id (as a string) -> bias in [-100, 100]")
@@ -160,11 +172,11 @@ class SamplingFields(_Request):
     response_format: Optional[ResponseFormat] = None
     # vLLM extensions
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
-    top_k: Optional[int] = Field(None, ge=-1)
+    min_tokens: Int = Field(0, ge=0)
+    top_k: Optional[Int] = Field(None, ge=-1)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0)
-    stop_token_ids: Optional[list[Annotated[int, Field(ge=0)]]] = None
+    stop_token_ids: Optional[list[Annotated[Int, Field(ge=0)]]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: Optional[StructuredOutputs] = None
@@ -215,21 +227,36 @@ class SamplingFields(_Request):
         return found
 
 
-PromptType = Annotated[Union[str, list[str], list[int], list[list[int]]],
+Text = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[Int], Field(min_length=1)]
+# non-empty throughout: an empty prompt has no token to continue from (the
+# model has no BOS token to stand in for it)
+PromptType = Annotated[Union[Text, Annotated[list[Text], Field(min_length=1)], TokenIds,
+                             Annotated[list[TokenIds], Field(min_length=1)]],
                        expect("a string, a list of strings, a list of token ids or a list of token-id lists")]
+
+
+def _best_of_schema(schema: dict) -> None:
+    """Published as null: n itself is accepted too (vLLM's clients send it),
+    any other value never is."""
+    schema.pop("anyOf", None)
+    schema["type"] = "null"
 
 
 class CompletionRequest(SamplingFields):
     prompt: PromptType
-    max_tokens: Optional[int] = Field(16, ge=1)
+    max_tokens: Optional[Int] = Field(16, ge=1)
     echo: bool = False
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: Optional[Int] = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: Annotated[Optional[str], only_if(_absent_or_empty, "null (suffix is not supported)")] = None
-    best_of: Optional[int] = Field(None, ge=1, description="only null or equal to n (one sample per choice)")
+    best_of: Optional[Int] = Field(None, ge=1, json_schema_extra=_best_of_schema,
+                                   description="null, or equal to n: one sample per choice (no best-of ranking)")
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
     def _prompt_not_empty(cls, v):
+        if v == "" or (isinstance(v, list) and "" in v):
+            raise _expected("non-empty text (an empty prompt has no token to continue from)")
         if v == []:
             raise _expected("a non-empty list")
         if isinstance(v, list) and any(p == [] for p in v):
@@ -335,10 +362,10 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: Optional[int] = Field(None, ge=1)
-    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    max_tokens: Optional[Int] = Field(None, ge=1)
+    max_completion_tokens: Optional[Int] = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Optional[Int] = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     tools: Optional[list[ToolDefinition]] = None
     tool_choice: Annotated[Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]],
@@ -390,6 +417,11 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Request):
+    """Exactly one of prompt and messages (the schema's oneOf says so)."""
+
+    model_config = ConfigDict(**_Request.model_config, json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]})
     model: Optional[str] = None
     prompt: Optional[str] = None
     messages: Optional[list[ChatMessage]] = None
@@ -399,7 +431,7 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: Optional[str] = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: list[Annotated[Int, Field(ge=0)]]
 
 
 #: the request body of each POST route, for the handlers and /openapi.json
