@@ -301,13 +301,14 @@ def test_engine_serves_the_family(family):
 # -- what one family's files may vary -------------------------------------------------
 
 @pytest.mark.parametrize("name,overrides", [
-    ("gemma3", dict(query_pre_attn_scalar=24, final_logit_softcapping=3.0)),
+    ("gemma3", dict(query_pre_attn_scalar=24, final_logit_softcapping=3.0, num_hidden_layers=2)),
     ("phi3", dict(partial_rotary_factor=1.0, sliding_window=None, original_max_position_embeddings=256,
                   rope_scaling=None)),
     ("qwen3", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
 ], ids=["gemma3-scale-softcap", "phi3-mini-plain-rope", "qwen3-window-layers"])
 def test_variants_match_hf(tmp_path, name, overrides):
-    """Gemma 3 with its own attention scale and a final logit soft-cap,
+    """Gemma 3 with its own attention scale and a final logit soft-cap (two
+    layers: the local/global pattern is the main test's),
     Phi-3 with whole-head plain RoPE and no window (the C++ stack's shape),
     Qwen3 with windows on its upper layers (layer_types): the HF folder
     through the Python layers against HF."""
