@@ -98,9 +98,10 @@ class MoeMlp:
         def prompt_at(e: int) -> int | None:
             return None if generating is None else generating[e]
 
-        acts = [mlp_activation(ops, linear(xs[a:a + n], self.gate_up[e], first_prompt_row=prompt_at(e)), self.mlp)
-                for e, a, n in segments]
-        act = self.parallel.gather_inputs(torch.cat(acts) if acts else xs.new_zeros(0, 0), "experts")
+        # one activation pass over every expert's gate/up rows (elementwise: row-invariant)
+        gate_up = torch.cat([linear(xs[a:a + n], self.gate_up[e], first_prompt_row=prompt_at(e))
+                             for e, a, n in segments])
+        act = self.parallel.gather_inputs(mlp_activation(ops, gate_up, self.mlp), "experts")
         outs = [linear(act[a:a + n], self.down[e], first_prompt_row=prompt_at(e)) for e, a, n in segments]
         ys = self.parallel.gather_outputs(torch.cat(outs))
         slots = torch.empty_like(ys)
