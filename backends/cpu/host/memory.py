@@ -1,4 +1,5 @@
-"""NUMA-local host memory for the CPU KV cache.
+"""NUMA-local host memory (the KV cache has its own on-demand arena:
+backends/cpu/host/kv_memory.py).
 
     t = numa_zeros(shape, dtype, node=None, populate=True)   # torch.Tensor, zero-filled
     last_allocation() -> dict(method="host_arena"|"torch.zeros", node, numa_policy, reason)
@@ -7,9 +8,8 @@
 page-aligned anonymous mmap, preferred NUMA node set with mbind before first
 touch, unmapped when the tensor's last owner goes). node=None means the node
 of the calling thread (the engine thread, pinned by the CPU platform).
-populate=True faults every page in at once on the thread team (a first
-touch inside a decode step would stall it: docs/block-pool.md); False leaves
-the pages to fault on first use. If anything fails it falls back to
+populate=True faults every page in at once on the thread team; False
+leaves the pages to fault on first use. If anything fails it falls back to
 torch.zeros; ``last_allocation()`` says which path was taken and why, so
 `paged env` / the backend can report it.
 """
