@@ -53,6 +53,10 @@ class CpuBackend(AttentionBackend):
     kv_commit = "prefault"
     #: the KV cache's memory once allocate_kv_cache has made it
     kv_memory = None
+    #: every kernel takes the window and scale per call and build_metadata
+    #: derives nothing from them, so layers of other windows share this
+    #: backend (core/models/layer_attention.py: Gemma 3's local layers)
+    per_layer_windows = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
