@@ -2,7 +2,7 @@
 selenium through the system chromedriver, against a real `paged serve`
 with --api-key (test_server_hardening's keyed server).
 
-The page loads with the key from the address, a chat message streams an
+The page loads with the key from the address (or asks for it), a chat message streams an
 answer from the real engine (the page's own text updates are recorded: more
 than one growing value means it streamed), the answer equals the same
 greedy request sent to the API without the page, and the engine view lists
@@ -139,3 +139,21 @@ def test_chat_streams_from_the_engine_and_the_engine_view_shows_it(browser, keye
 
     shot = screenshot_dir(tmp_path) / "web-page.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_without_a_key_the_page_asks_for_it(browser, keyed):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, WAIT_S)
+    browser.get(keyed.url + "/")
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    dialog = wait.until(lambda d: d.find_element(By.ID, "key-dialog"))
+    wait.until(lambda d: dialog.get_attribute("open") is not None)  # the API answered 401
+    assert browser.find_element(By.ID, "kv-total").text == "–"  # no data shown without the key
+    browser.find_element(By.ID, "key-input").send_keys(KEY)
+    browser.find_element(By.ID, "key-save").click()
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#model option").get_attribute("value") == keyed.model)
+    wait.until(lambda d: d.find_element(By.ID, "kv-total").text.isdigit())
+    assert browser.execute_script("return localStorage.getItem('paged.apiKey')") == KEY
