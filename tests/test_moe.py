@@ -249,3 +249,42 @@ def test_route_scores_and_renormalises_as_specified():
     torch.testing.assert_close(raw[0], torch.stack([p[0, [3, 0]], p[1, [2, 0]]]))
     sig = route(logits, MoeSpec(4, 2, 32, scoring="sigmoid", normalize=False))
     torch.testing.assert_close(sig[0], torch.sigmoid(torch.tensor([[3.0, 2.0], [1.0, 0.2]])))
+
+
+# -- the simulated NPU -------------------------------------------------------------------
+
+from test_npu_sim import sim  # noqa: E402,F401  (the simulator fixture)
+
+
+def test_qwen3moe_in_bfloat16_on_the_simulated_npu(sim, tmp_path, monkeypatch):
+    """The torch-op MoE block beside NpuBackend (tests/npu_sim: torch_npu
+    simulated on CPU tensors) in bfloat16: a batched prefill and greedy
+    decode equal to the reference backend's on the same weights. No NPU
+    operator is MoE-specific; this is not an NPU run (docs/models.md)."""
+    import family_models as fm
+    import paged_npu_sim
+
+    from paged.backends.npu.attention import NpuBackend
+    from paged.backends.reference.attention import ReferenceBackend
+    from paged.core.models import build_model
+
+    paged_npu_sim.uninstall()  # transformers probes torch_npu when it builds a model: make it first
+    try:
+        build("qwen3moe", tmp_path)
+    finally:
+        assert paged_npu_sim.NpuSimPlatform().is_available().ok
+    monkeypatch.setattr(fm, "BLOCK", 128)  # the NPU's block size
+    loaded = load_model_files(tmp_path / "hf", torch.bfloat16, quiet=True)
+    c = loaded.config
+    g = torch.Generator().manual_seed(1)
+    ps = [torch.randint(10, c.vocab_size, (n,), generator=g).tolist() for n in (24, 13, 19)]
+    runs = {}
+    for name, cls in (("npu", NpuBackend), ("reference", ReferenceBackend)):
+        be = cls(c.num_heads, c.num_kv_heads, c.head_dim, 128, torch.bfloat16, "cpu")
+        logits, tokens = greedy_run(build_model(c, loaded.weights, torch.bfloat16, "cpu", be), be, c.num_layers,
+                                    ps, 4)
+        runs[name] = torch.cat(logits).float(), tokens
+    assert runs["npu"][1] == runs["reference"][1]
+    gap = (runs["npu"][0] - runs["reference"][0]).abs().max().item()
+    print(f"qwen3moe bf16 simulated NPU vs reference: max |logit diff| {gap:.3f}")
+    assert gap < 0.05, gap
