@@ -17,6 +17,9 @@ tensors, a float32 router), then:
   chunks as whole, each expert's matrices called once per step whatever the
   number of rows that chose it, the C++ stack declined, and -tp 2 (thread
   ranks) bitwise -tp 1;
+- 3-D expert tensors of each packed type split into exact per-expert
+  packed matrices;
+- a bfloat16 Qwen3-MoE on the simulated NPU equals the reference backend;
 - ``paged generate`` and the LLM API serve the Q8_0 file;
 - MoE files paged does not run are refused in one line naming what.
 """
@@ -288,3 +291,35 @@ def test_qwen3moe_in_bfloat16_on_the_simulated_npu(sim, tmp_path, monkeypatch):
     gap = (runs["npu"][0] - runs["reference"][0]).abs().max().item()
     print(f"qwen3moe bf16 simulated NPU vs reference: max |logit diff| {gap:.3f}")
     assert gap < 0.05, gap
+
+
+# -- experts kept packed ------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0], ids=lambda q: q.name)
+def test_packed_experts_split_from_a_3d_tensor(tmp_path, qtype):
+    """A 3-D expert tensor of a packed type becomes one packed matrix per
+    expert holding exactly that expert's values (gguf's dequantization of
+    the whole tensor), and the CPU's packed linear runs on each."""
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.core.models.loaders.gguf_loader import _load_experts
+    from paged.core.models.loaders.gguf_reader import read_gguf
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    rng = np.random.default_rng(2)
+    data = rng.standard_normal((5, 48, 64), dtype=np.float32)
+    w = gguf.GGUFWriter(str(tmp_path / "e.gguf"), "qwen3moe")
+    w.add_tensor("blk.0.ffn_up_exps.weight", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _, tensors = read_gguf(tmp_path / "e.gguf")
+    dense = _load_experts(tmp_path / "e.gguf", tensors[0], torch.float32, keep_packed=False)
+    packed = _load_experts(tmp_path / "e.gguf", tensors[0], torch.float32, keep_packed=True)
+    want = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data, qtype), qtype))
+    x = torch.randn(3, 64)
+    assert len(dense) == len(packed) == 5
+    for e, (d, p) in enumerate(zip(dense, packed)):
+        assert isinstance(p, PackedBlocks) and p.shape == (48, 64)
+        assert torch.equal(d, want[e]) and torch.equal(p.dequantize(torch.float32), want[e]), e
+        torch.testing.assert_close(CpuPackedLinear(p).linear(x), x @ want[e].T, rtol=1e-5, atol=1e-4)
