@@ -51,8 +51,10 @@ def cut_generation(case) -> None:
         # 3.0 is an integer too (JSON Schema's, and the server's)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 2:
             body[key] = 2
-    if case.path == "/v1/chat/completions" and "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_completion_tokens"] = 2
+    # absent or null lengths mean "what the context leaves": ~2000 tokens behind --max-num-seqs 1
+    if case.path in ("/v1/completions", "/v1/chat/completions") and \
+            all(body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
+        body["max_tokens" if case.path == "/v1/completions" else "max_completion_tokens"] = 2
 
 
 def assert_openai_answer(response) -> None:
