@@ -80,9 +80,10 @@ def gguf_tensors(fam: Family, cfg, tensors: dict[str, np.ndarray]) -> dict[str, 
     return out
 
 
-def write_gguf(fam: Family, hf, folder: Path, path: Path, qtype: Q = Q.F32) -> Path:
+def write_gguf(fam: Family, hf, folder: Path, path: Path, qtype: Q = Q.F32, **arch_keys) -> Path:
     """The GGUF file of the HF folder ``folder`` (of model ``hf``), matrices
-    and experts at ``qtype`` (the router and vectors float32)."""
+    and experts at ``qtype`` (the router and vectors float32); ``arch_keys``:
+    further ``<arch>.*`` metadata (uint32 values)."""
     cfg = hf.config
     w = gguf.GGUFWriter(str(path), fam.gguf_arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -103,6 +104,8 @@ def write_gguf(fam: Family, hf, folder: Path, path: Path, qtype: Q = Q.F32) -> P
         w.add_expert_feed_forward_length(moe_width)
     if getattr(cfg, "shared_expert_intermediate_size", 0):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    for key, value in arch_keys.items():
+        w.add_uint32(f"{fam.gguf_arch}.{key}", value)
     _add_tokenizer(fam, w)
     for name, data in gguf_tensors(fam, cfg, checkpoint(folder)).items():
         if qtype != Q.F32 and quantizes(name, data):

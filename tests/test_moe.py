@@ -36,7 +36,7 @@ transformers = pytest.importorskip("transformers")
 _C = pytest.importorskip("paged._C_cpu")
 
 from family_models import PagedRunner, greedy_run  # noqa: E402
-from moe_models import FAMILIES, build, hf_on  # noqa: E402
+from moe_models import FAMILIES, build, hf_on, write_gguf  # noqa: E402
 from test_families import (NEW, assert_matches_hf, cpu_model, hf_logits, prompts, reference_model,  # noqa: E402
                            scenario)
 
@@ -82,6 +82,25 @@ def test_loaders_describe_the_experts(family):
     for k, v in loaded.items():
         assert v.config.architecture == fam.name, k
         assert [layer.moe for layer in v.config.spec.layers] == [want] * fam.layers, k
+
+
+@pytest.mark.parametrize("keys,says", [
+    (dict(expert_gating_func=2, expert_weights_norm=0), "sigmoid False"),
+    (dict(expert_gating_func=7), "expert_gating_func: expected 1 (softmax) or 2 (sigmoid), got 7"),
+    (dict(expert_used_count=9), "moe top_k: expected at most num_experts (6), got 9"),
+], ids=["sigmoid-raw", "bad-gating", "top-k-over-experts"])
+def test_gguf_expert_metadata(tmp_path, keys, says):
+    """llama.cpp's expert_gating_func / expert_weights_norm keys choose the
+    scoring and renormalisation; a bad value is one line naming the key."""
+    fam, hf, files = build("qwen3moe", tmp_path)
+    path = write_gguf(fam, hf, files["hf"], tmp_path / "keys.gguf", **keys)
+    if says.startswith("sigmoid"):
+        moe = load_model_files(path, quiet=True).config.spec.layers[0].moe
+        assert f"{moe.scoring} {moe.normalize}" == says
+        return
+    with pytest.raises(ModelLoadError) as e:
+        load_model_files(path, quiet=True)
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 # -- the Python layers against HF ------------------------------------------------------
