@@ -69,10 +69,14 @@ class StructuredOutputsParams:
 
     def key(self) -> tuple[str, str]:
         """The cache key: equal keys compile to the same grammar. Schema key
-        order is kept (it decides the order properties are written in)."""
-        value = self.value
-        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        return self.kind, text
+        order is kept (it decides the order properties are written in).
+        Computed once (a large schema's JSON text takes milliseconds)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            value = self.value
+            key = self.kind, value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            object.__setattr__(self, "_key", key)  # frozen: not a field, so equality is unchanged
+        return key
 
     def describe(self) -> str:
         """Short, for logs and errors: 'json schema', 'regex', ..."""

@@ -42,9 +42,12 @@ async def request_constraint(compiler: GrammarCompiler, req: P.SamplingFields, f
 
 
 async def compile_for(compiler: GrammarCompiler, constraint: StructuredOutputsParams, param: str) -> None:
-    """Compiles on the grammar thread (the event loop waits, the engine steps on)."""
+    """Compiles on the grammar thread (the event loop waits, the engine steps
+    on). Submitting runs off the loop too: it writes the constraint's text
+    (the cache key), milliseconds for a large schema."""
     try:
-        await asyncio.wrap_future(compiler.submit(constraint, param))
+        submitted = await asyncio.get_running_loop().run_in_executor(None, compiler.submit, constraint, param)
+        await asyncio.wrap_future(submitted)
     except GrammarError as exc:
         raise bad_request(str(exc), param.partition(".")[0].partition("[")[0]) from None
 
