@@ -3,9 +3,10 @@
 One ``DecoderSpec`` says, per layer, which norms sit where (RMSNorm or
 LayerNorm, before and after attention and MLP, with or without Gemma's +1
 offset), the per-head Q/K norms, the biases, the activation and whether the
-MLP is gated, the rotary embedding (base, scaling, partial rotary dimension,
-its own per layer where local and global layers differ), the sliding window,
-the attention scale; and for the model: the embedding scale, the final norm,
+MLP is gated or a mixture of experts (router, top-k, shared expert), the
+rotary embedding (base, scaling, partial rotary dimension, its own per layer
+where local and global layers differ), the sliding window, the attention
+scale; and for the model: the embedding scale, the final norm,
 a final logit soft-cap and whether the LM head is the embedding table.
 
 The loaders build it (core/models/families/: one mapping per family from
