@@ -342,3 +342,30 @@ def test_packed_experts_split_from_a_3d_tensor(tmp_path, qtype):
         assert isinstance(p, PackedBlocks) and p.shape == (48, 64)
         assert torch.equal(d, want[e]) and torch.equal(p.dequantize(torch.float32), want[e]), e
         torch.testing.assert_close(CpuPackedLinear(p).linear(x), x @ want[e].T, rtol=1e-5, atol=1e-4)
+
+
+def test_worker_sees_every_expert_matrix(packed):
+    """The CPU worker's view of a model built outside an engine (a plain
+    packed factory, as benchmarks build them): its plan read from every
+    matrix, experts included, and its matrix list (weight panels, the plan)
+    holding every expert's gate/up and down."""
+    import functools
+
+    from paged.backends.cpu.precision import plan_of
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.backends.cpu.worker import decoder_matrices, prepare_model
+    from paged.backends.reference.attention import ReferenceBackend
+    from paged.core.models import build_model
+
+    fam, hf, loaded = packed
+    c = loaded.config
+    be = ReferenceBackend(c.num_heads, c.num_kv_heads, c.head_dim, 16, torch.float32, "cpu")
+    model = build_model(c, loaded.weights, torch.float32, "cpu", be,
+                        functools.partial(CpuPackedLinear, activations="mixed"))
+    assert plan_of(model).activations == "mixed"
+    prepare_model(model)
+    moe = c.spec.layers[0].moe
+    per_layer = 2 + 2 * moe.num_experts + (2 if moe.shared_intermediate_size else 0)
+    mats = decoder_matrices(model)
+    assert len(mats) == c.num_layers * per_layer and all(isinstance(w, CpuPackedLinear) for w in mats)
+    assert model.layer_stack is None

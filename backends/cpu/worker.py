@@ -145,8 +145,7 @@ def apply_plan(model, plan: PrecisionPlan) -> None:
     layers = model.decoder_stack().layers
     n = len(layers)
     for i, layer in enumerate(layers):
-        for kind in ("qkv", "o_proj", "gate_up", "down"):
-            w = getattr(layer, kind)
+        for kind, w in layer.matrices():  # every expert's too
             if getattr(w, "activations", None) == "mixed":
                 w.one_term = plan.matrix(MatrixRole(kind, i, n)).one_term
         backend = getattr(layer.attn_backend, "backend", layer.attn_backend)  # a LayerAttention's own
@@ -155,8 +154,8 @@ def apply_plan(model, plan: PrecisionPlan) -> None:
 
 
 def decoder_matrices(model) -> list:
-    """Every matrix of the model's decoder layers."""
-    return [w for layer in model.decoder_stack().layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    """Every matrix of the model's decoder layers (a mixture's experts too)."""
+    return [w for layer in model.decoder_stack().layers for _, w in layer.matrices()]
 
 
 def packed_matrices(model) -> list:
