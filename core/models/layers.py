@@ -156,8 +156,8 @@ class RotaryTable:
       cat(x2, x1) * sin_signed, where sin_signed = cat(-sin, sin), so one
       step costs a cat and an addcmul.
     - ``cos_sin_cache`` float32 [max_positions, rotary_dim] = cat(cos, sin)
-      of the half angles, for fused kernels (the CPU's, which rotate whole
-      heads: ``partial`` models run torch's rotation).
+      of the half angles, for fused kernels (the CPU's, which rotate each
+      head's first rotary_dim dims: the table's width).
 
     LongRoPE's attention factor multiplies cos and sin in both forms, as HF does.
     """
