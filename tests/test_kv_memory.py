@@ -129,22 +129,23 @@ def wait_for(predicate, seconds: float = 60.0) -> bool:
 
 @linux_only
 def test_prefaulter_stays_ahead_of_the_highest_block_written():
-    from paged.backends.cpu.host.kv_memory import AHEAD_MIN, KvCacheMemory
+    from paged.backends.cpu.host.kv_memory import AHEAD_MIN_STRIPE_BYTES, KvCacheMemory
 
-    kv = KvCacheMemory(2, (2048, 2, 16, 64), torch.float16)  # 4 KiB blocks, 4 stripes of 8 MiB
-    reserved = kv.reserved_bytes
-    assert kv.arena.committed_blocks == AHEAD_MIN and kv.committed_bytes() < reserved
+    kv = KvCacheMemory(2, (4096, 2, 16, 64), torch.float16)  # 4 KiB blocks, 4 stripes of 16 MiB
+    reserved, first = kv.reserved_bytes, AHEAD_MIN_STRIPE_BYTES // 4096  # the window: 4 MiB of a stripe
+    assert kv.ahead == first and kv.arena.committed_blocks == first
+    assert 4 * first * 4096 <= kv.committed_bytes() < reserved
     kv.written(3)
-    assert kv.highest_written == 3 and kv.ahead == AHEAD_MIN
-    kv.written(200)  # a burst of 197 new blocks: the window grows to twice that
-    assert kv.ahead == 2 * 197
-    assert wait_for(lambda: kv.arena.committed_blocks == 200 + 1 + 394)
-    assert 595 * 4 * 4096 <= kv.committed_bytes() < reserved
-    kv.written(1900)
-    assert wait_for(lambda: kv.arena.committed_blocks == 2048)  # clamped to the pool
+    assert kv.highest_written == 3 and kv.ahead == first
+    kv.written(600)  # a burst of 597 new blocks: the window grows to twice that
+    assert kv.ahead == 2 * 597
+    assert wait_for(lambda: kv.arena.committed_blocks == 600 + 1 + 1194)
+    assert 1795 * 4 * 4096 <= kv.committed_bytes() <= 4 * 8 << 20 < reserved  # 7 MiB of a stripe, in 2 MiB pages
+    kv.written(3900)
+    assert wait_for(lambda: kv.arena.committed_blocks == 4096)  # clamped to the pool
     assert kv.committed_bytes() == reserved
     kv.written(100)  # lower than before: nothing changes
-    assert kv.highest_written == 1900
+    assert kv.highest_written == 3900
 
 
 @linux_only
@@ -167,27 +168,28 @@ def one_cpu() -> str:
 
 @linux_only
 def test_engine_commits_with_use(default_model_path):
-    """The default model at 16-token blocks over a 2048-block cache (0.7 GiB
-    reserved): a small part is committed at start, the requests write past
-    it, and the pre-faulter's window moves past the blocks they wrote while
-    the cache stays far from fully committed. (The tokens on this memory are
-    checked against HF and the reference backend by tests/test_engine*.py.)"""
+    """The default model over a 1024-block cache (2.9 GiB reserved): a small
+    window is committed at start and the pre-faulter's window follows the
+    blocks the requests write, the cache far from fully committed. (Bytes
+    move by huge pages of every stripe, 43 of these blocks: the arena tests
+    above see them grow. The tokens on this memory are checked against HF
+    and the reference backend by tests/test_engine*.py.)"""
     from paged.core.engine.config import EngineConfig
     from paged.core.engine.engine import Engine
     from paged.core.engine.sampling_params import SamplingParams
 
-    engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", block_size=16, num_kv_blocks=2048,
-                                 max_model_len=512, cpu_threads_bind=one_cpu()))
+    engine = Engine(EngineConfig(model=str(default_model_path), device="cpu", num_kv_blocks=1024,
+                                 max_model_len=1024, cpu_threads_bind=one_cpu()))
     kv = engine.attn_backend.kv_memory
     start_bytes, start_blocks = kv.committed_bytes(), kv.arena.committed_blocks
     assert 0 < start_bytes < kv.reserved_bytes / 4, (start_bytes, kv.reserved_bytes)
+    before = kv.highest_written  # the warm-up's
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    for i in range(4):  # 40+ blocks of prompt
-        engine.add_request(str(i), [(7 * i + 13 * j) % 40000 + 100 for j in range(150 + 10 * i)], params)
+    for i in range(4):
+        engine.add_request(str(i), [(7 * i + 13 * j) % 40000 + 100 for j in range(150)], params)
     while engine.has_unfinished_requests():
         engine.step()
     written = kv.highest_written
-    assert written >= start_blocks  # the requests went past the blocks committed at start
-    assert wait_for(lambda: kv.arena.committed_blocks >= written + 1 + kv.ahead)
-    # bytes move in huge pages of every stripe (341 of these blocks): the arena tests above see them grow
+    assert written >= before + 4  # each request wrote blocks of its own, fresh ones
+    assert wait_for(lambda: kv.arena.committed_blocks >= written + 1 + kv.ahead > start_blocks)
     assert start_bytes <= kv.committed_bytes() < kv.reserved_bytes / 2

@@ -14,7 +14,7 @@ block pool hands never-used blocks out lowest id first
 up, and the arena's background pre-faulter keeps the blocks just past the
 highest one written committed: a step finds its pages there instead of
 faulting them in while the thread team waits (benchmarks/kv_commit.py
-measures both). The first ``AHEAD_MIN`` blocks are committed before the
+measures both). The first window (``ahead`` blocks) is committed before the
 engine starts.
 
 Without the extension (or when the mmap is refused) the tensors are
@@ -32,8 +32,12 @@ log = logging.getLogger(__name__)
 
 #: blocks committed ahead of the highest one written, at least: a
 #: 512-token prompt chunk at 128-token blocks plus 28 sequences crossing into
-#: a new block in the same step
+#: a new block in the same step ...
 AHEAD_MIN = 32
+#: ... and at least this many bytes of every stripe: a first touch commits a
+#: whole transparent huge page (2 MiB), so a window smaller than two of them
+#: leaves the pre-faulter committing the very page a step is about to write
+AHEAD_MIN_STRIPE_BYTES = 4 << 20
 
 
 def team_cpus() -> list[int]:
@@ -59,7 +63,7 @@ class KvCacheMemory:
         self.num_blocks = shape[0]
         self.block_bytes = math.prod(shape[1:]) * torch.empty((), dtype=dtype).element_size()
         self.prefault = prefault
-        self.ahead = AHEAD_MIN
+        self.ahead = max(AHEAD_MIN, -(-AHEAD_MIN_STRIPE_BYTES // self.block_bytes))
         self._highest = -1  # the highest block id any step has written
         self.arena = self._arena(2 * num_layers, node)
         if self.arena is None:
@@ -103,9 +107,10 @@ class KvCacheMemory:
 
     def written(self, highest_block: int) -> None:
         """A step writes blocks up to ``highest_block``: the pre-faulter is
-        sent past it by ``ahead`` blocks, which grows to twice the most new
-        blocks one step has reached into, so a burst of prompt chunks stays
-        covered."""
+        sent past it by ``ahead`` blocks (at least AHEAD_MIN and
+        AHEAD_MIN_STRIPE_BYTES of every stripe), which grows to twice the
+        most new blocks one step has reached into, so a burst of prompt
+        chunks stays covered."""
         if highest_block <= self._highest:
             return
         self.ahead = max(self.ahead, 2 * (highest_block - self._highest))
