@@ -8,17 +8,19 @@ One step, grouped by expert so each expert's weights are read once per step
 1. the router scores every row (``router_logits``: one product per row, so
    a row's expert choice does not depend on its batch), ``route`` picks the
    top-k experts and their weights;
-2. the (row, k-th choice) slots are sorted by expert (stably: a row's slots
-   keep row order within an expert); each expert gathers its rows, runs its
-   gate/up projection and activation (one ``linear`` call per expert);
+2. the (row, k-th choice) slots are grouped by expert on the host (one
+   transfer of the choices per layer; a row's slots keep row order within
+   an expert, generating rows first); each expert gathers its rows (batch
+   1: the row itself) and runs its gate/up projection (one ``linear`` call
+   per expert), then one activation pass runs over every expert's rows;
 3. every expert's activations are gathered across tensor-parallel ranks at
    once, each expert's down projection runs on its rows, and the output
    rows are gathered at once (two gathers per layer, as a dense MLP);
-4. the outputs are scattered back to their slots and each row sums its k
-   weighted outputs in its choice order (first choice first), the same
-   order whichever other rows chose the same experts: with row-invariant
-   linears (the CPU's packed int8 paths) a row's bits do not depend on its
-   batch.
+4. the outputs are put back in slot order (batch 1: already there) and
+   each row sums its k weighted outputs in its choice order (first choice
+   first), the same order whichever other rows chose the same experts:
+   with row-invariant linears (the CPU's packed int8 paths) a row's bits do
+   not depend on its batch.
 """
 
 from __future__ import annotations
@@ -81,35 +83,36 @@ class MoeMlp:
         return out
 
     def __call__(self, x: torch.Tensor, ops, first_prompt_row: int | None = None) -> torch.Tensor:
-        spec, k = self.spec, self.spec.top_k
+        k = self.spec.top_k
         rows = x.shape[0]
-        weights, ids = route(router_logits(x, self.router), spec)
-        flat = ids.reshape(-1)  # slot r * k + j: row r's j-th choice
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=spec.num_experts)
-        if first_prompt_row is not None:  # slots of generating rows come first within each expert
-            counts = torch.stack((counts, torch.bincount(flat[:first_prompt_row * k], minlength=spec.num_experts)))
-        sizes = counts.tolist()  # one host transfer per layer
-        per_expert, generating = (sizes, None) if first_prompt_row is None else sizes
-        xs = x.index_select(0, order // k)
-        segments = [(e, start, n) for e, (start, n) in enumerate(zip(_starts(per_expert), per_expert)) if n]
-        self.expert_runs += len(segments)
-
-        def prompt_at(e: int) -> int | None:
-            return None if generating is None else generating[e]
+        weights, ids = route(router_logits(x, self.router), self.spec)
+        groups = _group_slots(ids.tolist(), first_prompt_row)  # one host transfer per layer
+        self.expert_runs += len(groups)
+        order = [slot for _, slots, _ in groups for slot in slots]
+        identity = order == list(range(rows * k))  # batch 1: every choice its own expert
+        if rows == 1:
+            inputs = [x] * len(groups)  # the one row, no gather
+        else:
+            xs = x.index_select(0, torch.tensor([slot // k for slot in order]))
+            inputs = list(xs.split([len(slots) for _, slots, _ in groups]))
 
         # one activation pass over every expert's gate/up rows (elementwise: row-invariant)
-        gate_up = torch.cat([linear(xs[a:a + n], self.gate_up[e], first_prompt_row=prompt_at(e))
-                             for e, a, n in segments])
+        gate_up = torch.cat([linear(xe, self.gate_up[e], first_prompt_row=gen)
+                             for xe, (e, _, gen) in zip(inputs, groups)])
         act = self.parallel.gather_inputs(mlp_activation(ops, gate_up, self.mlp), "experts")
-        outs = [linear(act[a:a + n], self.down[e], first_prompt_row=prompt_at(e)) for e, a, n in segments]
-        ys = self.parallel.gather_outputs(torch.cat(outs))
-        slots = torch.empty_like(ys)
-        slots[order] = ys
-        slots = slots.view(rows, k, -1) * weights.to(ys.dtype).unsqueeze(-1)
-        out = slots[:, 0]
-        for j in range(1, k):  # each row's choices in order: no other row changes the sum
-            out = out + slots[:, j]
+        starts = _starts([len(slots) for _, slots, _ in groups])
+        ys = self.parallel.gather_outputs(torch.cat([
+            linear(act[a:a + len(slots)], self.down[e], first_prompt_row=gen)
+            for a, (e, slots, gen) in zip(starts, groups)]))
+        if not identity:  # back to slot order: slot s at row s of ys
+            position = [0] * len(order)
+            for i, slot in enumerate(order):
+                position[slot] = i
+            ys = ys.index_select(0, torch.tensor(position))
+        terms = ys.view(rows, k, -1) * weights.to(ys.dtype).unsqueeze(-1)
+        out = terms[:, 0] + terms[:, 1] if k > 1 else terms[:, 0].clone()
+        for j in range(2, k):  # each row's choices in order: no other row changes the sum
+            out += terms[:, j]
         if self.shared is not None:
             out = out + self._shared(x, ops, first_prompt_row)
         return out.to(x.dtype)
@@ -121,6 +124,24 @@ class MoeMlp:
         if self.shared_gate is not None:
             y = torch.sigmoid(router_logits(x, self.shared_gate)) * y
         return y
+
+
+def _group_slots(ids: list[list[int]], first_prompt_row: int | None) -> list[tuple[int, list[int], int | None]]:
+    """A step's expert choices (row r's j-th choice at ids[r][j], slot
+    r * k + j) grouped by expert on the host: (expert, its slots in slot
+    order, how many of them belong to generating rows -- None when the
+    caller does not say), experts in order of first choice. Generating rows
+    come first, so their slots lead each expert's list."""
+    by_expert: dict[int, list[int]] = {}
+    slot = 0
+    for choices in ids:
+        for e in choices:
+            by_expert.setdefault(e, []).append(slot)
+            slot += 1
+    if first_prompt_row is None:
+        return [(e, slots, None) for e, slots in by_expert.items()]
+    first_prompt_slot = first_prompt_row * len(ids[0]) if ids else 0
+    return [(e, slots, sum(s < first_prompt_slot for s in slots)) for e, slots in by_expert.items()]
 
 
 def _starts(sizes: list[int]) -> list[int]:
