@@ -42,7 +42,7 @@ from family_models import FAMILIES, PagedRunner, greedy_run, hf_on, make_hf, wri
 from paged.backends.cpu.attention import CpuBackend  # noqa: E402
 from paged.backends.cpu.layer_stack import decline_reason, shape_decline  # noqa: E402
 from paged.backends.cpu.precision import PlannedPackedLinear, PrecisionPlan  # noqa: E402
-from paged.backends.cpu.worker import CpuWorker, apply_plan, ops_for, stack_for  # noqa: E402
+from paged.backends.cpu.worker import ops_for, stack_for  # noqa: E402
 from paged.backends.reference.attention import ReferenceBackend  # noqa: E402
 from paged.core.engine.distributed.local_group import ThreadRanks  # noqa: E402
 from paged.core.engine.distributed.parallel_ops import TensorParallelOps  # noqa: E402
@@ -111,12 +111,13 @@ def reference_model(loaded):
 
 
 def cpu_model(config, weights, activations: str, parallel=None, kv_dtype=torch.float32):
-    """The CPU worker's model outside an engine: its plan, its backend, its
-    packed-weight factory (every matrix made with its role), its ops and stack."""
+    """The CPU worker's model outside an engine: its plan, its backend (made
+    with the plan's prompt kernel), its packed-weight factory (every matrix
+    made with its role), its ops and stack: nothing set after it is built."""
     plan = PrecisionPlan(activations)
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu",
-                         sliding_window=config.sliding_window, kv_cache_dtype=kv_dtype)
-    backend.prompt_attention = plan.prompt_attention
+                         sliding_window=config.sliding_window, kv_cache_dtype=kv_dtype,
+                         prompt_attention=plan.prompt_attention)
     model = build_model(config, weights, torch.float32, "cpu", backend, PlannedPackedLinear(plan), parallel)
     model.ops = ops_for(model)
     model.layer_stack = stack_for(model) if parallel is None else None

@@ -58,8 +58,14 @@ class CpuBackend(AttentionBackend):
     #: backend (core/models/layer_attention.py: Gemma 3's local layers)
     per_layer_windows = True
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, prompt_attention: str | None = None, **kwargs):
+        """``prompt_attention``: the precision plan's prompt-row kernel
+        (backends/cpu/precision.py), given as the backend is made."""
         super().__init__(*args, **kwargs)
+        if prompt_attention is not None:
+            if prompt_attention not in ("float32", "bf16", "lanes"):
+                fail("prompt_attention", "'float32', 'bf16' or 'lanes'", repr(prompt_attention))
+            self.prompt_attention = prompt_attention
         if self.device.type != "cpu":
             fail("device (CpuBackend)", "cpu", self.device)
         if self.head_size % 16 or not 16 <= self.head_size <= 256:

@@ -59,9 +59,7 @@ class CpuWorker(Worker):
             return cls
 
         def make(*args, **kwargs):
-            backend = cls(*args, **kwargs)
-            backend.prompt_attention = plan.prompt_attention
-            return backend
+            return cls(*args, prompt_attention=plan.prompt_attention, **kwargs)
 
         return make
 
