@@ -148,6 +148,7 @@ def write_steps(mode: str, gib: float, new_blocks: int, work: int) -> dict:
 def compare_writes(modes: list[str], args) -> dict:
     """The write part, alternating modes for ``args.rounds`` rounds in this process."""
     runs: dict[str, list[dict]] = {m: [] for m in modes}
+    write_steps("all", min(args.write_gib, 0.1), args.write_blocks, args.write_work)  # the process's first-use faults
     for r in range(args.rounds):
         for m in modes:
             rep = write_steps(m, args.write_gib, args.write_blocks, args.write_work)

@@ -72,6 +72,8 @@ class KvCacheMemory:
             return
         stripes = [torch.from_dlpack(self.arena.stripe(i)).view(dtype).view(shape) for i in range(2 * num_layers)]
         self.caches = list(zip(stripes[0::2], stripes[1::2]))
+        # the first window before the engine starts (tenths of a second): the
+        # first steps follow at once (warm-up, a request) and must not fault
         self.arena.commit(self.num_blocks if commit_all else min(self.ahead, self.num_blocks) if prefault else 0)
 
     def _arena(self, stripes: int, node: int | None):
