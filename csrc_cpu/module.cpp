@@ -9,5 +9,6 @@ NB_MODULE(_C_cpu, m) {
   paged::cpu::register_linear(m);
   paged::cpu::register_ops(m);
   paged::cpu::register_model(m);
+  paged::cpu::register_moe_experts(m);
   paged::cpu::register_kernel_builds(m);
 }

@@ -11,5 +11,6 @@ void register_attention(nanobind::module_& m);   // attention/: paged attention 
 void register_linear(nanobind::module_& m);      // linear/: linear layers on quantized weights
 void register_ops(nanobind::module_& m);         // ops/: fused elementwise ops of the Llama layer
 void register_model(nanobind::module_& m);       // model/: all decoder layers of a step in one call
+void register_moe_experts(nanobind::module_& m);  // model/moe_experts.h: one MoE layer's experts in one call
 void register_kernel_builds(nanobind::module_& m);  // kernel_builds.h: the SIMD builds of every kernel family
 }  // namespace paged::cpu

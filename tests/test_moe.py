@@ -15,8 +15,9 @@ tensors, a float32 router), then:
 - the CPU with packed Q8_0 experts: float32 activations close to HF; the
   default (mixed) plan bitwise the same alone as batched and prefilled in
   chunks as whole, each expert's matrices called once per step whatever the
-  number of rows that chose it, the C++ stack declined, and -tp 2 (thread
-  ranks) bitwise -tp 1;
+  number of rows that chose it, the C++ stack declined, the one-call C++
+  experts bitwise the torch ops over the same matrices, and -tp 2 (thread
+  ranks, the torch ops) bitwise -tp 1 (the one-call experts);
 - 3-D expert tensors of each packed type split into exact per-expert
   packed matrices;
 - a bfloat16 Qwen3-MoE on the simulated NPU equals the reference backend;
@@ -172,6 +173,33 @@ def test_each_expert_is_called_once_per_step(packed):
             assert all(m.calls <= 1 for m in mats), f"layer {i}: {[m.calls for m in mats]}"
             assert sum(m.rows for m in mats) == 50 * k  # every row's k choices, each once
             assert sum(m.calls for m in mats) >= 2  # 50 rows did not all choose the same experts
+
+
+def test_cpu_experts_in_one_call_give_the_python_path_bits(packed):
+    """The CPU's one-call experts (csrc_cpu/model/moe_experts.h) beside the
+    torch ops over the same packed matrices: equal bits at 1, 3 and 17 rows
+    (rows sharing experts), the same expert runs; bad ids are one line."""
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+    gen = torch.Generator().manual_seed(3)
+    for i in (0, len(model.layers) // 2):  # an outer (two-term) and a middle (one-term) layer
+        moe = model.layers[i].moe
+        fused = moe._fused_experts(model.ops)
+        assert fused is not None, f"{fam.name}: layer {i} has no one-call experts"
+        for rows in (1, 3, 17):
+            x = torch.randn(rows, c.hidden_size, generator=gen)
+            weights, ids = route(torch.randn(rows, len(moe.gate_up), generator=gen), moe.spec)
+            runs = moe.expert_runs
+            want = moe._grouped(x, model.ops, weights, ids, None)
+            python_runs, runs = moe.expert_runs - runs, moe.expert_runs
+            got, fused_runs = fused(x, ids, weights)
+            assert torch.equal(got, want), f"{fam.name}: layer {i}, {rows} rows"
+            assert fused_runs == python_runs == len(set(ids.flatten().tolist()))
+    bad = ids.clone()
+    bad[0, 0] = len(moe.gate_up)
+    with pytest.raises(ValueError, match=r"^ids: expected expert ids in \[0, \d+\), got \d+ at slot 0$"):
+        fused(x, bad, weights)
 
 
 def test_tensor_parallel_two_ranks_compute_one_process_bits(packed):

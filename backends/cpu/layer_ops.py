@@ -49,6 +49,13 @@ class CpuFusedLayerOps(TorchLayerOps):
         self._C.silu_and_mul(to_dlpack(out), to_dlpack(gate_up))
         return out
 
+    def moe_experts(self, gate_up, down, mlp):
+        """One extension call per mixture-of-experts layer for these experts
+        (backends/cpu/moe_experts.py), or None where it does not apply."""
+        from paged.backends.cpu.moe_experts import cpu_moe_experts
+
+        return cpu_moe_experts(gate_up, down, mlp)
+
     def gelu_tanh_and_mul(self, gate_up):
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
         self._C.gelu_tanh_and_mul(to_dlpack(out), to_dlpack(gate_up))

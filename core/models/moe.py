@@ -21,13 +21,18 @@ One step, grouped by expert so each expert's weights are read once per step
    first), the same order whichever other rows chose the same experts:
    with row-invariant linears (the CPU's packed int8 paths) a row's bits do
    not depend on its batch.
+
+Steps 2-4 are torch ops over the platform's linears (``_grouped``), or one
+call where the layer ops offer it (``ops.moe_experts``: the CPU's packed
+int8 experts on one device, csrc_cpu/model/moe_experts.h, with the same
+grouping, kernels and summation order, so the same bits).
 """
 
 from __future__ import annotations
 
 import torch
 
-from paged.core.models.layers import linear, mlp_activation
+from paged.core.models.layers import SingleDevice, linear, mlp_activation
 from paged.core.models.spec import MlpSpec, MoeSpec
 
 
@@ -74,6 +79,7 @@ class MoeMlp:
         #: expert MLPs run since construction (each reads its weights once):
         #: what benchmarks/moe.py turns into expert bytes read per step
         self.expert_runs = 0
+        self._fused, self._fused_ops = None, None  # the platform's one-call experts for the layer ops last seen
 
     def matrices(self) -> list[tuple[str, object]]:
         """(kind, matrix) of every expert and shared-expert matrix."""
@@ -83,9 +89,32 @@ class MoeMlp:
         return out
 
     def __call__(self, x: torch.Tensor, ops, first_prompt_row: int | None = None) -> torch.Tensor:
+        weights, ids = route(router_logits(x, self.router), self.spec)
+        fused = self._fused_experts(ops) if x.dtype == torch.float32 else None
+        if fused is not None:  # steps 2-4 in one platform call, the same bits
+            out, runs = fused(x, ids, weights)
+            self.expert_runs += runs
+        else:
+            out = self._grouped(x, ops, weights, ids, first_prompt_row)
+        if self.shared is not None:
+            out = out + self._shared(x, ops, first_prompt_row)
+        return out.to(x.dtype)
+
+    def _fused_experts(self, ops):
+        """The layer ops' one-call experts (``ops.moe_experts``: the CPU's
+        packed int8 paths) on one device, else None."""
+        if self._fused_ops is not ops:
+            make = getattr(ops, "moe_experts", None)
+            single = isinstance(self.parallel, SingleDevice)
+            self._fused = make(self.gate_up, self.down, self.mlp) if make is not None and single else None
+            self._fused_ops = ops
+        return self._fused
+
+    def _grouped(self, x: torch.Tensor, ops, weights: torch.Tensor, ids: torch.Tensor,
+                 first_prompt_row: int | None) -> torch.Tensor:
+        """Steps 2-4 as torch ops over the platform's linears."""
         k = self.spec.top_k
         rows = x.shape[0]
-        weights, ids = route(router_logits(x, self.router), self.spec)
         groups = _group_slots(ids.tolist(), first_prompt_row)  # one host transfer per layer
         self.expert_runs += len(groups)
         order = [slot for _, slots, _ in groups for slot in slots]
@@ -113,9 +142,7 @@ class MoeMlp:
         out = terms[:, 0] + terms[:, 1] if k > 1 else terms[:, 0].clone()
         for j in range(2, k):  # each row's choices in order: no other row changes the sum
             out += terms[:, j]
-        if self.shared is not None:
-            out = out + self._shared(x, ops, first_prompt_row)
-        return out.to(x.dtype)
+        return out
 
     def _shared(self, x: torch.Tensor, ops, first_prompt_row: int | None) -> torch.Tensor:
         gate_up, down = self.shared

@@ -1,0 +1,54 @@
+"""One mixture-of-experts layer's chosen experts in one extension call
+(paged._C_cpu.MoeExperts, csrc_cpu/model/moe_experts.h): what
+core/models/moe.py runs on one CPU device when every expert is a packed
+matrix on a batch-invariant int8 path. The grouping, the kernels and the
+summation order are the Python path's, so the bits are too
+(tests/test_moe.py); it saves the per-expert Python calls (2 x top-k
+linears per layer at batch 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from paged.backends.cpu.attention import dl
+from paged.backends.cpu.quant_linear import CpuPackedLinear
+
+#: the packed linear settings the C++ call runs as CpuPackedLinear does
+#: ("float32" takes a dense GEMM from DENSE_ROWS rows, "mixed-bf16" its
+#: prompt rows on AMX tiles: those stay on the Python path)
+FUSED_ACTIVATIONS = ("int8", "int8x2", "mixed")
+
+
+class CpuMoeExperts:
+    """``(x, ids, weights) -> (out, experts run)`` over one layer's experts."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, int]:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        runs = self._native.run(dl(x), dl(ids.contiguous()), dl(weights.contiguous()), dl(out))
+        return out, runs
+
+
+def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
+    """The one-call experts for a SiLU-gated layer whose matrices are all
+    packed with one supported setting, else None (the Python path)."""
+    try:
+        from paged import _C_cpu
+    except ImportError:
+        return None
+    if not hasattr(_C_cpu, "MoeExperts") or not mlp.gated or mlp.activation != "silu" or not gate_up:
+        return None
+    matrices = list(gate_up) + list(down)
+    if not all(isinstance(w, CpuPackedLinear) for w in matrices):
+        return None
+    first = matrices[0]
+    if first.activations not in FUSED_ACTIVATIONS or any(
+            (w.activations, w.one_term) != (first.activations, first.one_term) for w in matrices):
+        return None
+    native = _C_cpu.MoeExperts(first.in_features, first.out_features // 2, first.activations, first.one_term)
+    for g, d in zip(gate_up, down):
+        native.add_expert((g.qtype, dl(g.qs), dl(g.d), dl(g.m)), (d.qtype, dl(d.qs), dl(d.d), dl(d.m)))
+    return CpuMoeExperts(native)

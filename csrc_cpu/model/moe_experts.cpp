@@ -1,0 +1,174 @@
+#include "model/moe_experts.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+
+#include "attention/tensor_args.h"
+#include "linear/ops.h"
+#include "module.h"
+#include "ops/ops.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace paged::cpu::model {
+namespace {
+
+using attn::fail;
+using attn::positive;
+
+// An unowned float32 ndarray over scratch the caller keeps alive for the call.
+Array f32(const float* data, std::initializer_list<size_t> shape) {
+  return Array(const_cast<float*>(data), shape.size(), shape.begin(), nb::handle(), nullptr, nb::dtype<float>(),
+               nb::device::cpu::value);
+}
+
+// A float32 tensor of `shape` (entries < 0 free).
+attn::TensorArg f32_tensor(const char* name, const Array& a, std::initializer_list<int64_t> shape) {
+  attn::DType dt;
+  attn::TensorArg t = attn::float_tensor(name, a, shape, &dt);
+  if (dt != attn::DType::F32) fail(name, "dtype float32", std::string("dtype ") + attn::dtype_name(dt));
+  return t;
+}
+
+// The matrix's [N, K], checked as quant_linear checks it.
+void require_matrix(const char* name, const PackedMatrix& w, int64_t n, int64_t k) {
+  linear::LinearArgs a;
+  linear::check_weight(a, std::get<0>(w), std::get<1>(w), std::get<2>(w), std::get<3>(w));
+  if (a.N != n || a.K != k)
+    fail(name, "[" + std::to_string(n) + ", " + std::to_string(k) + "]",
+         "[" + std::to_string(a.N) + ", " + std::to_string(a.K) + "]");
+}
+
+void linear_rows(const PackedMatrix& w, const float* x, int64_t rows, int64_t in, float* out, int64_t n,
+                 const std::string& activations, int64_t two_term_rows) {
+  static const std::optional<Array> none;
+  const auto& [qtype, qs, d, m] = w;
+  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
+                       activations, two_term_rows, none, "int8");
+}
+
+}  // namespace
+
+MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, std::string activations, bool one_term)
+    : hidden_(positive("hidden_size", hidden_size)), inter_(positive("intermediate_size", intermediate_size)) {
+  if (activations == "mixed") {
+    activations_ = "int8x2";
+    two_term_rows_ = one_term ? 0 : -1;
+  } else if (activations == "int8" || activations == "int8x2") {
+    if (one_term) fail("one_term", "False unless activations are 'mixed'", "True");
+    activations_ = activations;
+    two_term_rows_ = -1;
+  } else {
+    fail("activations", "'int8', 'int8x2' or 'mixed'", "'" + activations + "'");
+  }
+}
+
+void MoeExperts::add_expert(PackedMatrix gate_up, PackedMatrix down) {
+  require_matrix("gate_up", gate_up, 2 * inter_, hidden_);
+  require_matrix("down", down, hidden_, inter_);
+  gate_up_.push_back(std::move(gate_up));
+  down_.push_back(std::move(down));
+}
+
+int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, const Array& out) {
+  const int64_t H = hidden_, I = inter_, E = num_experts();
+  const attn::TensorArg tx = f32_tensor("x", x, {-1, H});
+  const int64_t T = tx.dim(0);
+  const attn::TensorArg ti = attn::int_tensor("ids", ids, 64, {T, -1});
+  const int64_t k = ti.dim(1);
+  if (k < 1) fail("ids", "at least one choice per row", "shape " + ti.shape_str());
+  const attn::TensorArg tw = f32_tensor("weights", weights, {T, k});
+  const attn::TensorArg to = f32_tensor("out", out, {T, H});
+  const auto* xp = static_cast<const float*>(tx.data);
+  const auto* id = static_cast<const int64_t*>(ti.data);
+  const auto* wp = static_cast<const float*>(tw.data);
+  auto* op = static_cast<float*>(to.data);
+  const int64_t S = T * k;
+  for (int64_t s = 0; s < S; ++s)
+    if (id[s] < 0 || id[s] >= E)
+      fail("ids", "expert ids in [0, " + std::to_string(E) + ")", std::to_string(id[s]) + " at slot " + std::to_string(s));
+
+  // Group the slots by expert, experts in order of first choice, each
+  // expert's slots in slot order (moe.py _group_slots).
+  first_.assign(size_t(E), -1);
+  std::vector<int64_t> experts, counts;
+  for (int64_t s = 0; s < S; ++s) {
+    int64_t& g = first_[size_t(id[s])];
+    if (g < 0) {
+      g = int64_t(experts.size());
+      experts.push_back(id[s]);
+      counts.push_back(0);
+    }
+    ++counts[size_t(g)];
+  }
+  const int64_t G = int64_t(experts.size());
+  std::vector<int64_t> starts(size_t(G) + 1, 0), fill(size_t(G), 0);
+  for (int64_t g = 0; g < G; ++g) starts[size_t(g) + 1] = starts[size_t(g)] + counts[size_t(g)];
+  order_.resize(size_t(S));
+  position_.resize(size_t(S));
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t g = first_[size_t(id[s])];
+    const int64_t i = starts[size_t(g)] + fill[size_t(g)]++;
+    order_[size_t(i)] = s;
+    position_[size_t(s)] = i;
+  }
+  xs_.resize(size_t(S * H));
+  gate_up_out_.resize(size_t(S * 2 * I));
+  act_.resize(size_t(S * I));
+  ys_.resize(size_t(S * H));
+  for (int64_t i = 0; i < S; ++i)
+    std::memcpy(xs_.data() + i * H, xp + (order_[size_t(i)] / k) * H, size_t(H) * sizeof(float));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t a = starts[size_t(g)], n = counts[size_t(g)];
+    linear_rows(gate_up_[size_t(experts[size_t(g)])], xs_.data() + a * H, n, H, gate_up_out_.data() + a * 2 * I,
+                2 * I, activations_, two_term_rows_);
+  }
+  ops::silu_and_mul(f32(act_.data(), {size_t(S), size_t(I)}), f32(gate_up_out_.data(), {size_t(S), size_t(2 * I)}));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t a = starts[size_t(g)], n = counts[size_t(g)];
+    linear_rows(down_[size_t(experts[size_t(g)])], act_.data() + a * I, n, I, ys_.data() + a * H, H, activations_,
+                two_term_rows_);
+  }
+  // Each row's choices in order, each product rounded on its own (built
+  // without FP contraction): torch's ys * weights, then the adds.
+  for (int64_t r = 0; r < T; ++r) {
+    float* o = op + r * H;
+    const float* y0 = ys_.data() + position_[size_t(r * k)] * H;
+    const float w0 = wp[r * k];
+    for (int64_t h = 0; h < H; ++h) o[h] = y0[h] * w0;
+    for (int64_t j = 1; j < k; ++j) {
+      const float* y = ys_.data() + position_[size_t(r * k + j)] * H;
+      const float w = wp[r * k + j];
+      for (int64_t h = 0; h < H; ++h) o[h] = o[h] + y[h] * w;
+    }
+  }
+  return G;
+}
+
+}  // namespace paged::cpu::model
+
+namespace paged::cpu {
+void register_moe_experts(nb::module_& m) {
+  using model::MoeExperts;
+  nb::class_<MoeExperts>(m, "MoeExperts",
+                         "One mixture-of-experts layer's experts on packed GGUF weights: run() takes a step's "
+                         "routed rows and computes every chosen expert's SiLU-gated MLP and each row's weighted sum "
+                         "in one call, bitwise as core/models/moe.py's Python path (float32, one device).")
+      .def(nb::init<int64_t, int64_t, std::string, bool>(), "hidden_size"_a, "intermediate_size"_a,
+           "activations"_a, "one_term"_a = false)
+      .def("add_expert", &MoeExperts::add_expert, "gate_up"_a, "down"_a,
+           "Append an expert: gate_up [2 * intermediate, hidden] and down [hidden, intermediate], each "
+           "(qtype, qs, d, m or None) as quant_linear takes it.")
+      .def("run", &MoeExperts::run, "x"_a, "ids"_a, "weights"_a, "out"_a,
+           "out [T, hidden] = each row's top-k experts (ids int64 [T, k], weights float32 [T, k]) on x [T, hidden], "
+           "summed in choice order; returns the number of distinct experts run.")
+      .def_prop_ro("num_experts", &MoeExperts::num_experts);
+}
+}  // namespace paged::cpu

@@ -1,0 +1,53 @@
+// One mixture-of-experts layer's chosen experts in one extension call
+// (core/models/moe.py MoeMlp, steps 2-4, on one device): the step's (row,
+// k-th choice) slots grouped by expert in order of first choice, each
+// expert's gate/up on its rows (linear::quant_linear), one SiLU-and-mul pass
+// over every expert's rows (ops::silu_and_mul), each expert's down on its
+// rows, and each row's k weighted outputs summed in its choice order. The
+// same kernel entry points, arguments and order as the Python path, so the
+// results are bitwise identical; what it saves is the per-expert Python
+// dispatch, DLPack capsules and torch allocations (~2 x top-k calls per
+// layer at batch 1).
+//
+// Not thread-safe (scratch is shared state): one engine thread per layer.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace paged::cpu::model {
+
+using Array = nanobind::ndarray<>;
+// (qtype, qs, d, m) of one packed GGUF matrix, as linear::quant_linear takes it.
+using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>;
+
+class MoeExperts {
+ public:
+  // activations: the experts' packed linear setting, "int8", "int8x2" or
+  // "mixed" (int8x2 with one_term: every row on one int8 term, as
+  // CpuPackedLinear's "mixed" for the layers of one_term_layers).
+  MoeExperts(int64_t hidden_size, int64_t intermediate_size, std::string activations, bool one_term);
+  // Appends expert num_experts(): gate_up [2 * intermediate, hidden] (gate
+  // rows then up rows), down [hidden, intermediate].
+  void add_expert(PackedMatrix gate_up, PackedMatrix down);
+  // out [T, hidden] = sum over j of weights[r, j] * expert ids[r, j] (x[r]),
+  // float32 throughout; returns the number of distinct experts run.
+  int64_t run(const Array& x, const Array& ids, const Array& weights, const Array& out);
+  int64_t num_experts() const { return int64_t(gate_up_.size()); }
+
+ private:
+  int64_t hidden_, inter_;
+  std::string activations_;
+  int64_t two_term_rows_;  // quant_linear's: -1 (every row) or 0 (one term)
+  std::vector<PackedMatrix> gate_up_, down_;
+  std::vector<float> xs_, gate_up_out_, act_, ys_;  // scratch, [slots, width] in grouped order
+  std::vector<int64_t> first_, order_, position_;
+};
+
+}  // namespace paged::cpu::model
