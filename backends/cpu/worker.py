@@ -27,6 +27,7 @@ from paged.backends.cpu import quant_linear
 from paged.backends.cpu.attention import CpuBackend
 from paged.backends.cpu.host import isa
 from paged.backends.cpu.host.cpulist import format_cpulist
+from paged.backends.cpu.host.heap import release_free_heap
 from paged.backends.cpu.layer_ops import fused_layer_ops
 from paged.backends.cpu.layer_stack import LayerStack
 from paged.backends.cpu.precision import PlannedPackedLinear, PrecisionPlan, plan_of
@@ -110,6 +111,10 @@ class CpuWorker(Worker):
         builds = ", ".join(f"{family} {build}" for family, build in isa.active_builds().items())
         hidden = self.platform.ops_module().hidden_cpu_features()
         return f"{threads}; kernels: {builds}" + (f" (PAGED_CPU_HIDE hides {', '.join(hidden)})" if hidden else "")
+
+    def init_kv_cache(self, num_blocks: int) -> None:
+        release_free_heap()  # what loading freed: the engine has dropped the file's blocks by now
+        super().init_kv_cache(num_blocks)
 
     def layer_ops(self, dtype: torch.dtype) -> TorchLayerOps:
         return cpu_layer_ops(dtype)
