@@ -7,16 +7,19 @@ on the same GGUF file.
     python benchmarks/moe.py make --out /tmp/moe1b --llama-quantize PATH [--types Q4_0,Q8_0]
 
     # per file: prefill and batch-1 decode tok/s beside llama-bench, 16
-    # streams' decode tok/s, and the expert weight bytes each step reads
+    # streams' decode tok/s, and the expert weight bytes each step reads;
+    # --serve: 16 streams over HTTP, paged serve beside llama-server -np 16 -cb
     python benchmarks/moe.py run /tmp/moe1b/*.gguf [--llama-bench PATH] [--json PATH]
+        [--serve --llama-server PATH]
 
 paged runs the experts as packed matrices grouped per step
-(core/models/moe.py): each expert's matrices are called once per step on
-the rows that chose it, so a step reads the bytes of the distinct experts
+(core/models/moe.py; on the CPU one extension call per layer,
+csrc_cpu/model/moe_experts.h): each expert's matrices are called once per
+step on the rows that chose it, so a step reads the bytes of the distinct experts
 its rows chose (batch 1: top-k experts per layer; 16 streams: at most
 min(experts, 16 k)), counted here from the model's own expert runs.
-llama-bench has no concurrent streams (the 16-stream figure is paged's
-alone). Random weights route near-uniformly, which is the worst case for
+llama-bench has no concurrent streams (the in-process 16-stream figure is
+paged's alone; --serve measures both servers). Random weights route near-uniformly, which is the worst case for
 bytes per step at 16 streams; they say nothing about accuracy
 (tests/test_moe.py checks the families against HF).
 """
@@ -33,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from quant_types import _value_type, copy_bandwidth, measure_llama  # noqa: E402
+from quant_types import _value_type, copy_bandwidth, measure_llama, serve_streams  # noqa: E402
 from timing import emit_json, positive_int  # noqa: E402
 
 SHAPE = dict(hidden=1024, layers=12, heads=16, kv_heads=4, head_dim=64, experts=64, top_k=8, expert_ffn=384,
@@ -210,6 +213,11 @@ def run(args) -> int:
         lc = measure_llama(path, args)
         ratios = {k: p[k] / lc[k] for k in ("prefill_tok_s", "decode_tok_s") if lc and lc.get(k)}
         report["files"][os.path.basename(path)] = {"paged": p, "llama.cpp": lc, "ratios": ratios}
+        if args.serve:  # paged serve, then llama-server -np STREAMS -cb, each alone
+            served = report["files"][os.path.basename(path)]["serving"] = serve_streams(path, args)
+            pg, ls = served["paged"]["output_tok_s"], served.get("llamacpp", {}).get("output_tok_s")
+            print(f"  serving {args.streams} streams: paged {pg:.1f} output tok/s"
+                  + (f", llama-server {ls:.1f} ({pg / ls:.2f}x)" if ls else ""), flush=True)
         lcs = lambda k: f"{lc[k]:.1f}" if lc and lc.get(k) else "-"  # noqa: E731
         print(f"{os.path.basename(path)}: prefill {p['prefill_tok_s']:.1f} tok/s (llama.cpp {lcs('prefill_tok_s')}), "
               f"decode {p['decode_tok_s']:.2f} tok/s (llama.cpp {lcs('decode_tok_s')}), "
@@ -243,6 +251,11 @@ def main() -> int:
     rn.add_argument("--streams", type=positive_int, default=16)
     rn.add_argument("--rounds", type=positive_int, default=2)
     rn.add_argument("--json", default=None, metavar="PATH")
+    rn.add_argument("--serve", action="store_true", help="also serve --streams streams over HTTP (paged serve, "
+                    "and llama-server -np STREAMS -cb when --llama-server is given)")
+    rn.add_argument("--llama-server", default=None, metavar="PATH")
+    rn.add_argument("--serve-input-len", type=positive_int, default=128)
+    rn.add_argument("--serve-output-len", type=positive_int, default=64)
     args = ap.parse_args()
     return make(args) if args.cmd == "make" else run(args)
 
