@@ -166,7 +166,8 @@ def measure_paged(path: str, args) -> dict:
 
     before = rss_bytes()
     engine = Engine(EngineConfig(model=path, device="cpu", max_model_len=1024, kv_cache_memory="128MiB",
-                                 max_num_seqs=4, max_num_batched_tokens=args.prompt_len, itl_target_ms=None))
+                                 max_num_seqs=4, max_num_batched_tokens=args.prompt_len, itl_target_ms=None,
+                                 cpu_threads_bind=f"0-{args.threads - 1}"))  # llama-bench's -t, same CPUs
     kv = engine.worker.bytes_per_block * engine.kv_cache_manager.num_blocks
     rss = rss_bytes() - before - kv
     model = engine.runner.model
