@@ -168,7 +168,8 @@ def measure_paged(path: str, args) -> dict:
     engine = Engine(EngineConfig(model=path, device="cpu", max_model_len=1024, kv_cache_memory="128MiB",
                                  max_num_seqs=4, max_num_batched_tokens=args.prompt_len, itl_target_ms=None,
                                  cpu_threads_bind=f"0-{args.threads - 1}"))  # llama-bench's -t, same CPUs
-    kv = engine.worker.bytes_per_block * engine.kv_cache_manager.num_blocks
+    committed = engine.worker.kv_cache_committed_bytes()  # None: allocated whole at start
+    kv = engine.worker.bytes_per_block * engine.kv_cache_manager.num_blocks if committed is None else committed
     rss = rss_bytes() - before - kv
     model = engine.runner.model
     prompt = [100 + (i * 7) % 1000 for i in range(args.prompt_len)]

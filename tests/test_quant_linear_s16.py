@@ -72,11 +72,13 @@ def exact_oracle(x, qs, d, m, activations) -> torch.Tensor:
             total = float(np.float32(((np.float32(acc[0]) + np.float32(acc[4])) + (np.float32(acc[2]) + np.float32(acc[6])))
                                      + ((np.float32(acc[1]) + np.float32(acc[5])) + (np.float32(acc[3]) + np.float32(acc[7])))))
             if m is not None:
-                sm = 0.0
+                t = [0.0] * 8  # eight offset chains: half h in chain h % 8
                 for h in range(k // 16):
                     half = int(c[r, 16 * h:16 * h + 16].sum())
                     xs = float(np.float32(scale[r, h // 2].item()) * np.float32(half))
-                    sm = round_f32(Fraction(float(np.float32(m[j, h].item()))) * Fraction(xs) + Fraction(sm))
+                    t[h % 8] = round_f32(Fraction(float(np.float32(m[j, h].item()))) * Fraction(xs) + Fraction(t[h % 8]))
+                t = [np.float32(v) for v in t]
+                sm = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]))
                 total = float(np.float32(total) + np.float32(sm))
             out[r, j] = total
     return out
@@ -90,10 +92,10 @@ def build(request):
 
 
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
-@pytest.mark.parametrize("offsets", [False, True])
-def test_exact_arithmetic(build, activations, offsets):
-    qs, d, m = s16_weight(5, 64, seed=3, offsets=offsets)
-    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(9))
+@pytest.mark.parametrize("offsets,k", [(False, 64), (True, 64), (True, 160)])  # 160: 8 offset chains + 2
+def test_exact_arithmetic(build, activations, offsets, k):
+    qs, d, m = s16_weight(5, k, seed=3, offsets=offsets)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(9))
     x[1, :32] *= 1e-3
     assert torch.equal(run(x, qs, d, m, activations), exact_oracle(x, qs, d, m, activations))
 

@@ -68,9 +68,9 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
       }
       float out = hsum8(acc);
       if (a.m) {
-        float sm = 0.f;
-        for (int64_t h = 0; h < nh; ++h) sm = std::fma(a.m[n * nh + h], s.xs[r * nh + h], sm);
-        out = out + sm;
+        float t[kLanes] = {};
+        for (int64_t h = 0; h < nh; ++h) t[h % kLanes] = std::fma(a.m[n * nh + h], s.xs[r * nh + h], t[h % kLanes]);
+        out = out + hsum8(t);
       }
       a.out[r * a.N + n] = out;
     }

@@ -17,9 +17,10 @@
 //     s      = fl(d[n, 2b + l/4] * dx[r, b])
 //     acc[l] = fma(s, float(I[l]), acc[l])
 //   out = hsum8(acc)                                  (quant_linear.h's order)
-//   with offsets: sm = +0, then over every half h = 0, 1, ... in order
-//     sm = fma(m[n, h], xs[r, h], sm),  xs[r, h] = fl(dx[r, h/2] * float(sum of c over the half))
-//   and out = fl(out + sm).
+//   with offsets: eight chains t[j] = +0, then over every half h = 0, 1, ... in order
+//     t[h % 8] = fma(m[n, h], xs[r, h], t[h % 8]),  xs[r, h] = fl(dx[r, h/2] * float(sum of c over the half))
+//   and out = fl(out + hsum8(t)) (eight chains, not one: a vector's lanes, so
+//   the offsets cost 1/8 of a serial chain's fma latency per output).
 // |I| <= 4 * 128 * 32639 < 2^24, so float(I) is exact on both paths, and so
 // is float(sum of c) (|sum| <= 16 * 32639). A row's outputs depend only on
 // the row and the weight: bitwise the same alone or in any call, any thread

@@ -50,10 +50,17 @@ void tile(const S16Args& s, int64_t r0, int64_t n) {
     _mm256_store_ps(lanes, acc[i]);
     float out = hsum8(lanes);
     if (a.m) {
-      float sm = 0.f;
-      for (int64_t h = 0; h < nh; ++h) sm = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a.m[n * nh + h]),
-                                                                       _mm_set_ss(s.xs[r * nh + h]), _mm_set_ss(sm)));
-      out = out + sm;
+      // the eight offset chains (s16.h): half h in lane h % 8
+      const float* m = a.m + n * nh;
+      const float* xs = s.xs + r * nh;
+      __m256 tv = _mm256_setzero_ps();
+      int64_t h = 0;
+      for (; h + kLanes <= nh; h += kLanes) tv = _mm256_fmadd_ps(_mm256_loadu_ps(m + h), _mm256_loadu_ps(xs + h), tv);
+      alignas(32) float t[kLanes];
+      _mm256_store_ps(t, tv);
+      for (; h < nh; ++h)
+        t[h % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(m[h]), _mm_set_ss(xs[h]), _mm_set_ss(t[h % kLanes])));
+      out = out + hsum8(t);
     }
     a.out[r * a.N + n] = out;
   }
