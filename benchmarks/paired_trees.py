@@ -57,10 +57,16 @@ def probe() -> dict:
     import paged
 
     print(f"paged from {os.path.dirname(paged.__file__)}", file=sys.stderr)
-    from paged.core.engine.config import EngineConfig
-    from paged.core.engine.engine import Engine
-    from paged.core.engine.sampling_params import SamplingParams
-    from paged.core.entrypoints.llm import LLM
+    try:
+        from paged.core.engine.config import EngineConfig
+        from paged.core.engine.engine import Engine
+        from paged.core.engine.sampling_params import SamplingParams
+        from paged.core.entrypoints.llm import LLM
+    except ImportError:  # a tree from before the layout move (#42)
+        from paged.core.engine import Engine
+        from paged.core.engine_config import EngineConfig
+        from paged.core.llm import LLM
+        from paged.core.sampling_params import SamplingParams
 
     # both trees on the same CPUs: auto binding drops a CPU a neighbour keeps busy, which
     # would make the trees' thread counts differ from round to round
