@@ -26,9 +26,7 @@ bytes per step at 16 streams; they say nothing about accuracy
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,8 +34,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from quant_types import _value_type, copy_bandwidth, measure_llama, serve_streams  # noqa: E402
-from timing import emit_json, positive_int  # noqa: E402
+from quant_types import (_value_type, copy_bandwidth, measure_llama, parse_arguments,  # noqa: E402
+                         quantize_files, serve_streams)
+from timing import emit_json  # noqa: E402
 
 SHAPE = dict(hidden=1024, layers=12, heads=16, kv_heads=4, head_dim=64, experts=64, top_k=8, expert_ffn=384,
              context=2048)
@@ -111,26 +110,10 @@ def write_f16_model(path: Path, seed: int = 0) -> None:
 
 
 def make(args) -> int:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    f16 = out / "qwen3moe-1b-F16.gguf"
-    if not f16.exists():
-        print(f"writing {f16}", flush=True)
-        write_f16_model(f16)
-    for t in args.types.split(","):
-        target = out / f"qwen3moe-1b-{t}.gguf"
-        if target.exists():
-            continue
-        if not args.llama_quantize:
-            print(f"{t}: needs --llama-quantize; skipped", file=sys.stderr)
-            continue
-        # the tied embedding / LM head at the file's type too (the preset's Q6_K would run as the s16
-        # layout, 2 bytes a weight, and swamp the experts' bytes per token: docs/cpu-linear.md)
-        subprocess.run([args.llama_quantize, "--token-embedding-type", t.lower(), "--output-tensor-type", t.lower(),
-                        str(f16), str(target), t, str(args.threads)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(f"{target.name}: {target.stat().st_size / 2**20:.0f} MiB", flush=True)
-    return 0
+    # the tied embedding / LM head at the file's type too (the preset's Q6_K would run as the s16
+    # layout, 2 bytes a weight, and swamp the experts' bytes per token: docs/cpu-linear.md)
+    return quantize_files(args, "qwen3moe-1b", write_f16_model,
+                          lambda t: ["--token-embedding-type", t.lower(), "--output-tensor-type", t.lower()])
 
 
 def _nbytes(w) -> int:
@@ -235,28 +218,7 @@ def _cpu_name() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    mk = sub.add_parser("make", help="write the F16 model and its quantizations")
-    mk.add_argument("--out", required=True)
-    mk.add_argument("--types", default=",".join(TYPES))
-    mk.add_argument("--llama-quantize", default=None, metavar="PATH")
-    mk.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)))
-    rn = sub.add_parser("run", help="measure paged (and llama.cpp) on MoE GGUF files")
-    rn.add_argument("files", nargs="+")
-    rn.add_argument("--llama-bench", default=None, metavar="PATH")
-    rn.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)))
-    rn.add_argument("--prompt-len", type=positive_int, default=128)
-    rn.add_argument("--decode-tokens", type=positive_int, default=32)
-    rn.add_argument("--streams", type=positive_int, default=16)
-    rn.add_argument("--rounds", type=positive_int, default=2)
-    rn.add_argument("--json", default=None, metavar="PATH")
-    rn.add_argument("--serve", action="store_true", help="also serve --streams streams over HTTP (paged serve, "
-                    "and llama-server -np STREAMS -cb when --llama-server is given)")
-    rn.add_argument("--llama-server", default=None, metavar="PATH")
-    rn.add_argument("--serve-input-len", type=positive_int, default=128)
-    rn.add_argument("--serve-output-len", type=positive_int, default=64)
-    args = ap.parse_args()
+    args = parse_arguments(__doc__, TYPES, "MoE GGUF files")
     return make(args) if args.cmd == "make" else run(args)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -106,25 +105,31 @@ def _value_type(value):
     return gguf.GGUFValueType.FLOAT32
 
 
-def make(args) -> int:
+def quantize_files(args, stem: str, write_f16, quantize_flags=lambda t: []) -> int:
+    """`make`: the F16 file (written once by ``write_f16``) and each of --types
+    quantized by --llama-quantize, named ``<stem>-<TYPE>.gguf`` in --out;
+    ``quantize_flags(type)`` adds llama-quantize options."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    f16 = out / "tinyllama-shape-F16.gguf"
+    f16 = out / f"{stem}-F16.gguf"
     if not f16.exists():
-        print(f"writing {f16} (~2.3 GB)", flush=True)
-        write_f16_model(f16)
+        print(f"writing {f16}", flush=True)
+        write_f16(f16)
     for t in args.types.split(","):
-        target = out / f"tinyllama-shape-{t}.gguf"
+        target = out / f"{stem}-{t}.gguf"
         if target.exists():
             continue
-        if args.llama_quantize:
-            subprocess.run([args.llama_quantize, str(f16), str(target), t, str(args.threads)], check=True,
-                           stdout=subprocess.DEVNULL)
-        else:
+        if not args.llama_quantize:
             print(f"{t}: needs --llama-quantize (llama.cpp's presets); skipped", file=sys.stderr)
             continue
+        subprocess.run([args.llama_quantize, *quantize_flags(t), str(f16), str(target), t, str(args.threads)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         print(f"{target.name}: {target.stat().st_size / 2**20:.0f} MiB", flush=True)
     return 0
+
+
+def make(args) -> int:
+    return quantize_files(args, "tinyllama-shape", write_f16_model)
 
 
 def rss_bytes() -> int:
@@ -282,15 +287,16 @@ def run(args) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_arguments(doc: str, types: tuple[str, ...], what: str) -> argparse.Namespace:
+    """`make` and `run`'s options, shared with benchmarks/moe.py."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="write the F16 model and its quantizations")
     mk.add_argument("--out", required=True)
-    mk.add_argument("--types", default=",".join(TYPES))
+    mk.add_argument("--types", default=",".join(types))
     mk.add_argument("--llama-quantize", default=None, metavar="PATH")
     mk.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)))
-    rn = sub.add_parser("run", help="measure paged (and llama.cpp) on GGUF files")
+    rn = sub.add_parser("run", help=f"measure paged (and llama.cpp) on {what}")
     rn.add_argument("files", nargs="+")
     rn.add_argument("--llama-bench", default=None, metavar="PATH")
     rn.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)))
@@ -298,12 +304,17 @@ def main() -> int:
     rn.add_argument("--decode-tokens", type=positive_int, default=32)
     rn.add_argument("--rounds", type=positive_int, default=2)
     rn.add_argument("--json", default=None, metavar="PATH")
-    rn.add_argument("--serve", action="store_true", help="also measure serving at --streams streams")
+    rn.add_argument("--serve", action="store_true", help="also serve --streams streams over HTTP (paged serve, "
+                    "and llama-server -np STREAMS -cb when --llama-server is given)")
     rn.add_argument("--llama-server", default=None, metavar="PATH")
     rn.add_argument("--streams", type=positive_int, default=16)
     rn.add_argument("--serve-input-len", type=positive_int, default=128)
     rn.add_argument("--serve-output-len", type=positive_int, default=64)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse_arguments(__doc__, TYPES, "GGUF files")
     return make(args) if args.cmd == "make" else run(args)
 
 
