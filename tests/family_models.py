@@ -216,15 +216,7 @@ def quantizes(name: str, w: np.ndarray) -> bool:
 
 def write_gguf(fam: Family, model, path: Path, qtype: Q = Q.F32) -> Path:
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), fam.gguf_arch)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w, head_dim = open_gguf(fam, cfg, path)
     if fam.name in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
@@ -246,6 +238,27 @@ def write_gguf(fam: Family, model, path: Path, qtype: Q = Q.F32) -> Path:
     tensors = gguf_tensors(fam, model)
     if fam.name == "llama":
         tensors["rope_freqs.weight"] = llama3_factors(cfg, head_dim)
+    close_gguf(w, tensors, qtype, quantizes)
+    return path
+
+
+def open_gguf(fam: Family, cfg, path: Path):
+    """A GGUF writer holding the keys every decoder's file has, and the head dim."""
+    w = gguf.GGUFWriter(str(path), fam.gguf_arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    return w, head_dim
+
+
+def close_gguf(w, tensors: dict, qtype: Q, quantizes) -> None:
+    """Writes ``tensors`` (at ``qtype`` where ``quantizes(name, data)``, else
+    float32) and the file."""
     for name, data in tensors.items():
         if qtype != Q.F32 and quantizes(name, data):
             w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
@@ -255,7 +268,6 @@ def write_gguf(fam: Family, model, path: Path, qtype: Q = Q.F32) -> Path:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def llama3_factors(cfg, head_dim: int) -> np.ndarray:

@@ -16,7 +16,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
-from family_models import CHATML, Family, _add_tokenizer, _permute, make_hf
+from family_models import CHATML, Family, _add_tokenizer, _permute, close_gguf, make_hf, open_gguf
 from gguf import GGMLQuantizationType as Q
 
 FAMILIES = {
@@ -85,16 +85,8 @@ def write_gguf(fam: Family, hf, folder: Path, path: Path, qtype: Q = Q.F32, **ar
     and experts at ``qtype`` (the router and vectors float32); ``arch_keys``:
     further ``<arch>.*`` metadata (uint32 values)."""
     cfg = hf.config
-    w = gguf.GGUFWriter(str(path), fam.gguf_arch)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w, head_dim = open_gguf(fam, cfg, path)
     moe_width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
@@ -107,15 +99,7 @@ def write_gguf(fam: Family, hf, folder: Path, path: Path, qtype: Q = Q.F32, **ar
     for key, value in arch_keys.items():
         w.add_uint32(f"{fam.gguf_arch}.{key}", value)
     _add_tokenizer(fam, w)
-    for name, data in gguf_tensors(fam, cfg, checkpoint(folder)).items():
-        if qtype != Q.F32 and quantizes(name, data):
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w, gguf_tensors(fam, cfg, checkpoint(folder)), qtype, quantizes)  # float32 already
     return path
 
 
