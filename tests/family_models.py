@@ -16,6 +16,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -212,6 +213,16 @@ def gguf_tensors(fam: Family, model) -> dict[str, np.ndarray]:
 
 def quantizes(name: str, w: np.ndarray) -> bool:
     return w.ndim == 2 and w.shape[1] % 32 == 0
+
+
+@pytest.fixture(scope="module", autouse=True)  # imported by the test modules that use these models
+def one_thread():
+    """Tiny matrices: one thread is fastest, and on a loaded machine torch's
+    second thread waits for a core for most of a run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def write_gguf(fam: Family, model, path: Path, qtype: Q = Q.F32) -> Path:

@@ -27,7 +27,6 @@ at F32 and Q8_0, then:
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
@@ -37,7 +36,7 @@ from gguf import GGMLQuantizationType as Q
 transformers = pytest.importorskip("transformers")
 _C = pytest.importorskip("paged._C_cpu")
 
-from family_models import FAMILIES, PagedRunner, greedy_run, hf_on, make_hf, write_gguf  # noqa: E402
+from family_models import FAMILIES, PagedRunner, greedy_run, hf_on, make_hf, one_thread, write_gguf  # noqa: E402,F401 (one_thread: autouse)
 
 from paged.backends.cpu.attention import CpuBackend  # noqa: E402
 from paged.backends.cpu.layer_stack import decline_reason, shape_decline  # noqa: E402
@@ -53,16 +52,6 @@ from paged.core.models.loaders import load_model_files  # noqa: E402
 BLOCK = 16
 NEW = 8
 NEAR_TIE = 1e-3  # HF top-2 logit gap under which another argmax is a tie
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one thread is fastest, and on a loaded machine torch's
-    second thread waits for a core for most of a run."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

@@ -36,7 +36,7 @@ from gguf import GGMLQuantizationType as Q
 transformers = pytest.importorskip("transformers")
 _C = pytest.importorskip("paged._C_cpu")
 
-from family_models import PagedRunner, greedy_run  # noqa: E402
+from family_models import PagedRunner, greedy_run, one_thread  # noqa: E402,F401 (one_thread: autouse)
 from moe_models import FAMILIES, build, hf_on, write_gguf  # noqa: E402
 from test_families import (NEW, assert_matches_hf, cpu_model, hf_logits, prompts, reference_model,  # noqa: E402
                            scenario)
@@ -48,14 +48,6 @@ from paged.core.engine.distributed.sharding import local_config, plan_shards, sh
 from paged.core.models.loaders import ModelLoadError, load_model_files  # noqa: E402
 from paged.core.models.moe import route  # noqa: E402
 from paged.core.models.spec import MoeSpec  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
