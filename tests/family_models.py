@@ -317,13 +317,19 @@ def hf_on(fam: Family, model, qtype: Q):
     """A copy of the HF model whose matrices hold what a ``qtype`` GGUF of
     it holds (each quantized and dequantized: rows are quantized on their
     own, so llama.cpp's row permutation changes nothing)."""
+    return quantized_copy(model, qtype, lambda name, w: gguf_name(fam, name) is not None and quantizes(name, w))
+
+
+def quantized_copy(model, qtype: Q, quantized):
+    """A copy of ``model`` whose parameters ``quantized(name, array)`` picks
+    are quantized to ``qtype`` and dequantized (none at F32)."""
     import copy
 
     ref = copy.deepcopy(model)
     with torch.no_grad():
         for name, p in ref.named_parameters():
             w = p.detach().numpy()
-            if qtype != Q.F32 and gguf_name(fam, name) is not None and quantizes(name, w):
+            if qtype != Q.F32 and quantized(name, w):
                 p.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)))
     return ref
 

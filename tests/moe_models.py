@@ -9,14 +9,12 @@ as architecture ``llama`` with Q/K permuted, the ``expert_*`` metadata."""
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 
-import gguf
 import numpy as np
 import torch
-from family_models import CHATML, Family, _add_tokenizer, _permute, close_gguf, make_hf, open_gguf
+from family_models import CHATML, Family, _add_tokenizer, _permute, close_gguf, make_hf, open_gguf, quantized_copy
 from gguf import GGMLQuantizationType as Q
 
 FAMILIES = {
@@ -112,14 +110,8 @@ def hf_on(hf, qtype: Q):
     """A copy of the HF model holding what a ``qtype`` file of it holds: each
     matrix and expert (transformers keeps them fused, [experts, rows, cols])
     quantized and dequantized row by row, the router and vectors as they are."""
-    ref = copy.deepcopy(hf)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            w = p.detach().numpy()
-            if qtype != Q.F32 and w.ndim >= 2 and w.shape[-1] % 32 == 0 and not name.endswith(
-                    ("mlp.gate.weight", "shared_expert_gate.weight")):
-                p.copy_(torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype)))
-    return ref
+    return quantized_copy(hf, qtype, lambda name, w: w.ndim >= 2 and w.shape[-1] % 32 == 0 and not name.endswith(
+        ("mlp.gate.weight", "shared_expert_gate.weight")))
 
 
 def build(name: str, folder: Path, seed: int = 0, **overrides):
