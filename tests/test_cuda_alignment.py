@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cuda_backend import _ops  # the one way these tests reach _C_cuda (skip or fail by nvcc)
 
 HEADER_DIR = Path(__file__).resolve().parents[1] / "csrc_cuda"
 
@@ -53,16 +54,6 @@ def test_alignment_rule_in_the_host_header(tmp_path):
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0 and run.stdout.strip() == "0 failures", run.stdout
-
-
-def _ops():
-    try:
-        from paged import _C_cuda
-    except ImportError as e:
-        if shutil.which("nvcc"):
-            pytest.fail(f"nvcc is on PATH but paged._C_cuda did not build/import: {e}")
-        pytest.skip(f"paged._C_cuda not built (no nvcc here): {e}")
-    return _C_cuda
 
 
 def _misaligned(*shape, dtype=torch.float16, by: int = 1):
