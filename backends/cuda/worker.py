@@ -1,6 +1,7 @@
 """The CUDA worker: the accelerator worker (backends/accelerator/worker.py:
 the KV cache sized from a profiled worst-case step, per engine instance)
-with CUDA graphs.
+with CUDA graphs; a mixture-of-experts model's experts as torch's grouped
+GEMM where it applies (layer_ops.py, moe.py).
 
 - profiling: the shared worst-case step, plus ``held_bytes``: what stays
   allocated beside the KV cache for the whole run. With graphs: the largest
@@ -52,6 +53,13 @@ class CudaWorker(AcceleratorWorker):
     def init_device(self, max_num_seqs: int = 64, enforce_eager: bool = False, **options) -> None:
         self.enforce_eager = bool(enforce_eager)
         super().init_device(max_num_seqs=max_num_seqs, device=self.device.index, **options)
+
+    def layer_ops(self, dtype):
+        """torch's elementwise ops; a mixture-of-experts model's experts as
+        torch's grouped GEMM where it applies (layer_ops.py)."""
+        from paged.backends.cuda.layer_ops import CudaLayerOps
+
+        return CudaLayerOps()
 
     def _graph_runner(self, num_blocks: int, max_len: int) -> CudaGraphRunner:
         return CudaGraphRunner(self.model, self.backend, self.num_layers, num_blocks, self.backend.block_size,

@@ -79,6 +79,8 @@ def operator_keywords(module, name: str) -> tuple[frozenset[str] | None, str]:
         keywords = read()
         if keywords:
             return keywords, how
+    if name not in ASSUMED:  # nothing to assume for it: the caller does without
+        return None, "unreadable"
     return ASSUMED[name], "assumed (2.13.0)"
 
 

@@ -1,7 +1,8 @@
 """The NPU worker: the accelerator worker (backends/accelerator/worker.py:
 the KV cache sized per engine instance from a profiled worst-case step,
 through torch.npu's memory statistics) attending with NpuBackend
-(torch_npu's fused operators; docs/ascend.md).
+(torch_npu's fused operators; docs/ascend.md), a mixture-of-experts model's
+experts through torch_npu's MoE operators where it has them (layer_ops.py).
 
 Sizing also respects the one-token branch's documented limit: a layer's
 key (and value) tensor may hold at most 2**31 - 1 elements, so the block
@@ -23,6 +24,14 @@ class NpuWorker(AcceleratorWorker):
 
         return NpuBackend
 
+    def layer_ops(self, dtype):
+        """torch's elementwise ops and, where the installed torch_npu has
+        them, its MoE operators for a mixture-of-experts model (layer_ops.py)."""
+        from paged.backends.npu.attention import _torch_npu
+        from paged.backends.npu.layer_ops import NpuLayerOps
+
+        return NpuLayerOps(_torch_npu())
+
     def determine_num_blocks(self, requested_bytes, max_model_len, max_num_seqs, max_num_batched_tokens):
         from paged.backends.npu import layout
 
@@ -39,4 +48,8 @@ class NpuWorker(AcceleratorWorker):
     def startup_summary(self) -> str:
         """The operator keywords read from the installed torch_npu."""
         plan = getattr(self.backend, "operators", None)  # None with --attention-backend reference
-        return plan.describe() if plan is not None else ""
+        lines = [plan.describe()] if plan is not None else []
+        moe_line = getattr(getattr(self.model, "ops", None), "moe_summary", None)
+        if moe_line and any(getattr(layer, "moe", None) is not None for layer in getattr(self.model, "layers", ())):
+            lines.append(moe_line)
+        return "; ".join(lines)

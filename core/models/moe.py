@@ -23,9 +23,13 @@ One step, grouped by expert so each expert's weights are read once per step
    not depend on its batch.
 
 Steps 2-4 are torch ops over the platform's linears (``_grouped``), or one
-call where the layer ops offer it (``ops.moe_experts``: the CPU's packed
-int8 experts on one device, csrc_cpu/model/moe_experts.h, with the same
-grouping, kernels and summation order, so the same bits).
+call where the layer ops offer it (``ops.moe_experts``, on one device): the
+CPU's packed int8 experts (csrc_cpu/model/moe_experts.h, with the same
+grouping, kernels and summation order, so the same bits), CUDA's grouped
+GEMM over stacked dense experts (backends/cuda/moe.py), torch_npu's MoE
+routing operators and grouped matmul (backends/npu/moe.py, which also
+brings step 1's gating operator). Those two keep every step on the device
+(no host transfer) and do not count ``expert_runs``.
 """
 
 from __future__ import annotations
@@ -89,11 +93,16 @@ class MoeMlp:
         return out
 
     def __call__(self, x: torch.Tensor, ops, first_prompt_row: int | None = None) -> torch.Tensor:
-        weights, ids = route(router_logits(x, self.router), self.spec)
-        fused = self._fused_experts(ops) if x.dtype == torch.float32 else None
-        if fused is not None:  # steps 2-4 in one platform call, the same bits
+        fused = self._fused_experts(ops)
+        if fused is not None and x.dtype not in getattr(fused, "dtypes", (torch.float32,)):
+            fused = None
+        logits = router_logits(x, self.router)
+        platform_route = getattr(fused, "route", None)  # the NPU's gating operator
+        weights, ids = platform_route(logits, self.spec) if platform_route else route(logits, self.spec)
+        if fused is not None:  # steps 2-4 in one platform call (the CPU's: the same bits)
             out, runs = fused(x, ids, weights)
-            self.expert_runs += runs
+            if runs is not None:  # an accelerator does not count them (a host sync)
+                self.expert_runs += runs
         else:
             out = self._grouped(x, ops, weights, ids, first_prompt_row)
         if self.shared is not None:
@@ -101,8 +110,13 @@ class MoeMlp:
         return out.to(x.dtype)
 
     def _fused_experts(self, ops):
-        """The layer ops' one-call experts (``ops.moe_experts``: the CPU's
-        packed int8 paths) on one device, else None."""
+        """The layer ops' one-call experts on one device, else None:
+        ``ops.moe_experts(gate_up, down, mlp)`` gives a callable ``(x, ids,
+        weights) -> (out, experts run or None)`` taking rows of the dtypes
+        it names in ``dtypes`` (none named: float32), optionally with its own
+        ``route(logits, spec)`` (the CPU's packed int8 paths; CUDA's grouped
+        GEMM, backends/cuda/moe.py; torch_npu's MoE operators,
+        backends/npu/moe.py)."""
         if self._fused_ops is not ops:
             make = getattr(ops, "moe_experts", None)
             single = isinstance(self.parallel, SingleDevice)
@@ -138,11 +152,7 @@ class MoeMlp:
             for i, slot in enumerate(order):
                 position[slot] = i
             ys = ys.index_select(0, torch.tensor(position))
-        terms = ys.view(rows, k, -1) * weights.to(ys.dtype).unsqueeze(-1)
-        out = terms[:, 0] + terms[:, 1] if k > 1 else terms[:, 0].clone()
-        for j in range(2, k):  # each row's choices in order: no other row changes the sum
-            out += terms[:, j]
-        return out
+        return combine_choices(ys, weights, k)
 
     def _shared(self, x: torch.Tensor, ops, first_prompt_row: int | None) -> torch.Tensor:
         gate_up, down = self.shared
@@ -151,6 +161,18 @@ class MoeMlp:
         if self.shared_gate is not None:
             y = torch.sigmoid(router_logits(x, self.shared_gate)) * y
         return y
+
+
+def combine_choices(ys: torch.Tensor, weights: torch.Tensor, k: int) -> torch.Tensor:
+    """Expert outputs in slot order (row r's j-th choice at row r * k + j
+    of ``ys``) -> each row's weighted sum over its choices, in choice order
+    (first choice first): no other row changes a row's sum."""
+    rows = ys.shape[0] // k
+    terms = ys.view(rows, k, -1) * weights.to(ys.dtype).unsqueeze(-1)
+    out = terms[:, 0] + terms[:, 1] if k > 1 else terms[:, 0].clone()
+    for j in range(2, k):
+        out += terms[:, j]
+    return out
 
 
 def _group_slots(ids: list[list[int]], first_prompt_row: int | None) -> list[tuple[int, list[int], int | None]]:
@@ -179,4 +201,4 @@ def _starts(sizes: list[int]) -> list[int]:
     return out
 
 
-__all__ = ["MoeMlp", "route", "router_logits"]
+__all__ = ["MoeMlp", "combine_choices", "route", "router_logits"]

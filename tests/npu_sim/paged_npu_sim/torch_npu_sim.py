@@ -1,9 +1,10 @@
 """SIMULATOR, not an NPU: a stand-in for the ``torch_npu`` module, in plain
 torch on CPU tensors, for tests only.
 
-It implements the two CANN operators NpuBackend calls, from their documented
+It implements the CANN operators paged calls, from their documented
 semantics in the torch_npu / op-plugin docs, plus the ``torch.npu`` calls
-the platform and the worker make:
+the platform and the worker make (the mixture-of-experts operators of
+backends/npu/moe.py are at the end of this file):
 
 - ``npu_scatter_pa_kv_cache``: key [T, N, D] into a cache [num_blocks,
   block_size, N, D] at slot = block * block_size + offset (ND; the NZ
@@ -89,7 +90,8 @@ AI_CORES = 20  # cube cores of a 910B: what the "split" precision model fills
 
 #: how many calls of each operator ran (tests read it: the simulator really ran)
 calls: dict[str, int] = {"npu_scatter_pa_kv_cache": 0, "npu_fused_infer_attention_score": 0,
-                         "stray_block_reads": 0}
+                         "stray_block_reads": 0, "npu_moe_gating_top_k_softmax": 0, "npu_moe_init_routing": 0,
+                         "npu_grouped_matmul": 0, "npu_moe_finalize_routing": 0}
 _in_operator = 0  # > 0 while a simulated operator runs: its own host reads are the device's
 _precision = "exact"
 
@@ -467,6 +469,136 @@ npu = types.SimpleNamespace(
 
 
 # ---- host syncs ---------------------------------------------------------------------
+
+# ---- mixture-of-experts operators (backends/npu/moe.py) ---------------------------------
+# Each from its torch_npu prototype and documented formula (Ascend's torch_npu
+# API reference, 6.0.RC3 / 7.0.0): the inference-only, dropless,
+# non-quantized case; what else the operators offer is refused, not guessed.
+
+MOE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+GMM_DTYPES = (torch.float16, torch.bfloat16)
+MAX_GMM_GROUPS = 128  # TensorList length limit of npu_grouped_matmul
+MAX_ROUTING_ELEMENTS = 2**24  # npu_moe_init_routing: x's shape size below this
+MAX_GATING_K = 1024
+
+
+def npu_moe_gating_top_k_softmax(x, finished=None, k=1):
+    """softmax(x, -1) (float32 inside) -> its top k, rounded to x's dtype,
+    their expert ids (int32) and row_idx (int32): row_idx[r, j] = j * rows + r.
+    A ``finished`` row's ids are the expert count."""
+    op = "npu_moe_gating_top_k_softmax"
+    with _operator(op):
+        if x.dim() != 2 or x.dtype not in MOE_DTYPES:
+            _refuse(op, f"a 2-D x of {MOE_DTYPES}", f"{tuple(x.shape)} {x.dtype}")
+        rows, experts = x.shape
+        if not 0 < k <= min(experts, MAX_GATING_K):
+            _refuse(op, f"0 < k <= min(experts, {MAX_GATING_K})", k)
+        y, ids = torch.topk(torch.softmax(x.float(), dim=-1), k, dim=-1)
+        ids = ids.to(torch.int32)
+        if finished is not None:
+            if finished.dtype != torch.bool or tuple(finished.shape) != (rows,):
+                _refuse(op, f"finished bool [{rows}]", f"{finished.dtype} {tuple(finished.shape)}")
+            ids[finished] = experts
+        row_idx = torch.arange(rows * k, dtype=torch.int32).view(k, rows).t().contiguous()
+        return y.to(x.dtype), ids, row_idx
+
+
+def npu_moe_init_routing(x, row_idx, expert_idx, active_num):
+    """Slots (row r's j-th choice, flat index r * k + j) sorted by expert,
+    stably -> expanded_x (x's row of each sorted slot: row_idx % rows),
+    expanded_row_idx (expanded_row_idx[row_idx of a slot] = its sorted
+    position) and the sorted expert ids."""
+    op = "npu_moe_init_routing"
+    with _operator(op):
+        if x.dim() != 2 or x.dtype not in MOE_DTYPES or x.numel() >= MAX_ROUTING_ELEMENTS:
+            _refuse(op, f"a 2-D x of {MOE_DTYPES} under 2**24 elements", f"{tuple(x.shape)} {x.dtype}")
+        for name, t in (("row_idx", row_idx), ("expert_idx", expert_idx)):
+            if t.dtype != torch.int32 or t.dim() != 2 or t.shape[0] != x.shape[0]:
+                _refuse(op, f"{name} int32 [{x.shape[0]}, k]", f"{t.dtype} {tuple(t.shape)}")
+        if row_idx.shape != expert_idx.shape:
+            _refuse(op, "row_idx shaped as expert_idx", f"{tuple(row_idx.shape)} vs {tuple(expert_idx.shape)}")
+        rows, k = expert_idx.shape
+        order = torch.argsort(expert_idx.reshape(-1), stable=True)
+        sources = row_idx.reshape(-1)[order].long()
+        expanded_row_idx = torch.empty(rows * k, dtype=torch.int32)
+        expanded_row_idx[sources] = torch.arange(rows * k, dtype=torch.int32)
+        active = min(rows, active_num) * k
+        return x[sources[:active] % rows], expanded_row_idx, expert_idx.reshape(-1)[order]
+
+
+def npu_grouped_matmul(x, weight, *, bias=None, scale=None, offset=None, antiquant_scale=None,
+                       antiquant_offset=None, per_token_scale=None, group_list=None, activation_input=None,
+                       activation_quant_scale=None, activation_quant_offset=None, split_item=0, group_type=-1,
+                       group_list_type=0, act_type=0, output_dtype=None):
+    """One x split along M (group_type 0) by ``group_list`` (a device
+    tensor, cumulative ends with group_list_type 0 or counts with 1), one
+    2-D weight [K, N] per group, one output (split_item 2 or 3): rows of
+    group g times weight[g], float32 inside, rounded once."""
+    op = "npu_grouped_matmul"
+    with _operator(op):
+        unsimulated = {k: v for k, v in dict(bias=bias, scale=scale, offset=offset, antiquant_scale=antiquant_scale,
+                                             antiquant_offset=antiquant_offset, per_token_scale=per_token_scale,
+                                             activation_input=activation_input, output_dtype=output_dtype).items()
+                       if v is not None}
+        if unsimulated or act_type != 0:
+            _refuse(op, "no bias, quantization or fused activation (not simulated)", sorted(unsimulated) or act_type)
+        if len(x) != 1 or split_item not in (2, 3) or group_type != 0 or not isinstance(group_list, torch.Tensor):
+            _refuse(op, "one x split along M by a group_list tensor (split_item 2/3, group_type 0; "
+                    "the only case simulated)", f"{len(x)} x, split_item {split_item}, group_type {group_type}, "
+                    f"group_list {type(group_list).__name__}")
+        a = x[0]
+        if a.dim() != 2 or a.dtype not in GMM_DTYPES or not a.is_contiguous():
+            _refuse(op, f"a contiguous 2-D x of {GMM_DTYPES}", f"{tuple(a.shape)} {a.dtype}")
+        if not 0 < len(weight) <= MAX_GMM_GROUPS:
+            _refuse(op, f"1 to {MAX_GMM_GROUPS} weights", len(weight))
+        if any(w.dim() != 2 or w.dtype != a.dtype or w.shape != weight[0].shape or w.shape[0] != a.shape[1]
+               for w in weight):
+            _refuse(op, f"2-D weights [{a.shape[1]}, N] of {a.dtype}", [(tuple(w.shape), w.dtype) for w in weight])
+        if group_list.dtype != torch.int64 or tuple(group_list.shape) != (len(weight),):
+            _refuse(op, f"group_list int64 [{len(weight)}]", f"{group_list.dtype} {tuple(group_list.shape)}")
+        if group_list_type not in (0, 1):
+            _refuse(op, "group_list_type 0 (cumulative) or 1 (counts)", group_list_type)
+        ends = group_list.cumsum(0) if group_list_type == 1 else group_list
+        if bool((ends[1:] < ends[:-1]).any()) or int(ends[0]) < 0 or int(ends[-1]) > a.shape[0]:
+            _refuse(op, f"non-decreasing group ends within the {a.shape[0]} rows", group_list.tolist())
+        out = torch.zeros(a.shape[0], weight[0].shape[1], dtype=torch.float32)
+        start = 0
+        for w, end in zip(weight, ends.tolist()):
+            out[start:end] = a[start:end].float() @ w.float()
+            start = end
+        return [out.to(a.dtype)]
+
+
+def npu_moe_finalize_routing(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                             export_for_source_row, drop_pad_mode=0):
+    """out[i] = sum over j of scales[i, j] * rows[expanded_src_to_dst_row[i
+    + j * NUM_ROWS]] (float32 inside, rounded once to the rows' dtype; the
+    skip and bias terms are not simulated)."""
+    op = "npu_moe_finalize_routing"
+    with _operator(op):
+        rows_in = expanded_permuted_rows
+        if skip1 is not None or skip2 is not None or bias is not None or drop_pad_mode != 0:
+            _refuse(op, "no skip1 / skip2 / bias, drop_pad_mode 0 (the only case simulated)",
+                    [n for n, v in (("skip1", skip1), ("skip2", skip2), ("bias", bias)) if v is not None]
+                    or drop_pad_mode)
+        if rows_in.dim() != 2 or rows_in.dtype not in MOE_DTYPES:
+            _refuse(op, f"2-D expanded_permuted_rows of {MOE_DTYPES}", f"{tuple(rows_in.shape)} {rows_in.dtype}")
+        if scales is None or scales.dim() != 2 or scales.dtype != rows_in.dtype:
+            _refuse(op, f"scales [NUM_ROWS, K] of {rows_in.dtype}", None if scales is None else scales.dtype)
+        rows, k = scales.shape
+        if rows_in.shape[0] != rows * k:
+            _refuse(op, f"{rows * k} expanded rows (NUM_ROWS * K)", rows_in.shape[0])
+        dst = expanded_src_to_dst_row
+        if dst.dtype != torch.int32 or tuple(dst.shape) != (rows * k,) or int(dst.min()) < 0 \
+                or int(dst.max()) >= rows * k:
+            _refuse(op, f"expanded_src_to_dst_row int32 [{rows * k}] in [0, {rows * k})",
+                    f"{dst.dtype} {tuple(dst.shape)}")
+        if export_for_source_row is not None and (export_for_source_row.dtype != torch.int32
+                                                  or tuple(export_for_source_row.shape) != (rows, k)):
+            _refuse(op, f"export_for_source_row int32 [{rows}, {k}]", tuple(export_for_source_row.shape))
+        picked = rows_in.float()[dst.long().view(k, rows)]  # [K, NUM_ROWS, H]: choice j of row i at [j, i]
+        return (picked * scales.float().t().unsqueeze(-1)).sum(0).to(rows_in.dtype)
+
 
 #: Tensor methods that copy device data to the host (a sync on a real device)
 SYNC_METHODS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
