@@ -11,7 +11,7 @@
 #   summary.txt   one line per stage + the e2e and benchmark results
 #   build.log pytest.log e2e.log e2e.json conformance.txt bench.log bench.json
 # Stages: build _C_cuda for sm_90 (and check it really was: CMake skips
-# csrc_cuda without nvcc and pip still succeeds) | the CUDA tests (kernels vs the reference
+# csrc_cuda without nvcc and pip still succeeds) | the CUDA tests (MoE grouped GEMM vs the torch loop, kernels vs the reference
 # backend at every head size, the shared kernel checks) | the engine end to
 # end on a generated model (benchmarks/gpu_e2e.py: cuda vs cpu float32
 # greedy in float32 and bfloat16, graphs vs --enforce-eager, two engines at
@@ -52,7 +52,7 @@ echo "built _C_cuda for sm_$archs in $(( $(date +%s) - t0 )) s" | tee -a "$S"
 
 stage tests
 timeout 60 $PY -m pytest -q -p no:cacheprovider tests/test_cuda_backend.py tests/test_cuda_ids.py \
-  tests/test_cuda_sizing.py tests/test_cuda_alignment.py > "$OUT/pytest.log" 2>&1
+  tests/test_cuda_sizing.py tests/test_cuda_alignment.py tests/test_cuda_moe.py > "$OUT/pytest.log" 2>&1
 test_rc=$?
 tail -3 "$OUT/pytest.log" | tee -a "$S"
 

@@ -115,7 +115,7 @@ def cuda_moe_experts(gate_up: list, down: list, mlp, ops) -> GroupedExperts | No
         try:
             experts(x, torch.zeros(1, 1, dtype=torch.int64, device=x.device), torch.ones(1, 1, device=x.device))
             return experts
-        except RuntimeError as e:  # an architecture or build this torch's kernels do not cover
+        except (RuntimeError, NotImplementedError) as e:  # an architecture or build this torch's kernels do not cover
             why = f"grouped_mm raised {str(e).splitlines()[0]}"
     log.info("MoE experts: the torch-op path (%s)", why)
     return None
