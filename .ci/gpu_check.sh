@@ -11,8 +11,8 @@
 #   summary.txt   one line per stage + the e2e and benchmark results
 #   build.log pytest.log e2e.log e2e.json conformance.txt bench.log bench.json
 # Stages: build _C_cuda for sm_90 (and check it really was: CMake skips
-# csrc_cuda without nvcc and pip still succeeds) | the CUDA tests (MoE grouped GEMM vs the torch loop, kernels vs the reference
-# backend at every head size, the shared kernel checks) | the engine end to
+# csrc_cuda without nvcc and pip still succeeds) | the CUDA tests (kernels vs the reference
+# backend at every head size, the shared kernel checks, MoE grouped GEMM vs the torch loop) | the engine end to
 # end on a generated model (benchmarks/gpu_e2e.py: cuda vs cpu float32
 # greedy in float32 and bfloat16, graphs vs --enforce-eager, two engines at
 # --gpu-memory-utilization 0.45 side by side, each engine's memory freed,
