@@ -93,6 +93,20 @@ def test_grouped_glue_handles_empty_groups_and_slot_order():
     assert runs is None
 
 
+def test_grouped_glue_reads_nothing_on_the_host():
+    """The whole step on torch's ``meta`` device (no data to read: a host
+    read would raise), as a CUDA graph would capture it."""
+    grouped_mm = cuda_moe.torch_grouped_mm()
+    if grouped_mm is None:
+        pytest.skip(f"torch {torch.__version__} has no grouped_mm")
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    experts = cuda_moe.GroupedExperts(torch.empty(6, 32, 32, **meta), torch.empty(6, 32, 16, **meta), MlpSpec(),
+                                      TorchLayerOps(), grouped_mm)
+    out, runs = experts(torch.empty(5, 32, **meta), torch.empty(5, 2, device="meta", dtype=torch.int64),
+                        torch.empty(5, 2, device="meta"))
+    assert out.shape == (5, 32) and out.device.type == "meta" and runs is None
+
+
 def test_stacking_keeps_one_copy_of_the_experts():
     mats = [torch.randn(6, 4) for _ in range(3)]
     values = [m.clone() for m in mats]

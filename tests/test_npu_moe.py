@@ -108,6 +108,31 @@ def test_npu_without_the_operators_runs_the_torch_ops(sim, monkeypatch):
     assert moe._fused_experts(ops) is None and torch.equal(moe(x, ops), moe(x, TorchLayerOps()))
 
 
+def test_moe_plan_follows_the_release_keywords():
+    """A grouped matmul without group_type / group_list_type takes a host
+    list (a sync, said in the start-up line); a finalize operator whose skip
+    and bias terms are not optional (no drop_pad_mode) is not used."""
+    import types
+
+    from paged.backends.npu.moe import moe_plan
+
+    def gating(x, finished=None, k=1): ...
+    def routing(x, row_idx, expert_idx, active_num): ...
+    def grouped_old(x, weight, *, bias=None, group_list=None, split_item=0): ...
+    def finalize(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                 export_for_source_row, drop_pad_mode=0): ...
+    def finalize_old(expanded_permuted_rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
+                     export_for_source_row): ...
+
+    module = types.SimpleNamespace(npu_moe_gating_top_k_softmax=gating, npu_moe_init_routing=routing,
+                                   npu_grouped_matmul=grouped_old, npu_moe_finalize_routing=finalize)
+    plan, line = moe_plan(module)
+    assert plan is not None and not plan.tensor_group_list and "host list" in line
+    module.npu_moe_finalize_routing = finalize_old
+    assert moe_plan(module) == (None, "MoE experts: torch ops (npu_moe_finalize_routing without optional "
+                                      "skip/bias terms)")
+
+
 @pytest.fixture(scope="module")
 def moe_families(sim, tmp_path_factory):
     """Qwen3-MoE, Mixtral and Qwen2-MoE HF folders loaded in bfloat16."""

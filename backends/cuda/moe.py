@@ -69,9 +69,10 @@ class GroupedExperts:
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, None]:
         k = ids.shape[1]
-        slots = ids.reshape(-1)
-        order = torch.argsort(slots, stable=True)
-        offs = torch.bincount(slots, minlength=self.gate_up_t.shape[0]).cumsum(0).to(torch.int32)
+        sorted_ids, order = torch.sort(ids.reshape(-1), stable=True)
+        # each expert's end in the sorted slots (bincount would read its maximum on the host)
+        experts = torch.arange(self.gate_up_t.shape[0], dtype=sorted_ids.dtype, device=ids.device)
+        offs = torch.searchsorted(sorted_ids, experts, right=True).to(torch.int32)
         xs = x.index_select(0, order // k)
         act = mlp_activation(self.ops, self.grouped_mm(xs, self.gate_up_t, offs=offs), self.mlp)
         ys = self.grouped_mm(act.contiguous(), self.down_t, offs=offs)
