@@ -7,6 +7,7 @@
 #include "attention/prompt_bf16.h"
 #include "attention/prompt_lanes.h"
 #include "linear/int8.h"
+#include "linear/half.h"
 #include "linear/s16.h"
 #include "runtime/runtime.h"
 
@@ -158,9 +159,11 @@ std::vector<AttentionBuild> attention_builds() {
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
 #if defined(PAGED_ISA_X86)
-  // every x86 build past scalar runs the s16 layout on its AVX2 kernel (s16.h)
+  // every x86 build past scalar runs the s16 layout (s16.h) and the f16 / bf16
+  // layouts (half.h) on their AVX2 kernels
   const auto with_s16 = [](Kernels k) {
     k.s16_rows = isa_avx2::s16_rows;
+    k.half_rows = isa_avx2::half_rows;
     return k;
   };
   // avx512's persistent weight panels (weight_panels.h), which amx reads as they lie

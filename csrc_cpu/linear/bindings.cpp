@@ -28,6 +28,10 @@ void register_linear(nb::module_& m) {
         "tiles made from the weight's int8 panels, bf16_prompt_supported() CPUs) (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
+  m.def("half_linear", nb::overload_cast<const l::Array&, const l::Array&, const l::Array&>(&l::half_linear), "x"_a,
+        "w"_a, "out"_a,
+        "out[M, N] = x[M, K] @ W^T, W [N, K] float16 or bfloat16 (a GGUF F16 / BF16 matrix kept 16-bit), x float32; "
+        "per output eight fma lanes over k % 8 then a fixed sum, so a row's bits never depend on the call (half.h).");
   m.def("weight_panel_layout", &l::weight_panel_layout,
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),

@@ -40,6 +40,10 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);
 
+// out[M, N] = x[M, K] @ W^T with W [N, K] float16 or bfloat16, float32 sums
+// in a fixed order per output (half.h): batch invariant, every build.
+void half_linear(const Array& x, const Array& w, const Array& out);
+
 // bfloat16 prompt rows (bf16_prompt.h).
 bool bf16_prompt_supported();
 // out (bfloat16, bf16_weight_elems(N, K) elements) = w16 [N, K] (bfloat16) in the tile layout.

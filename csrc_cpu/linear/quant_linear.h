@@ -126,6 +126,9 @@ using Int8LowTerm = void (*)(const float* x, int64_t K, QType t, const int8_t* h
 // The s16 layout's kernel (s16.h).
 struct S16Args;
 using S16Kernel = void (*)(const S16Args& s, int64_t n0, int64_t n1);
+// The 16-bit float weight layouts' kernel (half.h).
+struct HalfArgs;
+using HalfKernel = void (*)(const HalfArgs& h, int64_t n0, int64_t n1);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -143,6 +146,8 @@ struct Kernels {
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
   // the s16 layout's int8 paths (null: the scalar definition, isa_scalar::s16_rows)
   S16Kernel s16_rows = nullptr;
+  // the f16 / bf16 layouts (null: the scalar definition, isa_scalar::half_rows)
+  HalfKernel half_rows = nullptr;
 };
 
 namespace isa_scalar {
