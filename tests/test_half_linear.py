@@ -170,3 +170,48 @@ def test_a_16_bit_part_among_other_types_fuses_dense():
     fused = cat_rows(parts)
     assert isinstance(fused, torch.Tensor) and fused.dtype == torch.float32
     assert torch.equal(fused, torch.cat([p.dequantize(torch.float32) for p in parts]))
+
+
+# -- a whole F16 / BF16 model against HF float32 ---------------------------------------
+
+@pytest.fixture(scope="module", params=[("qwen3", Q.F16), ("llama", Q.BF16)], ids=lambda p: f"{p[0]}-{p[1].name}")
+def half_model(request, tmp_path_factory):
+    """(family, HF model, the GGUF loaded packed) for a tiny model written at
+    F16 (Qwen3: tied embeddings) or BF16 (Llama: its own head)."""
+    pytest.importorskip("transformers")
+    from family_models import FAMILIES, make_hf, write_gguf
+
+    from paged.core.models.loaders import load_model_files
+
+    name, qtype = request.param
+    fam = FAMILIES[name]
+    d = tmp_path_factory.mktemp(f"{name}-{qtype.name}")
+    hf = make_hf(fam, d / "hf")
+    loaded = load_model_files(write_gguf(fam, hf, d / "model.gguf", qtype), torch.float32, quiet=True,
+                              keep_packed=True)
+    return fam, hf, qtype, loaded
+
+
+@pytest.mark.parametrize("activations", ["mixed", "float32"])
+def test_16_bit_model_matches_hf_float32(half_model, activations, monkeypatch):
+    from family_models import greedy_run, hf_on, one_thread  # noqa: F401 (one_thread: autouse)
+    from test_families import NEW, assert_matches_hf, cpu_model, hf_logits, prompts
+
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+
+    fam, hf, qtype, loaded = half_model
+    c = loaded.config
+    model, backend = cpu_model(c, loaded.weights, activations)
+    layout = qtype.name.lower()
+    mats = [w for layer in model.decoder_stack().layers for _, w in layer.matrices()]
+    assert mats and all(isinstance(w, CpuPackedLinear) and w.qtype == layout for w in mats)
+    assert isinstance(model.embed, CpuPackedLinear) and model.embed.qtype == layout  # rows dequantized per lookup
+    assert isinstance(model.lm_head, CpuPackedLinear) and model.lm_head.qtype == layout
+    assert (model.lm_head is model.embed) == bool(hf.config.tie_word_embeddings)
+    ps = prompts(c.vocab_size)
+    batched, gen = greedy_run(model, backend, c.num_layers, ps, NEW)
+    # HF on the weights the file holds (16-bit values, exact in float32): float32 math up to summation order
+    assert_matches_hf(batched, gen, hf_logits(hf_on(fam, hf, qtype), ps, gen), 1e-4)
+    for i, p in enumerate(ps):  # every setting runs the 16-bit matrices on half_linear: batch invariant
+        alone, g = greedy_run(model, backend, c.num_layers, [p], NEW)
+        assert g[0] == gen[i] and torch.equal(alone[0], batched[i]), f"sequence {i} alone vs batched"

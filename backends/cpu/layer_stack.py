@@ -14,7 +14,8 @@ RMSNorm (Qwen3, Gemma 3), a Q/K/V bias (Qwen2), a SiLU- or GELU-tanh-gated
 MLP, the layer's own rotary table (Gemma 3's local and global bases,
 LongRoPE, partial rotary: the table's width), window and attention scale.
 What it has no kernels for it declines, naming it (``decline_reason``):
-LayerNorm, an ungated MLP, a mixture of experts; the model then runs on the
+LayerNorm, an ungated MLP, a mixture of experts, f16 / bf16 matrices
+(half_linear has no call from the stack yet); the model then runs on the
 Python layers.
 
 The CPU worker attaches it to the model (backends/cpu/worker.py), which
@@ -42,7 +43,7 @@ import torch
 from paged.backends.cpu.attention import CpuBackend, dl
 from paged.backends.cpu import quant_linear as packed_linear
 from paged.backends.cpu.layer_ops import CpuFusedLayerOps
-from paged.backends.cpu.quant_linear import CpuPackedLinear
+from paged.backends.cpu.quant_linear import HALF_LAYOUTS, CpuPackedLinear
 
 __all__ = ["LayerStack", "enabled", "decline_reason"]
 
@@ -146,6 +147,8 @@ def decline_reason(model) -> str | None:
             return f"layer {i}: O, gate/up and down on different terms"
     if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
         return "matrices of several activations settings"
+    if any(w.qtype in HALF_LAYOUTS for layer in layers for w in _layer_matrices(layer)):
+        return "f16 / bf16 matrices (the stack runs the q4 / q8 / s16 layouts)"
     s16 = any(w.qtype == "s16" for layer in layers for w in _layer_matrices(layer))
     if s16 and activations & {"float32", "mixed-bf16"}:  # s16 runs those as a dense GEMM / two terms in Python
         return "s16 matrices under float32 or mixed-bf16 activations"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from paged.backends.cpu.attention import dl
-from paged.backends.cpu.quant_linear import CpuPackedLinear
+from paged.backends.cpu.quant_linear import HALF_LAYOUTS, CpuPackedLinear
 
 #: the packed linear settings the C++ call runs as CpuPackedLinear does
 #: ("float32" takes a dense GEMM from DENSE_ROWS rows, "mixed-bf16" its
@@ -42,8 +42,8 @@ def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
     if not hasattr(_C_cpu, "MoeExperts") or not mlp.gated or mlp.activation != "silu" or not gate_up:
         return None
     matrices = list(gate_up) + list(down)
-    if not all(isinstance(w, CpuPackedLinear) for w in matrices):
-        return None
+    if not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS for w in matrices):
+        return None  # f16 / bf16 experts run on half_linear in Python
     first = matrices[0]
     if first.activations not in FUSED_ACTIVATIONS or any(
             (w.activations, w.one_term) != (first.activations, first.one_term) for w in matrices):

@@ -24,6 +24,13 @@ quantized the same way: ~15 bits of x per block (greedy output as faithful as
 float32 activations on the accuracy gate), still batch invariant, at about
 twice int8's integer work (the weight unpacking is shared).
 
+F16 and BF16 matrices (layouts "f16" / "bf16") keep their 16-bit values
+and multiply float32 x under every ``activations`` setting
+(``_C_cpu.half_linear``: exact products, a fixed summation order per output,
+so batch invariant like the int8 paths, and as accurate as float32 math on the
+dequantized weight); they have no integer codes for the int8 paths to take
+(docs/cpu-linear.md, "F16 and BF16 weights").
+
 Weight panels (int8 paths, avx512 build): calls of more than 8 rows make the
 kernel widen each 32-row chunk's codes and transpose its scales into a panel
 before sweeping it; ``use_panels`` keeps that panel for the whole matrix
@@ -74,6 +81,9 @@ log = logging.getLogger(__name__)
 #: ``prompt_rows="bf16"``, tiles made from the int8 panels: no bfloat16 copy;
 #: CPUs with AMX-BF16 only).
 ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
+#: the 16-bit float layouts (core/models/loaders/quant_layouts.py HALF_LAYOUTS),
+#: on _C_cpu.half_linear whatever the activations setting
+HALF_LAYOUTS = ("f16", "bf16")
 
 
 def _one_of(names) -> str:
@@ -197,7 +207,12 @@ class CpuPackedLinear:
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         rows = x2.shape[0]
-        if self.activations == "float32" and (0 < DENSE_ROWS <= rows or self.qtype == "s16"):
+        if self.qtype in HALF_LAYOUTS:
+            out = torch.empty((rows, self.out_features), dtype=torch.float32)
+            _C_cpu.half_linear(dl(x2), dl(self.qs), dl(out))
+            if bias is not None:
+                out += bias
+        elif self.activations == "float32" and (0 < DENSE_ROWS <= rows or self.qtype == "s16"):
             out = F.linear(x2, self._dequantized(), bias)  # s16 has no float32-activation kernel
         else:
             out = torch.empty((rows, self.out_features), dtype=torch.float32)
@@ -240,7 +255,7 @@ class CpuPackedLinear:
         from paged.core.models.loaders.quant_layouts import dequantize_layout
 
         flat = ids.reshape(-1)
-        rows = dequantize_layout(self.qtype, self.qs[flat], self.d[flat], None if self.m is None else self.m[flat])
+        rows = dequantize_layout(self.qtype, self.qs[flat], *(None if t is None else t[flat] for t in (self.d, self.m)))
         return rows.to(dtype).view(*ids.shape, self.in_features)
 
 

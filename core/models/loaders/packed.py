@@ -1,9 +1,9 @@
 """GGUF block-quantized weights kept packed (not dequantized at load).
 
 Matrices of the types the CPU kernels take (quant_layouts.LAYOUT: Q4_0,
-Q4_1, Q8_0, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL) stay in their GGUF blocks until a
-platform's packed linear unpacks them into its layout (``fields``), so the
-kernels read 4.5-12 bits per weight instead of 32; every other consumer
+Q4_1, Q8_0, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL, F16, BF16) stay in their GGUF
+blocks until a platform's packed linear unpacks them into its layout
+(``fields``), so the kernels read 4.5-16 bits per weight instead of 32; every other consumer
 calls ``dequantize``. Values are exactly gguf's dequantization: the packed
 form changes bytes moved, not maths.
 """
@@ -16,7 +16,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from paged.core.models.loaders.quant_layouts import LAYOUT, as_s16, dequantize_layout, unpack
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack
 
 #: GGUF types the packed form (and the CPU kernels) understand -> kernel layout
 PACKABLE = LAYOUT
@@ -86,11 +86,15 @@ class PackedFields:
 def cat_rows(parts: list) -> "PackedBlocks | PackedFields | torch.Tensor":
     """Concatenate matrices along rows (fused QKV / gate-up): tensors with
     torch.cat, packed blocks of one GGUF type block-row-wise, packed blocks
-    of several types as s16 fields (every row keeps its values); a mix of
-    packed and dense is the caller's to dequantize first."""
+    of several types as s16 fields (every row keeps its values), except
+    that a 16-bit float part among other types makes the whole matrix dense
+    float32 (neither layout holds the other's values); a mix of packed and
+    dense is the caller's to dequantize first."""
     if all(isinstance(p, PackedBlocks) for p in parts):
         if len({p.qtype for p in parts}) == 1:
             return parts[0].with_rows(torch.cat([p.blocks for p in parts]))
+        if any(p.kernel_type in HALF_LAYOUTS for p in parts):
+            return torch.cat([p.dequantize(torch.float32) for p in parts])
         s16 = [as_s16(p.kernel_type, *p.fields()) for p in parts]
         mins = None if all(m is None for _, _, m in s16) else torch.cat(
             [m if m is not None else torch.zeros_like(d) for _, d, m in s16])

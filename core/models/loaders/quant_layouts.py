@@ -1,6 +1,6 @@
 """GGUF block formats unpacked into the CPU kernels' layouts, exactly.
 
-Every GGUF type llama.cpp's common mixes use maps onto one of four layouts
+Every GGUF type llama.cpp's common mixes use maps onto one of these layouts
 whose dequantized values are gguf's bit for bit (tests/test_quant_layouts.py
 checks each against the ``gguf`` package's dequantizer on random blocks):
 
@@ -11,6 +11,7 @@ q4_0       qs uint8 [N, K/2] nibbles, d [N, K/32]        d[b] * (q - 8)
 q4_1       qs uint8 [N, K/2] nibbles, d, m [N, K/32]     d[b] * q + m[b]
 q8_0       qs int8 [N, K], d [N, K/32]                   d[b] * q
 s16        qs int8 [N, K], d [N, K/16], m [N, K/16]      d[h] * q + m[h]   (m may be None: 0)
+f16, bf16  qs float16 / bfloat16 [N, K], d, m None     qs[n, k] (exact in float32)
 =========  ============================================  =====================================
 
 (b: the 32-value block of k, h: its 16-value half; nibbles low half first,
@@ -19,7 +20,9 @@ as GGUF stores them; scales float32.)
 GGUF type -> layout: Q4_0, Q4_1, Q8_0 as themselves; Q4_K -> q4_1 (its
 per-32 scale and min are d * sc and -dmin * m, exact products); Q5_0 and
 IQ4_NL -> q8_0 (codes q - 16 and the IQ4_NL table's values); Q2_K, Q3_K,
-Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them).
+Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them);
+F16 and BF16 -> f16 and bf16, their own 16-bit values (a view of the
+blocks: no copy, no float32 widening).
 Why each is exact: a product of an fp16 scale and a sub-scale of at most 8
 bits has at most 19 significant bits (exact in float32), and the layouts
 apply the remaining multiply and add in the order gguf's dequantizer does.
@@ -33,7 +36,9 @@ from gguf import GGMLQuantizationType as Q
 
 #: GGUF type -> the kernel layout it unpacks to
 LAYOUT = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.Q4_K: "q4_1", Q.Q5_0: "q8_0", Q.IQ4_NL: "q8_0",
-          Q.Q2_K: "s16", Q.Q3_K: "s16", Q.Q5_1: "s16", Q.Q5_K: "s16", Q.Q6_K: "s16"}
+          Q.Q2_K: "s16", Q.Q3_K: "s16", Q.Q5_1: "s16", Q.Q5_K: "s16", Q.Q6_K: "s16", Q.F16: "f16", Q.BF16: "bf16"}
+#: the 16-bit float layouts: float32 activations under every setting (no integer codes to multiply)
+HALF_LAYOUTS = {"f16": torch.float16, "bf16": torch.bfloat16}
 #: IQ4_NL's code -> value table
 IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -195,13 +200,21 @@ def _q2_k(b, n):
     return _per(n, codes.to(torch.int8)), _per(n, scale), _per(n, mins)
 
 
-_UNPACK = {Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.IQ4_NL: _iq4_nl, Q.Q5_1: _q5_1,
+def _half(dtype: torch.dtype):
+    """F16 / BF16: the blocks' bytes viewed as the 16-bit values [N, K]."""
+    return lambda b, n: (_per(n, b.contiguous().view(dtype)), None, None)
+
+
+_UNPACK = {Q.F16: _half(torch.float16), Q.BF16: _half(torch.bfloat16), Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.IQ4_NL: _iq4_nl, Q.Q5_1: _q5_1,
            Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.Q3_K: _q3_k, Q.Q2_K: _q2_k}
 
 
 def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None):
     """Any layout's fields as s16's (int8 codes, per-16 scales and mins), the
-    same values: a fused matrix whose parts have different layouts runs as s16."""
+    same values: a fused matrix whose parts have different layouts runs as s16
+    (not the 16-bit float layouts: ValueError; packed.cat_rows widens those)."""
+    if layout in HALF_LAYOUTS:
+        raise ValueError(f"layout {layout!r} has no s16 form (its values are not int8 codes times a scale)")
     if layout == "s16":
         return qs, d, m
     if layout == "q8_0":
@@ -216,6 +229,8 @@ def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | Non
 
 def dequantize_layout(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """The float32 matrix of a layout's fields (w as the module docstring says)."""
+    if layout in HALF_LAYOUTS:
+        return qs.float()
     codes, scale, mins = as_s16(layout, qs, d, m)
     n, k = codes.shape
     w = codes.float().view(n, -1, 16) * scale.view(n, -1, 1)
