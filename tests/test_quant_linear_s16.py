@@ -93,9 +93,10 @@ def build(request):
 
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
 @pytest.mark.parametrize("offsets,k", [(False, 64), (True, 64), (True, 160)])  # 160: 8 offset chains + 2
-def test_exact_arithmetic(build, activations, offsets, k):
+@pytest.mark.parametrize("rows", [3, 5])  # AVX2: 3 rows take the few-rows tile, 5 the register tiles
+def test_exact_arithmetic(build, activations, offsets, k, rows):
     qs, d, m = s16_weight(5, k, seed=3, offsets=offsets)
-    x = torch.randn(3, k, generator=torch.Generator().manual_seed(9))
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(9))
     x[1, :32] *= 1e-3
     assert torch.equal(run(x, qs, d, m, activations), exact_oracle(x, qs, d, m, activations))
 

@@ -19,6 +19,7 @@ namespace {
 
 struct S16Scratch {
   std::vector<int8_t> codes, lo;
+  std::vector<int16_t> c16;
   std::vector<float> scale, sums, half;
   std::vector<int32_t> corr, lo_corr;
 };
@@ -39,6 +40,16 @@ void half_sums(const LinearArgs& a, int64_t r, float* xs) {
     for (int64_t k = h * kS16Half; k < (h + 1) * kS16Half; ++k) sum += lo ? hi[k] * 256 + lo[k] : hi[k];
     xs[h] = a.x8_scale[r * (K / kBlock) + h / 2] * float(sum);
   }
+}
+
+// Row r's codes c (xq, or 256 xq + lo) as int16 in the pair order (s16.h).
+void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
+  for (int64_t b = 0; b < K; b += kBlock)
+    for (int p = 0; p < kLanes; ++p)
+      for (int e = 0; e < 4; ++e) {  // elements 0, 1 of the lane: pair A; 2, 3: pair B
+        const int64_t k = b + 4 * kS16PairLanes[p] + e;
+        c16[b + (e / 2) * (kBlock / 2) + 2 * p + e % 2] = int16_t(lo ? hi[k] * 256 + lo[k] : hi[k]);
+      }
 }
 
 }  // namespace
@@ -93,6 +104,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
+  int16_t* const c16 = grow(scratch.c16, M * K);
   const Kernels kernels = active_kernels();
   const bool parallel = M * a.N * K >= kSerialMacs;
   // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
@@ -101,6 +113,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, QType::Q8_0, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
+    pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
   });
   const S16Kernel kernel = s16_kernel();
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
@@ -111,7 +124,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_scale = scale + r0 * nb;
     g.out = a.out + r0 * a.N;
-    S16Args s{&g, half ? half + r0 * nh : nullptr};
+    S16Args s{&g, half ? half + r0 * nh : nullptr, c16 + r0 * K};
     if (half)
       for (int64_t r = 0; r < g.M; ++r) half_sums(g, r, half + (r0 + r) * nh);
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;

@@ -36,12 +36,22 @@ namespace paged::cpu::linear {
 
 constexpr int64_t kS16Half = 16;  // weights per scale
 
+// The order of x's codes in S16Args::c16, per 32-block: A, the first pair
+// of each lane (elements 4l, 4l+1), then B, the second pairs (4l+2, 4l+3),
+// each as 16 int16 with the lanes in this order. It is what two vpmaddwd
+// make of a block's codes widened and split by vshufps (lanes 0, 1 | 2, 3
+// from elements 0-15, 4, 5 | 6, 7 from 16-31): madd(wA, cA) + madd(wB, cB)
+// is the lanes' sums I (exact in int32), in this order.
+constexpr int kS16PairLanes[kLanes] = {0, 1, 4, 5, 2, 3, 6, 7};
+
 // One call's operands: the weight (a.qs int8 [N, K], a.d / a.m [N, K/16]),
-// x quantized (a.x8, a.x8_lo, a.x8_scale as int8.h), the half sums xs
-// [M, K/16] when the weight has offsets, and the output.
+// x quantized (a.x8, a.x8_lo, a.x8_scale as int8.h), its codes c as int16 in
+// the pair order above (c16 [M, K]), the half sums xs [M, K/16] when the
+// weight has offsets, and the output.
 struct S16Args {
   const LinearArgs* a;
   const float* xs = nullptr;
+  const int16_t* c16 = nullptr;
 };
 
 namespace isa_scalar {

@@ -1,11 +1,21 @@
 // AVX2 build of the s16 layout's kernel (s16.h), shared by every x86 build
-// past scalar: a block's eight int32 lane sums of one weight row with up to
-// four x rows from vpmaddubsw on |w| and x * sign(w) (vpabsb, vpsignb: pairs
-// <= 2 * 128 * 127 < 2^15) and vpmaddwd by ones, the lanes scaled per half
-// and accumulated with one fma each, as the scalar definition does.
+// past scalar. x's codes come as int16 in the pair order (S16Args::c16), so
+// one weight block, widened once (two vpmovsxbw, two vshufps), serves every
+// x row of a register tile: its eight exact int32 lane sums are
+// madd(wA, cA) + madd(wB, cB) for int8 and int8x2 alike (|w * c| <= 128 *
+// 32639, a lane's four products < 2^24). Then per lane, as the scalar
+// definition: convert, fl(d * dx), one fma. Tiles of kTileRows x rows by
+// kTileCols weight rows keep their accumulators in registers; a lane's chain
+// is the definition's whatever tile it falls in, so a row's bits never
+// depend on the rows beside it. Calls of up to kFewRows rows (decode) keep
+// the weight's bytes as they lie (few_rows_tile): with so few rows to reuse
+// it, widening a block costs more than it saves.
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
 
 #include "arch/target.h"
 #include "linear/s16.h"
@@ -15,16 +25,129 @@ PAGED_TARGET_BEGIN("avx2,fma")
 namespace paged::cpu::linear::isa_avx2 {
 namespace {
 
-constexpr int kRowsPerTile = 4;
+constexpr int kTileRows = 3;  // x rows per register tile
+constexpr int kTileCols = 2;  // weight rows per register tile
+constexpr int64_t kFewRows = 3;  // calls of up to this many rows take few_rows
 
-// The eight lane sums of 32 weight codes with 32 x codes.
-inline __m256i lane_sums(__m256i wabs, __m256i w, const int8_t* x) {
+// One weight row's block, widened: the pairs A and B in c16's order and the
+// scales of the lanes there, [d0 d0 d1 d1 | d0 d0 d1 d1] (kS16PairLanes).
+struct WeightBlock {
+  __m256i a, b;
+  __m256 d;
+};
+
+inline WeightBlock weight_block(const int8_t* w, const float* d) {
+  // dwords of lo: pairs A, B of lanes 0, 1 | 2, 3; of hi: lanes 4, 5 | 6, 7
+  const __m256 lo = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  const __m256 hi =
+      _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))));
+  double pair;
+  std::memcpy(&pair, d, sizeof pair);  // d[2b], d[2b + 1]
+  const __m256 ds = _mm256_castpd_ps(_mm256_set1_pd(pair));
+  return {_mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))),
+          _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), _mm256_unpacklo_ps(ds, ds)};
+}
+
+// hsum8 (quant_linear.h) of lanes held in kS16PairLanes' positions:
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), each add as the definition's.
+inline float lanes_sum(__m256 v) {
+  v = _mm256_add_ps(v, _mm256_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));  // l0+l4, l1+l5 | l2+l6, l3+l7
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// hsum8 of lanes in their natural positions.
+inline float natural_sum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // l0+l4, l1+l5, l2+l6, l3+l7
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// The eight offset chains (s16.h) of the tile's outputs: half h in lane
+// h % 8, so 8 halves are one vector fma; t[i][j] summed as hsum8.
+template <int R, int J>
+void offsets(const S16Args& s, int64_t r0, int64_t n0, float t[R][J]) {
+  const LinearArgs& a = *s.a;
+  const int64_t nh = a.K / kS16Half;
+  __m256 tv[R][J];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) tv[i][j] = _mm256_setzero_ps();
+  int64_t h = 0;
+  for (; h + kLanes <= nh; h += kLanes) {
+    __m256 m[J];
+    for (int j = 0; j < J; ++j) m[j] = _mm256_loadu_ps(a.m + (n0 + j) * nh + h);
+    for (int i = 0; i < R; ++i) {
+      const __m256 xs = _mm256_loadu_ps(s.xs + (r0 + i) * nh + h);
+      for (int j = 0; j < J; ++j) tv[i][j] = _mm256_fmadd_ps(m[j], xs, tv[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) {
+      if (h == nh) {
+        t[i][j] = natural_sum(tv[i][j]);
+        continue;
+      }
+      alignas(32) float lanes[kLanes];
+      _mm256_store_ps(lanes, tv[i][j]);
+      for (int64_t g = h; g < nh; ++g)
+        lanes[g % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a.m[(n0 + j) * nh + g]),
+                                                       _mm_set_ss(s.xs[(r0 + i) * nh + g]), _mm_set_ss(lanes[g % kLanes])));
+      t[i][j] = hsum8(lanes);
+    }
+}
+
+// out[r0 .. r0+R, n0 .. n0+J].
+template <int R, int J>
+void tile(const S16Args& s, int64_t r0, int64_t n0) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
+  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
+  const int16_t* c = s.c16 + r0 * K;
+  const float* dx = a.x8_scale + r0 * nb;
+  __m256 acc[R][J];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    WeightBlock w[J];
+    for (int j = 0; j < J; ++j) w[j] = weight_block(codes + (n0 + j) * K + b * kBlock, a.d + (n0 + j) * nh + 2 * b);
+    for (int i = 0; i < R; ++i) {
+      const auto* x = reinterpret_cast<const __m256i*>(c + i * K + b * kBlock);
+      const __m256i xa = _mm256_loadu_si256(x), xb = _mm256_loadu_si256(x + 1);
+      const __m256 dxv = _mm256_broadcast_ss(dx + i * nb + b);
+      for (int j = 0; j < J; ++j) {
+        const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(w[j].a, xa), _mm256_madd_epi16(w[j].b, xb));
+        acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(w[j].d, dxv), _mm256_cvtepi32_ps(isum), acc[i][j]);
+      }
+    }
+  }
+  float t[R][J];
+  if (a.m) offsets<R, J>(s, r0, n0, t);
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) {
+      const float out = lanes_sum(acc[i][j]);
+      a.out[(r0 + i) * a.N + n0 + j] = a.m ? out + t[i][j] : out;
+    }
+}
+
+template <int R>
+void tile_cols(const S16Args& s, int64_t r0, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + kTileCols <= n1; n += kTileCols) tile<R, kTileCols>(s, r0, n);
+  for (; n < n1; ++n) tile<R, 1>(s, r0, n);
+}
+
+// Calls of few rows: one weight row by up to kFewRows x rows, its block's
+// eight lane sums from vpmaddubsw on |w| and x * sign(w) (vpabsb,
+// vpsignb: pairs <= 2 * 128 * 127 < 2^15) and vpmaddwd by ones on the int8
+// codes as they lie; widening the weight to int16 pairs does not pay with
+// so few rows to reuse it.
+inline __m256i byte_lane_sums(__m256i wabs, __m256i w, const int8_t* x) {
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
   return _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, w)), _mm256_set1_epi16(1));
 }
 
 template <int R>
-void tile(const S16Args& s, int64_t r0, int64_t n) {
+void few_rows_tile(const S16Args& s, int64_t n) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
   const auto* w = reinterpret_cast<const int8_t*>(a.qs) + n * K;
@@ -35,52 +158,49 @@ void tile(const S16Args& s, int64_t r0, int64_t n) {
     const __m256i wabs = _mm256_abs_epi8(wv);
     const float d0 = a.d[n * nh + 2 * b], d1 = a.d[n * nh + 2 * b + 1];
     for (int i = 0; i < R; ++i) {
-      const int64_t r = r0 + i;
-      const float dx = a.x8_scale[r * nb + b];
-      __m256i isum = lane_sums(wabs, wv, a.x8 + r * K + b * kBlock);
+      const float dx = a.x8_scale[i * nb + b];
+      __m256i isum = byte_lane_sums(wabs, wv, a.x8 + i * K + b * kBlock);
       if (a.x8_lo)
-        isum = _mm256_add_epi32(_mm256_slli_epi32(isum, 8), lane_sums(wabs, wv, a.x8_lo + r * K + b * kBlock));
+        isum = _mm256_add_epi32(_mm256_slli_epi32(isum, 8), byte_lane_sums(wabs, wv, a.x8_lo + i * K + b * kBlock));
       const __m256 scale = _mm256_set_m128(_mm_set1_ps(d1 * dx), _mm_set1_ps(d0 * dx));
       acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[i]);
     }
   }
+  float t[R][1];
+  if (a.m) offsets<R, 1>(s, 0, n, t);
   for (int i = 0; i < R; ++i) {
-    const int64_t r = r0 + i;
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, acc[i]);
-    float out = hsum8(lanes);
-    if (a.m) {
-      // the eight offset chains (s16.h): half h in lane h % 8
-      const float* m = a.m + n * nh;
-      const float* xs = s.xs + r * nh;
-      __m256 tv = _mm256_setzero_ps();
-      int64_t h = 0;
-      for (; h + kLanes <= nh; h += kLanes) tv = _mm256_fmadd_ps(_mm256_loadu_ps(m + h), _mm256_loadu_ps(xs + h), tv);
-      alignas(32) float t[kLanes];
-      _mm256_store_ps(t, tv);
-      for (; h < nh; ++h)
-        t[h % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(m[h]), _mm_set_ss(xs[h]), _mm_set_ss(t[h % kLanes])));
-      out = out + hsum8(t);
-    }
-    a.out[r * a.N + n] = out;
+    const float out = natural_sum(acc[i]);
+    a.out[i * a.N + n] = a.m ? out + t[i][0] : out;
   }
+}
+
+template <int R>
+void few_rows(const S16Args& s, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) few_rows_tile<R>(s, n);
+}
+
+using TileFn = void (*)(const S16Args&, int64_t r0, int64_t n0, int64_t n1);
+template <int... R>
+constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
+  return {&tile_cols<R + 1>...};
 }
 
 }  // namespace
 
-// Tiles of x rows outside, the chunk's weight rows inside: a tile's codes
-// stay in L1 while the chunk's rows (kI8ChunkRows x K bytes) sit in L2.
+// Few rows: few_rows. Else tiles of x rows outside, the chunk's weight rows
+// inside: a tile's codes stay in L1 while the chunk's rows (kI8ChunkRows x K
+// bytes) sit in L2.
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
+  static constexpr auto tiles = tile_table(std::make_integer_sequence<int, kTileRows>());
   const int64_t M = s.a->M;
-  int64_t r = 0;
-  for (; r + kRowsPerTile <= M; r += kRowsPerTile)
-    for (int64_t n = n0; n < n1; ++n) tile<kRowsPerTile>(s, r, n);
-  for (int64_t n = n0; n < n1; ++n) switch (M - r) {
-      case 3: tile<3>(s, r, n); break;
-      case 2: tile<2>(s, r, n); break;
-      case 1: tile<1>(s, r, n); break;
-      default: break;
-    }
+  static_assert(kFewRows == 3, "the switch below covers 1 .. kFewRows rows");
+  switch (M) {
+    case 1: return few_rows<1>(s, n0, n1);
+    case 2: return few_rows<2>(s, n0, n1);
+    case 3: return few_rows<3>(s, n0, n1);
+    default: break;
+  }
+  for (int64_t r = 0; r < M; r += kTileRows) tiles[size_t(std::min<int64_t>(kTileRows, M - r) - 1)](s, r, n0, n1);
 }
 
 }  // namespace paged::cpu::linear::isa_avx2
