@@ -104,7 +104,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
-  int16_t* const c16 = grow(scratch.c16, M * K);
+  int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const Kernels kernels = active_kernels();
   const bool parallel = M * a.N * K >= kSerialMacs;
   // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
@@ -113,7 +113,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, QType::Q8_0, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
-    pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
+    if (c16) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
   });
   const S16Kernel kernel = s16_kernel();
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
@@ -124,7 +124,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_scale = scale + r0 * nb;
     g.out = a.out + r0 * a.N;
-    S16Args s{&g, half ? half + r0 * nh : nullptr, c16 + r0 * K};
+    S16Args s{&g, half ? half + r0 * nh : nullptr, c16 ? c16 + r0 * K : nullptr};
     if (half)
       for (int64_t r = 0; r < g.M; ++r) half_sums(g, r, half + (r0 + r) * nh);
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;

@@ -43,10 +43,13 @@ constexpr int64_t kS16Half = 16;  // weights per scale
 // from elements 0-15, 4, 5 | 6, 7 from 16-31): madd(wA, cA) + madd(wB, cB)
 // is the lanes' sums I (exact in int32), in this order.
 constexpr int kS16PairLanes[kLanes] = {0, 1, 4, 5, 2, 3, 6, 7};
+// Calls of at most this many rows get no c16 (null): the AVX2 kernel reads
+// their int8 codes as they lie (too few rows to pay for widening weights).
+constexpr int64_t kS16FewRows = 3;
 
 // One call's operands: the weight (a.qs int8 [N, K], a.d / a.m [N, K/16]),
 // x quantized (a.x8, a.x8_lo, a.x8_scale as int8.h), its codes c as int16 in
-// the pair order above (c16 [M, K]), the half sums xs [M, K/16] when the
+// the pair order above (c16 [M, K], for calls of more than kS16FewRows rows), the half sums xs [M, K/16] when the
 // weight has offsets, and the output.
 struct S16Args {
   const LinearArgs* a;

@@ -27,7 +27,7 @@ namespace {
 
 constexpr int kTileRows = 3;  // x rows per register tile
 constexpr int kTileCols = 2;  // weight rows per register tile
-constexpr int64_t kFewRows = 3;  // calls of up to this many rows take few_rows
+constexpr int64_t kFewRows = kS16FewRows;  // calls of up to this many rows take few_rows (no c16)
 
 // One weight row's block, widened: the pairs A and B in c16's order and the
 // scales of the lanes there, [d0 d0 d1 d1 | d0 d0 d1 d1] (kS16PairLanes).
