@@ -47,7 +47,9 @@ void half_linear(const HalfArgs& h) {
   const HalfKernel kernel = half_kernel();
   const int64_t chunks = (h.N + kHalfChunkRows - 1) / kHalfChunkRows;
   const bool parallel = h.M * h.N * h.K >= kSerialMacs && chunks > 1;
-  parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
+  // dynamic: a thread that starts late (a busy neighbour on its core) takes
+  // fewer chunks; an output's bits do not depend on which thread makes it
+  parallel_for(chunks, parallel, Schedule::Dynamic, 1, [&](int64_t c) {
     kernel(h, c * kHalfChunkRows, std::min(h.N, (c + 1) * kHalfChunkRows));
   });
 }
