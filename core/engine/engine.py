@@ -51,12 +51,16 @@ def describe_weights(weights: dict, path: str, activations: str | None) -> str:
     """e.g. "GGUF q4_1+q8_0 packed (float32 activations), float32 dense":
     the file format, what the matrices are kept as and what they multiply."""
     from paged.core.models.loaders.packed import PackedBlocks
+    from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS
 
-    quant = sorted({w.kernel_type for w in weights.values() if isinstance(w, PackedBlocks)})
+    layouts = {w.kernel_type for w in weights.values() if isinstance(w, PackedBlocks)}
+    half = sorted(layouts & set(HALF_LAYOUTS))  # 16-bit values, float32 activations on every path
+    quant = sorted(layouts - set(half))
     dense = sorted({str(w.dtype).removeprefix("torch.") for w in weights.values() if isinstance(w, torch.Tensor)})
     fmt = "GGUF" if path.endswith(".gguf") else "safetensors"
     kept = f"packed ({activations} activations)" if activations else "dequantized"
     parts = [f"{'+'.join(quant)} {kept}"] if quant else []
+    parts += [f"{'+'.join(half)} {'16-bit (float32 activations)' if activations else 'dequantized'}"] if half else []
     parts += [f"{'+'.join(dense)} dense"] if dense else []
     return f"{fmt} {', '.join(parts)}"
 
