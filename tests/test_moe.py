@@ -194,6 +194,30 @@ def test_cpu_experts_in_one_call_give_the_python_path_bits(packed):
         fused(x, bad, weights)
 
 
+def test_cpu_experts_spread_over_two_threads_give_the_python_path_bits(packed):
+    """On 2 threads the one-call experts run the chosen experts in one
+    parallel region per matrix kind (spread_experts) or each expert's call
+    split on its own: both equal the Python path's bits on 1 thread."""
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+    gen = torch.Generator().manual_seed(5)
+    moe = model.layers[0].moe
+    fused = moe._fused_experts(model.ops)
+    cases = []
+    for rows in (1, 4, 17):
+        x = torch.randn(rows, c.hidden_size, generator=gen)
+        weights, ids = route(torch.randn(rows, len(moe.gate_up), generator=gen), moe.spec)
+        cases.append((x, weights, ids, moe._grouped(x, model.ops, weights, ids, None)))
+    torch.set_num_threads(2)  # the one_thread fixture restores it
+    for spread in (True, False):
+        fused._native.spread_experts = spread
+        for x, weights, ids, want in cases:
+            got, _ = fused(x, ids, weights)
+            assert torch.equal(got, want), f"{fam.name}: spread {spread}, {x.shape[0]} rows"
+    fused._native.spread_experts = True
+
+
 def test_tensor_parallel_two_ranks_compute_one_process_bits(packed):
     fam, hf, loaded = packed
     c, w = loaded.config, loaded.weights

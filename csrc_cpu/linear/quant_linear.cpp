@@ -277,6 +277,11 @@ Activations parse_activations(const std::string& s) {
   fail("activations", "'float32', 'int8' or 'int8x2'", "'" + s + "'");
 }
 
+void int8_linear_checked(LinearArgs& a, int64_t two_rows) {
+  if (a.qtype == QType::S16) return s16_linear(a, two_rows);
+  return int8_linear(a, two_rows, false);
+}
+
 Kernels active_kernels() { return linear_selector().active().kernel; }
 const char* current_isa() { return linear_selector().active().name; }
 void set_isa(const std::string& name) { linear_selector().set(name); }

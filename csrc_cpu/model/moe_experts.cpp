@@ -13,6 +13,7 @@
 #include "linear/ops.h"
 #include "module.h"
 #include "ops/ops.h"
+#include "runtime/parallel.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -37,44 +38,55 @@ attn::TensorArg f32_tensor(const char* name, const Array& a, std::initializer_li
   return t;
 }
 
-// The matrix's [N, K], checked as quant_linear checks it.
-void require_matrix(const char* name, const PackedMatrix& w, int64_t n, int64_t k) {
+// The matrix checked as quant_linear checks it, [N, K] its shape.
+linear::LinearArgs require_matrix(const char* name, const PackedMatrix& w, int64_t n, int64_t k) {
   linear::LinearArgs a;
   linear::check_weight(a, std::get<0>(w), std::get<1>(w), std::get<2>(w), std::get<3>(w));
   if (a.N != n || a.K != k)
     fail(name, "[" + std::to_string(n) + ", " + std::to_string(k) + "]",
          "[" + std::to_string(a.N) + ", " + std::to_string(a.K) + "]");
-}
-
-void linear_rows(const PackedMatrix& w, const float* x, int64_t rows, int64_t in, float* out, int64_t n,
-                 const std::string& activations, int64_t two_term_rows) {
-  static const std::optional<Array> none;
-  const auto& [qtype, qs, d, m] = w;
-  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
-                       activations, two_term_rows, none, "int8");
+  return a;
 }
 
 }  // namespace
 
 MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, std::string activations, bool one_term)
     : hidden_(positive("hidden_size", hidden_size)), inter_(positive("intermediate_size", intermediate_size)) {
+  // two_term_rows_: -1 every row on two int8 terms (int8x2), 0 none (int8, or "mixed" with one_term)
   if (activations == "mixed") {
-    activations_ = "int8x2";
     two_term_rows_ = one_term ? 0 : -1;
   } else if (activations == "int8" || activations == "int8x2") {
     if (one_term) fail("one_term", "False unless activations are 'mixed'", "True");
-    activations_ = activations;
-    two_term_rows_ = -1;
+    two_term_rows_ = activations == "int8" ? 0 : -1;
   } else {
     fail("activations", "'int8', 'int8x2' or 'mixed'", "'" + activations + "'");
   }
 }
 
 void MoeExperts::add_expert(PackedMatrix gate_up, PackedMatrix down) {
-  require_matrix("gate_up", gate_up, 2 * inter_, hidden_);
-  require_matrix("down", down, hidden_, inter_);
+  gate_up_args_.push_back(require_matrix("gate_up", gate_up, 2 * inter_, hidden_));
+  down_args_.push_back(require_matrix("down", down, hidden_, inter_));
   gate_up_.push_back(std::move(gate_up));
   down_.push_back(std::move(down));
+}
+
+void MoeExperts::run_groups(const std::vector<linear::LinearArgs>& w, const std::vector<int64_t>& experts,
+                            const std::vector<int64_t>& starts, const float* in, float* out) {
+  const int64_t G = int64_t(experts.size());
+  auto group = [&](int64_t g) {
+    linear::LinearArgs a = w[size_t(experts[size_t(g)])];
+    const int64_t r0 = starts[size_t(g)];
+    a.M = starts[size_t(g) + 1] - r0;
+    a.x = in + r0 * a.K;
+    a.out = out + r0 * a.N;
+    linear::int8_linear_checked(a, two_term_rows_ < 0 ? a.M : std::min(two_term_rows_, a.M));
+  };
+  // Dynamic: the experts' row counts differ. Fewer experts than threads keep
+  // each call's own split of its weight rows.
+  if (spread_experts && G >= omp_get_max_threads() && !omp_in_parallel())
+    parallel_for(G, true, Schedule::Dynamic, 1, group);
+  else
+    for (int64_t g = 0; g < G; ++g) group(g);
 }
 
 int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, const Array& out) {
@@ -125,16 +137,14 @@ int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, 
   ys_.resize(size_t(S * H));
   for (int64_t i = 0; i < S; ++i)
     std::memcpy(xs_.data() + i * H, xp + (order_[size_t(i)] / k) * H, size_t(H) * sizeof(float));
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t a = starts[size_t(g)], n = counts[size_t(g)];
-    linear_rows(gate_up_[size_t(experts[size_t(g)])], xs_.data() + a * H, n, H, gate_up_out_.data() + a * 2 * I,
-                2 * I, activations_, two_term_rows_);
+  {
+    nb::gil_scoped_release no_gil;
+    run_groups(gate_up_args_, experts, starts, xs_.data(), gate_up_out_.data());
   }
   ops::silu_and_mul(f32(act_.data(), {size_t(S), size_t(I)}), f32(gate_up_out_.data(), {size_t(S), size_t(2 * I)}));
-  for (int64_t g = 0; g < G; ++g) {
-    const int64_t a = starts[size_t(g)], n = counts[size_t(g)];
-    linear_rows(down_[size_t(experts[size_t(g)])], act_.data() + a * I, n, I, ys_.data() + a * H, H, activations_,
-                two_term_rows_);
+  {
+    nb::gil_scoped_release no_gil;
+    run_groups(down_args_, experts, starts, act_.data(), ys_.data());
   }
   // Each row's choices in order, each product rounded on its own (built
   // without FP contraction): torch's ys * weights, then the adds.
@@ -169,6 +179,10 @@ void register_moe_experts(nb::module_& m) {
       .def("run", &MoeExperts::run, "x"_a, "ids"_a, "weights"_a, "out"_a,
            "out [T, hidden] = each row's top-k experts (ids int64 [T, k], weights float32 [T, k]) on x [T, hidden], "
            "summed in choice order; returns the number of distinct experts run.")
-      .def_prop_ro("num_experts", &MoeExperts::num_experts);
+      .def_prop_ro("num_experts", &MoeExperts::num_experts)
+      .def_rw("spread_experts", &MoeExperts::spread_experts,
+              "True (default): with at least as many chosen experts as threads, one parallel region per matrix "
+              "kind spreads the experts over the threads; False: each expert's call splits its own weight rows. "
+              "Same bits either way.");
 }
 }  // namespace paged::cpu

@@ -7,7 +7,10 @@
 // same kernel entry points, arguments and order as the Python path, so the
 // results are bitwise identical; what it saves is the per-expert Python
 // dispatch, DLPack capsules and torch allocations (~2 x top-k calls per
-// layer at batch 1).
+// layer at batch 1) and, with at least as many experts as threads, a
+// parallel region per expert matrix: the experts are spread over the threads,
+// each expert's call serial on its thread (the kernels' bits do not depend
+// on the thread count).
 //
 // Not thread-safe (scratch is shared state): one engine thread per layer.
 #pragma once
@@ -20,6 +23,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "linear/quant_linear.h"
 
 namespace paged::cpu::model {
 
@@ -40,12 +45,21 @@ class MoeExperts {
   // float32 throughout; returns the number of distinct experts run.
   int64_t run(const Array& x, const Array& ids, const Array& weights, const Array& out);
   int64_t num_experts() const { return int64_t(gate_up_.size()); }
+  // false: every expert matrix's call splits its own weight rows over the
+  // threads (a parallel region each, the schedule before): same bits, kept
+  // for tests and paired benchmarks.
+  bool spread_experts = true;
 
  private:
   int64_t hidden_, inter_;
-  std::string activations_;
-  int64_t two_term_rows_;  // quant_linear's: -1 (every row) or 0 (one term)
-  std::vector<PackedMatrix> gate_up_, down_;
+  int64_t two_term_rows_;  // rows on two int8 terms: -1 (every row) or 0 (one term)
+  std::vector<PackedMatrix> gate_up_, down_;  // keep the arrays alive
+  std::vector<linear::LinearArgs> gate_up_args_, down_args_;  // their checked weights
+  // Each group's rows [starts[g], starts[g + 1]) of `in` through its
+  // expert's matrix into `out` (one parallel region over the groups when
+  // there are enough of them, else each call's own).
+  void run_groups(const std::vector<linear::LinearArgs>& w, const std::vector<int64_t>& experts,
+                  const std::vector<int64_t>& starts, const float* in, float* out);
   std::vector<float> xs_, gate_up_out_, act_, ys_;  // scratch, [slots, width] in grouped order
   std::vector<int64_t> first_, order_, position_;
 };
