@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from paged.backends.cpu.attention import dl
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS  # on _C_cpu.half_linear whatever the activations
 
 if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
     from paged.core.models.loaders.packed import PackedBlocks
@@ -81,9 +82,6 @@ log = logging.getLogger(__name__)
 #: ``prompt_rows="bf16"``, tiles made from the int8 panels: no bfloat16 copy;
 #: CPUs with AMX-BF16 only).
 ACTIVATIONS = ("float32", "int8", "int8x2", "mixed", "mixed-bf16")
-#: the 16-bit float layouts (core/models/loaders/quant_layouts.py HALF_LAYOUTS),
-#: on _C_cpu.half_linear whatever the activations setting
-HALF_LAYOUTS = ("f16", "bf16")
 
 
 def _one_of(names) -> str:
