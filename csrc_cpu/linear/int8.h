@@ -61,6 +61,14 @@ constexpr float kI8RoundMagic = 12582912.f;
 // most this many (a multiple of every build's panel width).
 constexpr int64_t kI8ChunkRows = 32;
 
+// q8_0 pair tiles (Kernels::q8_pairs: the AVX2 build): for calls of more
+// than this many rows of int8x2, the caller also lays out each row's c =
+// 256 * xq + lo as int16 (LinearArgs::x16, s16.h's pair_codes), and the
+// kernel multiplies int16 pairs of the weight codes by pairs of c (vpmaddwd:
+// |pair| <= 2 * 128 * 32639), one product for both terms, the same exact
+// isum. Fewer rows multiply the int8 codes as they lie (no x16).
+constexpr int64_t kI8PairMinRows = 8;
+
 // Rows past M that the quantized x (x8, and x8_lo for its rows) must have
 // readable: the AMX build's tiles load 16 rows at a time, and the sums of the
 // rows past M are never used, so their values do not matter.

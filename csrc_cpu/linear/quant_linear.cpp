@@ -178,6 +178,7 @@ struct Int8Scratch {
   std::vector<int8_t> codes, lo;
   std::vector<float> scale, sums, scale_bm, sums_bm;
   std::vector<int32_t> corr, lo_corr, corr_bm;
+  std::vector<int16_t> c16;
 };
 
 template <class V>
@@ -202,6 +203,15 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const Kernels kernels = active_kernels();
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
+  // q8_0 pair tiles (int8.h): c as int16 for the two-term rows of a group large enough
+  const char* pairs_env = std::getenv("PAGED_Q8_PAIRS");  // DEV: "0" off, "all" one-term rows too
+  const bool pairs_off = pairs_env && std::string(pairs_env) == "0";
+  const bool pairs_all = pairs_env && std::string(pairs_env) == "all";
+  const bool pairs = !pairs_off && kernels.q8_pairs && a.qtype == QType::Q8_0;
+  int16_t* const c16 = pairs ? at_least(scratch.c16, M * K) : nullptr;
+  const auto wants_pairs = [&](int64_t r) {
+    return pairs && (r < two_rows ? two_rows > kI8PairMinRows : (pairs_all && M - two_rows > kI8PairMinRows));
+  };
   // Iteration i quantizes row r(i): the two-term rows (the first two_rows,
   // each twice the work) spread evenly over the iterations, so the static
   // split gives every thread its share of them (in row order they all went
@@ -214,6 +224,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
+    if (wants_pairs(r)) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
   });
   // Block-major copies for the builds that read them (LinearArgs::x8_bm):
   // cheap beside the call (M x K/32 values against M x N x K products).
@@ -242,6 +253,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     g.x8_sum = sums + r0 * nb;
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_lo_corr = two_terms ? lo_corr + r0 * nb : nullptr;
+    g.x16 = r1 > r0 && wants_pairs(r0) ? c16 + r0 * K : nullptr;
     if (bm.scale) g.x8_bm = {bm.scale + r0, bm.sum + r0, bm.corr + r0, bm.ld};
     g.out = a.out + r0 * N;
     return g;

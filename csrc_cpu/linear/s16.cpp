@@ -42,7 +42,8 @@ void half_sums(const LinearArgs& a, int64_t r, float* xs) {
   }
 }
 
-// Row r's codes c (xq, or 256 xq + lo) as int16 in the pair order (s16.h).
+}  // namespace
+
 void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
   for (int64_t b = 0; b < K; b += kBlock)
     for (int p = 0; p < kLanes; ++p)
@@ -51,8 +52,6 @@ void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
         c16[b + (e / 2) * (kBlock / 2) + 2 * p + e % 2] = int16_t(lo ? hi[k] * 256 + lo[k] : hi[k]);
       }
 }
-
-}  // namespace
 
 namespace isa_scalar {
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {

@@ -43,6 +43,10 @@ constexpr int64_t kS16Half = 16;  // weights per scale
 // from elements 0-15, 4, 5 | 6, 7 from 16-31): madd(wA, cA) + madd(wB, cB)
 // is the lanes' sums I (exact in int32), in this order.
 constexpr int kS16PairLanes[kLanes] = {0, 1, 4, 5, 2, 3, 6, 7};
+// A row's codes c (xq, or 256 xq + lo where lo is given) as int16 [K] in
+// the pair order above. Also the x of the AVX2 int8 build's q8_0 pair tiles
+// (int8.h, LinearArgs::x16).
+void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16);
 // Calls of at most this many rows get no c16 (null): the AVX2 kernel reads
 // their int8 codes as they lie (too few rows to pay for widening weights).
 constexpr int64_t kS16FewRows = 3;

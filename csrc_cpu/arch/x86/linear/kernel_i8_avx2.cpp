@@ -17,6 +17,7 @@
 
 #include "arch/target.h"
 #include "linear/int8.h"
+#include "linear/s16.h"
 
 PAGED_TARGET_BEGIN("avx2,fma,f16c")
 
@@ -24,6 +25,7 @@ namespace paged::cpu::linear::isa_avx2 {
 namespace {
 
 struct Dot {
+  static constexpr bool kQ8Pairs = true;  // q8_0 pair tiles with x16 (int8.h)
   static constexpr bool kQ8Biased = false;  // q8 codes stay signed (see above)
 
   // isum[r][j] = block sums of x rows x[r] (one block each) with weight

@@ -13,6 +13,7 @@
 
 #include "arch/target.h"
 #include "linear/int8.h"
+#include "linear/s16.h"
 
 PAGED_TARGET_BEGIN("avx2,fma,f16c,avxvnni")
 
@@ -20,6 +21,7 @@ namespace paged::cpu::linear::isa_avxvnni {
 namespace {
 
 struct Dot {
+  static constexpr bool kQ8Pairs = false;  // q8_0 pair tiles with x16 (int8.h): none here, no CPU to test them
   static constexpr bool kQ8Biased = true;  // q8 codes + 128, corrected by corr
 
   // isum[r][j] = block sums of x rows x[r] (one block each) with weight
