@@ -166,9 +166,9 @@ std::vector<LinearBuild> linear_builds() {
     k.half_rows = isa_avx2::half_rows;
     return k;
   };
-  // avx2's q8_0 pair tiles (int8.h, kI8PairMinRows)
-  const auto with_q8_pairs = [](Kernels k) {
-    k.q8_pairs = true;
+  // avx2's int8x2 pair tiles (int8.h, kI8PairMinRows)
+  const auto with_pair_tiles = [](Kernels k) {
+    k.pair_tiles = true;
     return k;
   };
   // avx512's persistent weight panels (weight_panels.h), which amx reads as they lie
@@ -201,7 +201,7 @@ std::vector<LinearBuild> linear_builds() {
                  isa_scalar::x8_low_term}),
        has_avxvnni},
       {"avx2", "avx2",
-       with_q8_pairs(with_s16({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows,
+       with_pair_tiles(with_s16({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_avx2::int8_rows,
                                isa_avx2::x8_quantize, isa_scalar::x8_low_term})),
        has_avx2},
 #elif defined(PAGED_ISA_ARM64)

@@ -61,12 +61,12 @@ constexpr float kI8RoundMagic = 12582912.f;
 // most this many (a multiple of every build's panel width).
 constexpr int64_t kI8ChunkRows = 32;
 
-// q8_0 pair tiles (Kernels::q8_pairs: the AVX2 build): for calls of more
-// than this many rows of int8x2, the caller also lays out each row's c =
-// 256 * xq + lo as int16 (LinearArgs::x16, s16.h's pair_codes), and the
-// kernel multiplies int16 pairs of the weight codes by pairs of c (vpmaddwd:
-// |pair| <= 2 * 128 * 32639), one product for both terms, the same exact
-// isum. Fewer rows multiply the int8 codes as they lie (no x16).
+// Pair tiles (Kernels::pair_tiles: the AVX2 build): for int8x2 calls of
+// more than this many rows, the caller also lays out each row's c = 256 *
+// xq + lo as int16 (LinearArgs::x16, s16.h's pair_codes), and the kernel
+// multiplies int16 pairs of the signed weight codes (q - 8, q, q8) by pairs
+// of c (vpmaddwd: |pair| <= 2 * 128 * 32639), one product for both terms:
+// the same exact isum. Fewer rows, and int8's one term, multiply the bytes.
 constexpr int64_t kI8PairMinRows = 8;
 
 // Rows past M that the quantized x (x8, and x8_lo for its rows) must have

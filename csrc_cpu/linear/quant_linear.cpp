@@ -203,15 +203,12 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const Kernels kernels = active_kernels();
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
-  // q8_0 pair tiles (int8.h): c as int16 for the two-term rows of a group large enough
-  const char* pairs_env = std::getenv("PAGED_Q8_PAIRS");  // DEV: "0" off, "all" one-term rows too
-  const bool pairs_off = pairs_env && std::string(pairs_env) == "0";
-  const bool pairs_all = pairs_env && std::string(pairs_env) == "all";
-  const bool pairs = !pairs_off && kernels.q8_pairs && a.qtype == QType::Q8_0;
-  int16_t* const c16 = pairs ? at_least(scratch.c16, M * K) : nullptr;
-  const auto wants_pairs = [&](int64_t r) {
-    return pairs && (r < two_rows ? two_rows > kI8PairMinRows : (pairs_all && M - two_rows > kI8PairMinRows));
-  };
+  // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
+  // rows for the build's pair tiles; PAGED_INT8_PAIRS=0 keeps the byte tiles
+  // (for paired timings in one process, docs/cpu-linear.md)
+  const char* pairs_env = std::getenv("PAGED_INT8_PAIRS");
+  const bool pairs = kernels.pair_tiles && two_rows > kI8PairMinRows && !(pairs_env && std::string(pairs_env) == "0");
+  int16_t* const c16 = pairs ? at_least(scratch.c16, two_rows * K) : nullptr;
   // Iteration i quantizes row r(i): the two-term rows (the first two_rows,
   // each twice the work) spread evenly over the iterations, so the static
   // split gives every thread its share of them (in row order they all went
@@ -224,7 +221,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, a.qtype, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
-    if (wants_pairs(r)) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
+    if (c16 && r < two_rows) pair_codes(codes + r * K, lo + r * K, K, c16 + r * K);
   });
   // Block-major copies for the builds that read them (LinearArgs::x8_bm):
   // cheap beside the call (M x K/32 values against M x N x K products).
@@ -253,7 +250,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     g.x8_sum = sums + r0 * nb;
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_lo_corr = two_terms ? lo_corr + r0 * nb : nullptr;
-    g.x16 = r1 > r0 && wants_pairs(r0) ? c16 + r0 * K : nullptr;
+    g.x16 = two_terms ? c16 : nullptr;
     if (bm.scale) g.x8_bm = {bm.scale + r0, bm.sum + r0, bm.corr + r0, bm.ld};
     g.out = a.out + r0 * N;
     return g;

@@ -92,8 +92,8 @@ struct LinearArgs {
   // block's isum is then isum(x8) * 256 + isum(x8_lo), x8_scale the low scale.
   const int8_t* x8_lo = nullptr;      // [M, K]
   const int32_t* x8_lo_corr = nullptr; // [M, K/32]
-  // q8_0 pair tiles (int8.h, Kernels::q8_pairs): each row's codes c as int16
-  // in s16.h's pair order (pair_codes); null where the build does not ask.
+  // int8x2's pair tiles (int8.h, Kernels::pair_tiles): each row's codes c =
+  // 256 xq + lo as int16 in s16.h's pair order (pair_codes), or null.
   const int16_t* x16 = nullptr;       // [M, K]
   // The same per-block values block-major (int8.h, Int8BlockMajor), for the
   // builds that read one block of many rows at a time (Kernels::block_major).
@@ -141,9 +141,9 @@ struct Kernels {
   Int8Quantize x8_quantize;  // x for int8_rows
   Int8LowTerm x8_low_term;   // int8x2's second term for int8_rows
   bool block_major = false;  // int8_rows reads LinearArgs::x8_bm (else it may be left empty)
-  // int8_rows multiplies q8_0 weights by LinearArgs::x16 in calls of more
-  // than kI8PairMinRows rows (int8.h) when it is given
-  bool q8_pairs = false;
+  // int8_rows multiplies the weight by LinearArgs::x16 (int8x2 calls of more
+  // than kI8PairMinRows rows, int8.h) when it is given
+  bool pair_tiles = false;
   // Persistent weight panels (weight_panels.h), for a build that has them:
   // the layout's name, the bytes of a chunk of kI8ChunkRows weight rows
   // (int8.h), and chunk [n0, n1)'s panel built into dst (64-byte aligned).

@@ -25,7 +25,7 @@ namespace paged::cpu::linear::isa_avx2 {
 namespace {
 
 struct Dot {
-  static constexpr bool kQ8Pairs = true;  // q8_0 pair tiles with x16 (int8.h)
+  static constexpr bool kPairTiles = true;  // int8x2 pair tiles with x16 (int8.h)
   static constexpr bool kQ8Biased = false;  // q8 codes stay signed (see above)
 
   // isum[r][j] = block sums of x rows x[r] (one block each) with weight

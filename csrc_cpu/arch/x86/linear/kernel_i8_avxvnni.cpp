@@ -21,7 +21,7 @@ namespace paged::cpu::linear::isa_avxvnni {
 namespace {
 
 struct Dot {
-  static constexpr bool kQ8Pairs = false;  // q8_0 pair tiles with x16 (int8.h): none here, no CPU to test them
+  static constexpr bool kPairTiles = false;  // int8x2 pair tiles (int8.h): none here, no CPU to test them
   static constexpr bool kQ8Biased = true;  // q8 codes + 128, corrected by corr
 
   // isum[r][j] = block sums of x rows x[r] (one block each) with weight
