@@ -44,15 +44,6 @@ void half_sums(const LinearArgs& a, int64_t r, float* xs) {
 
 }  // namespace
 
-void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
-  for (int64_t b = 0; b < K; b += kBlock)
-    for (int p = 0; p < kLanes; ++p)
-      for (int e = 0; e < 4; ++e) {  // elements 0, 1 of the lane: pair A; 2, 3: pair B
-        const int64_t k = b + 4 * kS16PairLanes[p] + e;
-        c16[b + (e / 2) * (kBlock / 2) + 2 * p + e % 2] = int16_t(lo ? hi[k] * 256 + lo[k] : hi[k]);
-      }
-}
-
 namespace isa_scalar {
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   const LinearArgs& a = *s.a;

@@ -46,7 +46,15 @@ constexpr int kS16PairLanes[kLanes] = {0, 1, 4, 5, 2, 3, 6, 7};
 // A row's codes c (xq, or 256 xq + lo where lo is given) as int16 [K] in
 // the pair order above. Also the x of the AVX2 int8 build's q8_0 pair tiles
 // (int8.h, LinearArgs::x16).
-void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16);
+// (Inline: the kernel core, which the C++ drivers link, has no s16.cpp.)
+inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
+  for (int64_t b = 0; b < K; b += kBlock)
+    for (int p = 0; p < kLanes; ++p)
+      for (int e = 0; e < 4; ++e) {  // elements 0, 1 of the lane: pair A; 2, 3: pair B
+        const int64_t k = b + 4 * kS16PairLanes[p] + e;
+        c16[b + (e / 2) * (kBlock / 2) + 2 * p + e % 2] = int16_t(lo ? hi[k] * 256 + lo[k] : hi[k]);
+      }
+}
 // Calls of at most this many rows get no c16 (null): the AVX2 kernel reads
 // their int8 codes as they lie (too few rows to pay for widening weights).
 constexpr int64_t kS16FewRows = 3;

@@ -14,6 +14,7 @@
 #include "kernel_builds.h"
 #include "linear/aligned.h"
 #include "linear/int8.h"
+#include "linear/s16.h"
 #if defined(PAGED_ISA_X86)
 #include "arch/x86/linear/int8_avx512.h"
 #endif
@@ -137,6 +138,14 @@ std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
       corr_bm[size_t(b * x.M + r)] = p == Path::Int8x2 ? corr * 256 + x.x8_lo_corr[size_t(r * nb + b)] : corr;
     }
   a.x8_bm = {scale_bm.data(), sum_bm.data(), corr_bm.data(), x.M};
+  // the pair tiles' x16 (int8.h), as quant_linear.cpp makes it
+  std::vector<int16_t> c16;
+  if (p == Path::Int8x2 && k.pair_tiles && x.M > kI8PairMinRows) {
+    c16.resize(size_t(x.M * w.K));
+    for (int64_t r = 0; r < x.M; ++r)
+      pair_codes(x.x8.data() + r * w.K, x.x8_lo.data() + r * w.K, w.K, c16.data() + r * w.K);
+    a.x16 = c16.data();
+  }
   if (p == Path::Int8 || p == Path::Int8x2) {
     Int8Panel panel;
     for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) k.int8_rows(a, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
