@@ -159,8 +159,9 @@ def weight_bytes(model) -> int:
         seen.add(id(mod))
         if isinstance(mod, torch.Tensor):
             total += mod.numel() * mod.element_size()
-        else:
-            total += sum(t.numel() * t.element_size() for t in (mod.qs, mod.d, mod.m) if t is not None)
+        else:  # a fused matrix of row parts (CpuPackedLinear.parts) holds its bytes in its parts
+            total += sum(t.numel() * t.element_size() for part in (getattr(mod, "parts", None) or [mod])
+                         for t in (part.qs, part.d, part.m) if t is not None)
     return total
 
 

@@ -190,6 +190,6 @@ def test_bad_arguments_are_value_errors():
     mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
     norms = dl(layer.input_norm.detach()), dl(layer.post_norm.detach())
     with pytest.raises(ValueError, match="qkv_bias"):
-        native.add_layer(*norms, mat(layer.qkv), dl(torch.zeros(3)), mat(layer.o_proj), mat(layer.gate_up),
+        native.add_layer(*norms, [mat(layer.qkv)], dl(torch.zeros(3)), mat(layer.o_proj), mat(layer.gate_up),
                          mat(layer.down))
     assert native.num_layers == config.num_layers  # the rejected layer was not added

@@ -239,6 +239,6 @@ def test_one_term_needs_mixed():
     mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
     with pytest.raises(ValueError, match=r"one_term: expected false unless the stack's activations "
                                          r"are 'mixed', got true with activations 'int8x2'"):
-        native.add_layer(dl(layer.input_norm.detach()), dl(layer.post_norm.detach()), mat(layer.qkv), None,
+        native.add_layer(dl(layer.input_norm.detach()), dl(layer.post_norm.detach()), [mat(layer.qkv)], None,
                          mat(layer.o_proj), mat(layer.gate_up), mat(layer.down), [], True)
     assert native.num_layers == config.num_layers

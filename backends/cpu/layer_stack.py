@@ -57,6 +57,15 @@ def _matrix(w: CpuPackedLinear):
     return (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
 
 
+def _row_parts(w: CpuPackedLinear) -> list:
+    """add_layer's qkv: the matrix's row parts (quant_linear.CpuPackedLinear.parts), or itself."""
+    return [_matrix(p) for p in (w.parts or [w])]
+
+
+def _layouts(w: CpuPackedLinear) -> list:
+    return [p.qtype for p in (w.parts or [w])]
+
+
 def _panels(mats) -> list:
     """Each matrix's persistent weight panels (None where off), the tensors
     its CpuPackedLinear passes, so both paths read the same bytes."""
@@ -147,9 +156,12 @@ def decline_reason(model) -> str | None:
             return f"layer {i}: O, gate/up and down on different terms"
     if len(activations) != 1:  # mixed settings: each matrix keeps its own on the Python path
         return "matrices of several activations settings"
-    if any(w.qtype in HALF_LAYOUTS for layer in layers for w in _layer_matrices(layer)):
+    layouts = {t for layer in layers for w in _layer_matrices(layer) for t in _layouts(w)}
+    if layouts & set(HALF_LAYOUTS):
         return "f16 / bf16 matrices (the stack runs the q4 / q8 / s16 layouts)"
-    s16 = any(w.qtype == "s16" for layer in layers for w in _layer_matrices(layer))
+    if any(w.parts for layer in layers for w in _layer_matrices(layer)[1:]):
+        return "row parts outside QKV"
+    s16 = "s16" in layouts
     if s16 and activations & {"float32", "mixed-bf16"}:  # s16 runs those as a dense GEMM / two terms in Python
         return "s16 matrices under float32 or mixed-bf16 activations"
     return None
@@ -181,7 +193,7 @@ class LayerStack:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             mats = _layer_matrices(layer)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
-                             _matrix(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
+                             _row_parts(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
                              _matrix(layer.down), _panels(mats), layer.o_proj.one_term, **_layer_shape(layer))
         return cls(native)
 

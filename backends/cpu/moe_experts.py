@@ -42,8 +42,8 @@ def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
     if not hasattr(_C_cpu, "MoeExperts") or not mlp.gated or mlp.activation != "silu" or not gate_up:
         return None
     matrices = list(gate_up) + list(down)
-    if not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS for w in matrices):
-        return None  # f16 / bf16 experts run on half_linear in Python
+    if not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS and not w.parts for w in matrices):
+        return None  # f16 / bf16 experts run on half_linear in Python, row parts on their parts
     first = matrices[0]
     if first.activations not in FUSED_ACTIVATIONS or any(
             (w.activations, w.one_term) != (first.activations, first.one_term) for w in matrices):

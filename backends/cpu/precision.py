@@ -75,6 +75,7 @@ class PlannedPackedLinear:
     gives its role, set as it is made."""
 
     takes_role = True  # core/models/decoder.py hands each matrix's MatrixRole
+    takes_row_parts = CpuPackedLinear.takes_row_parts  # and a fused matrix of several layouts as PackedParts
 
     def __init__(self, plan: PrecisionPlan):
         self.plan = plan

@@ -149,12 +149,18 @@ class CpuPackedLinear:
     the model's ``packed_linear`` to choose it for a whole model; the layer
     stack follows its layers' setting."""
 
+    #: core/models/decoder.py may hand it a PackedParts (a fused matrix of several layouts)
+    takes_row_parts = True
+
     def __init__(self, packed: PackedBlocks, activations: str = "float32", one_term: bool = False):
         self.activations = check_activations(activations)
         if self.activations == "mixed-bf16":
             resolve_activations(self.activations)  # ValueError where the CPU cannot run it
         self.qtype = packed.kernel_type
-        self.qs, self.d, self.m = packed.fields()
+        # a PackedParts' row groups, each a matrix of its own whose outputs linear() joins
+        self.parts = [CpuPackedLinear(p, activations, one_term) for p in packed.parts] \
+            if packed.kernel_type == "parts" else None
+        self.qs, self.d, self.m = (None, None, None) if self.parts else packed.fields()
         self.out_features, self.in_features = packed.shape
         self.nbytes = packed.nbytes
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
@@ -205,7 +211,11 @@ class CpuPackedLinear:
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         rows = x2.shape[0]
-        if self.qtype in HALF_LAYOUTS:
+        if self.parts:
+            out = torch.cat([p.linear(x2, None, first_prompt_row, kv_projection) for p in self.parts], dim=1)
+            if bias is not None:
+                out += bias
+        elif self.qtype in HALF_LAYOUTS:
             out = torch.empty((rows, self.out_features), dtype=torch.float32)
             _C_cpu.half_linear(dl(x2), dl(self.qs), dl(out))
             if bias is not None:
@@ -252,6 +262,8 @@ class CpuPackedLinear:
         embedding table looked up without a float copy of the whole table."""
         from paged.core.models.loaders.quant_layouts import dequantize_layout
 
+        if self.parts:
+            raise ValueError("embedding: expected a matrix of one layout, got a fused matrix of row parts")
         flat = ids.reshape(-1)
         rows = dequantize_layout(self.qtype, self.qs[flat], *(None if t is None else t[flat] for t in (self.d, self.m)))
         return rows.to(dtype).view(*ids.shape, self.in_features)

@@ -39,7 +39,7 @@ from torch import nn
 from paged.core.models.config import ModelConfig
 from paged.core.models.layer_attention import layer_attention
 from paged.core.models.layers import MatrixRole, RotaryTable, SingleDevice, TorchLayerOps, linear, mlp_activation
-from paged.core.models.loaders.packed import PackedBlocks, PackedFields, cat_rows
+from paged.core.models.loaders.packed import PackedBlocks, PackedFields, PackedParts, cat_rows
 from paged.core.models.moe import MoeMlp
 from paged.core.models.spec import DecoderSpec, LayerSpec, MoeSpec, NormSpec
 
@@ -299,8 +299,9 @@ class DecoderForCausalLM(nn.Module):
         self.dtype = dtype
         self.device = torch.device(device)
 
-        packed_types = (PackedBlocks, PackedFields)
+        packed_types = (PackedBlocks, PackedFields, PackedParts)
         takes_role = getattr(packed_linear, "takes_role", False)
+        row_parts = getattr(packed_linear, "takes_row_parts", False)  # runs PackedParts (packed.py)
 
         def dense(t) -> torch.Tensor:
             if isinstance(t, packed_types):
@@ -309,10 +310,12 @@ class DecoderForCausalLM(nn.Module):
 
         def make(t, role: MatrixRole):
             """One weight, or a list fused along rows (QKV, gate/up): packed
-            parts stay packed (of one type, or as s16 fields when their types
-            differ), anything else is fused dense."""
+            parts stay packed (of one type; of several, as PackedParts where
+            the platform runs them, else as s16 fields), anything else is
+            fused dense."""
             if isinstance(t, list):
-                t = cat_rows(t) if all(isinstance(p, PackedBlocks) for p in t) else torch.cat([dense(p) for p in t])
+                t = cat_rows(t, row_parts) if all(isinstance(p, PackedBlocks) for p in t) else \
+                    torch.cat([dense(p) for p in t])
             if packed_linear is None or not isinstance(t, packed_types):
                 return dense(t)
             return packed_linear(t, role) if takes_role else packed_linear(t)

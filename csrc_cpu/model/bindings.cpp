@@ -26,7 +26,7 @@ void register_model(nb::module_& m) {
            "scale"_a, "sliding_window"_a, "final_norm"_a, "activations"_a = "float32")
       .def(
           "add_layer",
-          [](LayerStack& self, model::Array input_norm, model::Array post_norm, model::PackedMatrix qkv,
+          [](LayerStack& self, model::Array input_norm, model::Array post_norm, std::vector<model::PackedMatrix> qkv,
              std::optional<model::Array> qkv_bias, model::PackedMatrix o_proj, model::PackedMatrix gate_up,
              model::PackedMatrix down, std::vector<std::optional<model::Array>> panels, bool one_term,
              std::optional<double> eps, std::optional<double> qk_eps, std::optional<double> scale,

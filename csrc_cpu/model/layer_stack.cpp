@@ -68,7 +68,7 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
   f32_tensor("final_norm", final_norm_, {hidden_size});
 }
 
-void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
+void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
                            std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape) {
   const auto& c = cfg_;
@@ -80,6 +80,12 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, 
   if (!panels.empty() && panels.size() != 4)
     fail("panels", "none or 4 (qkv, o_proj, gate_up, down)", int64_t(panels.size()));
   panels.resize(4);
+  const int64_t qkv_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+  int64_t rows = 0;
+  for (const auto& part : qkv) rows += int64_t(std::get<1>(part).ndim() ? std::get<1>(part).shape(0) : 0);
+  if (qkv.empty() || rows != qkv_rows)
+    fail("qkv", "row parts of " + str(qkv_rows) + " rows in all", str(int64_t(qkv.size())) + " parts of " + str(rows));
+  if (qkv.size() > 1 && panels[0]) fail("panels", "None for a qkv of several row parts", "a tensor");
   Activation activation = Activation::SiLU;
   if (shape.activation == "gelu_tanh") activation = Activation::GeluTanh;
   else if (shape.activation != "silu") fail("activation", "'silu' or 'gelu_tanh'", "'" + shape.activation + "'");
@@ -95,8 +101,8 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, 
   const int64_t window = shape.sliding_window.value_or(c.sliding_window);
   if (window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", window);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
-                          {std::move(o_proj), std::move(panels[1])}, {std::move(gate_up), std::move(panels[2])},
-                          {std::move(down), std::move(panels[3])}, std::move(qkv_bias), one_term, eps,
+                          {{std::move(o_proj)}, std::move(panels[1])}, {{std::move(gate_up)}, std::move(panels[2])},
+                          {{std::move(down)}, std::move(panels[3])}, std::move(qkv_bias), one_term, eps,
                           shape.qk_eps.value_or(eps), shape.scale.value_or(c.scale), window, activation,
                           std::move(shape.attn_out_norm), std::move(shape.mlp_out_norm), std::move(shape.q_norm),
                           std::move(shape.k_norm), std::move(shape.cos_sin)});
@@ -138,10 +144,22 @@ void LayerStack::reserve(int64_t tokens) {
 void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
                         int64_t two_term_rows) const {
   static const std::optional<Array> none;
-  const auto& [qtype, qs, d, m] = w.w;
-  const bool cached = w.panels && linear::weight_panels_match_build(*w.panels);  // else an old build's: unused
-  linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(out, {size_t(rows), size_t(n)}),
-                       linear_activations_, two_term_rows, cached ? w.panels : none, prompt_rows_);
+  const auto run = [&](const PackedMatrix& part, const std::optional<Array>& panels, float* dst, int64_t cols) {
+    const auto& [qtype, qs, d, m] = part;
+    const bool cached = panels && linear::weight_panels_match_build(*panels);  // else an old build's: unused
+    linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(dst, {size_t(rows), size_t(cols)}),
+                         linear_activations_, two_term_rows, cached ? panels : none, prompt_rows_);
+  };
+  if (w.parts.size() == 1) return run(w.parts[0], w.panels, out, n);
+  int64_t col = 0;  // row parts: each part's outputs, then copied to its columns of out (checked at add_layer)
+  for (const auto& part : w.parts) {
+    const auto cols = int64_t(std::get<1>(part).shape(0));
+    part_out_.resize(size_t(rows * cols));
+    run(part, none, part_out_.data(), cols);
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(out + r * n + col, part_out_.data() + r * cols, size_t(cols) * sizeof(float));
+    col += cols;
+  }
 }
 
 // CpuBackend.forward (AttentionBackend.forward): cache the new K/V, then

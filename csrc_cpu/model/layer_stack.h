@@ -54,8 +54,11 @@ using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>
 // A stack's matrix and, optionally, its persistent int8 weight panels
 // (linear/weight_panels.h), passed to quant_linear while they match the
 // active linear build (else the kernel builds its panels per call, same bits).
+// parts: the matrix's row groups in order (one, or a fused QKV whose Q/K and
+// V rows come in different layouts, core/models/loaders/packed.py
+// PackedParts), each run by its own call; panels only for a single part.
 struct StackMatrix {
-  PackedMatrix w;
+  std::vector<PackedMatrix> parts;
   std::optional<Array> panels;
 };
 
@@ -96,8 +99,8 @@ class LayerStack {
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
   // one_term ("mixed" only): every row takes one int8 term in this layer's
   // O, gate/up and down projections (else two). shape: what the layer adds
-  // to the Llama layer, checked here.
-  void add_layer(Array input_norm, Array post_norm, PackedMatrix qkv, std::optional<Array> qkv_bias,
+  // to the Llama layer, checked here. qkv: its row parts (StackMatrix).
+  void add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
                  std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {});
 
@@ -153,6 +156,7 @@ class LayerStack {
   PrefillOp prompt_op_ = nullptr;
   int64_t capacity_ = 0;               // token rows the scratch holds
   Scratch qkv_, q_, k_, v_, attn_, gate_up_, act_;
+  mutable Scratch part_out_;  // one row part's output before it joins the matrix's (StackMatrix)
   std::vector<int32_t> prefill_starts_;  // query_start_loc[nd:] - nd
 };
 

@@ -83,22 +83,72 @@ class PackedFields:
         return dequantize_layout(self.kernel_type, self.qs, self.d, self.m).to(dtype)
 
 
-def cat_rows(parts: list) -> "PackedBlocks | PackedFields | torch.Tensor":
+@dataclass
+class PackedParts:
+    """A fused matrix (QKV) whose consecutive row groups stay in kernel
+    layouts of their own (Q4_K_M's Q and K rows q4_1, its Q6_K V rows s16):
+    a platform that says ``takes_row_parts`` runs each group and joins the
+    outputs, instead of holding every row in the s16 layout (1.5 bytes per
+    weight with offsets, against Q4_K's 0.75 in q4_1)."""
+
+    parts: list  # PackedBlocks / PackedFields, in row order
+
+    kernel_type = "parts"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+
+def _as_s16(parts: list) -> PackedFields:
+    """Packed blocks of several types as one s16 matrix (every row keeps its values)."""
+    s16 = [as_s16(p.kernel_type, *p.fields()) for p in parts]
+    mins = None if all(m is None for _, _, m in s16) else torch.cat(
+        [m if m is not None else torch.zeros_like(d) for _, d, m in s16])
+    return PackedFields("s16", torch.cat([q for q, _, _ in s16]), torch.cat([d for _, d, _ in s16]), mins)
+
+
+def _cat_one_layout(parts: list) -> "PackedBlocks | PackedFields":
+    """Packed blocks whose types share one kernel layout, as one matrix."""
+    if len({p.qtype for p in parts}) == 1:
+        return parts[0].with_rows(torch.cat([p.blocks for p in parts]))
+    if parts[0].kernel_type == "s16":
+        return _as_s16(parts)
+    fields = [p.fields() for p in parts]  # q4_0 / q4_1 / q8_0 fields of several GGUF types (Q4_K and Q4_1)
+    cat = lambda i: None if fields[0][i] is None else torch.cat([f[i] for f in fields])  # noqa: E731
+    return PackedFields(parts[0].kernel_type, cat(0), cat(1), cat(2))
+
+
+def cat_rows(parts: list, row_parts: bool = False) -> "PackedBlocks | PackedFields | PackedParts | torch.Tensor":
     """Concatenate matrices along rows (fused QKV / gate-up): tensors with
     torch.cat, packed blocks of one GGUF type block-row-wise, packed blocks
-    of several types as s16 fields (every row keeps its values), except
-    that a 16-bit float part among other types makes the whole matrix dense
-    float32 (neither layout holds the other's values); a mix of packed and
-    dense is the caller's to dequantize first."""
+    of several types in one kernel layout as that layout's fields; of
+    several layouts, with ``row_parts`` (the platform runs PackedParts) as
+    PackedParts of consecutive same-layout groups, else as s16 fields
+    (every row keeps its values); a 16-bit float part among other types
+    makes the whole matrix dense float32 (neither layout holds the other's
+    values); a mix of packed and dense is the caller's to dequantize first."""
     if all(isinstance(p, PackedBlocks) for p in parts):
         if len({p.qtype for p in parts}) == 1:
             return parts[0].with_rows(torch.cat([p.blocks for p in parts]))
         if any(p.kernel_type in HALF_LAYOUTS for p in parts):
             return torch.cat([p.dequantize(torch.float32) for p in parts])
-        s16 = [as_s16(p.kernel_type, *p.fields()) for p in parts]
-        mins = None if all(m is None for _, _, m in s16) else torch.cat(
-            [m if m is not None else torch.zeros_like(d) for _, d, m in s16])
-        return PackedFields("s16", torch.cat([q for q, _, _ in s16]), torch.cat([d for _, d, _ in s16]), mins)
+        groups: list[list[PackedBlocks]] = []
+        for p in parts:
+            if groups and groups[-1][0].kernel_type == p.kernel_type:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        if len(groups) == 1:
+            return _cat_one_layout(parts)
+        return PackedParts([_cat_one_layout(g) for g in groups]) if row_parts else _as_s16(parts)
     if any(isinstance(p, PackedBlocks) for p in parts):
         raise TypeError("cat_rows: mixed packed/dense; dequantize first")
     return torch.cat(parts)
