@@ -166,7 +166,7 @@ std::vector<LinearBuild> linear_builds() {
     k.half_rows = isa_avx2::half_rows;
     return k;
   };
-  // avx2's int8x2 pair tiles (int8.h, kI8PairMinRows)
+  // avx2's int8x2 pair tiles (int8.h, pair_min_rows)
   const auto with_pair_tiles = [](Kernels k) {
     k.pair_tiles = true;
     return k;

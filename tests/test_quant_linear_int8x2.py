@@ -64,11 +64,12 @@ def check_unquantized(out, x, qtype, qs, d, m) -> float:
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-@pytest.mark.parametrize("m_rows,n,k", [(3, 20, 96), (2, 17, 32), (11, 45, 32), (13, 70, 160)])
+@pytest.mark.parametrize("m_rows,n,k", [(3, 20, 96), (2, 17, 32), (5, 19, 64), (11, 45, 32), (13, 70, 160)])
 def test_exact_arithmetic(build, qtype, m_rows, n, k):
     """Bit for bit the documented arithmetic (rational-exact oracle), every
-    build; calls of more than 8 rows take the panel path (AVX2: the int16
-    pair tiles, partial tiles of rows and weight rows)."""
+    build; AVX2 multiplies int16 pairs in q8_0 calls of 5 rows (direct) and
+    every type's calls of more than 8 (the panel's pair tiles, partial
+    tiles of rows and weight rows)."""
     x, qs, d, m = exact_case(qtype, m_rows, n, k)
     assert torch.equal(run(x, qtype, qs, d, m), exact_chain(*block_terms_x2(x, qtype, qs, d, m)))
 

@@ -61,13 +61,16 @@ constexpr float kI8RoundMagic = 12582912.f;
 // most this many (a multiple of every build's panel width).
 constexpr int64_t kI8ChunkRows = 32;
 
-// Pair tiles (Kernels::pair_tiles: the AVX2 build): for int8x2 calls of
-// more than this many rows, the caller also lays out each row's c = 256 *
+// Pair tiles (Kernels::pair_tiles: the AVX2 build): for int8x2 calls of at
+// least pair_min_rows(t) rows, the caller also lays out each row's c = 256 *
 // xq + lo as int16 (LinearArgs::x16, s16.h's pair_codes), and the kernel
 // multiplies int16 pairs of the signed weight codes (q - 8, q, q8) by pairs
 // of c (vpmaddwd: |pair| <= 2 * 128 * 32639), one product for both terms:
 // the same exact isum. Fewer rows, and int8's one term, multiply the bytes.
-constexpr int64_t kI8PairMinRows = 8;
+// The bounds are measured (docs/cpu-linear.md, "Builds"): q8_0 gains from 4
+// rows (its byte form costs twice the ops), the 4-bit types only on the
+// panel path (more than 8 rows).
+constexpr int64_t pair_min_rows(QType t) { return t == QType::Q8_0 ? 4 : 9; }
 
 // Rows past M that the quantized x (x8, and x8_lo for its rows) must have
 // readable: the AMX build's tiles load 16 rows at a time, and the sums of the

@@ -207,7 +207,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   // rows for the build's pair tiles; PAGED_INT8_PAIRS=0 keeps the byte tiles
   // (for paired timings in one process, docs/cpu-linear.md)
   const char* pairs_env = std::getenv("PAGED_INT8_PAIRS");
-  const bool pairs = kernels.pair_tiles && two_rows > kI8PairMinRows && !(pairs_env && std::string(pairs_env) == "0");
+  const bool pairs = kernels.pair_tiles && two_rows >= pair_min_rows(a.qtype) &&
+                     !(pairs_env && std::string(pairs_env) == "0");
   int16_t* const c16 = pairs ? at_least(scratch.c16, two_rows * K) : nullptr;
   // Iteration i quantizes row r(i): the two-term rows (the first two_rows,
   // each twice the work) spread evenly over the iterations, so the static

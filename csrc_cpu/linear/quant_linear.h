@@ -141,8 +141,8 @@ struct Kernels {
   Int8Quantize x8_quantize;  // x for int8_rows
   Int8LowTerm x8_low_term;   // int8x2's second term for int8_rows
   bool block_major = false;  // int8_rows reads LinearArgs::x8_bm (else it may be left empty)
-  // int8_rows multiplies the weight by LinearArgs::x16 (int8x2 calls of more
-  // than kI8PairMinRows rows, int8.h) when it is given
+  // int8_rows multiplies the weight by LinearArgs::x16 (int8x2 calls of at
+  // least pair_min_rows rows, int8.h) when it is given
   bool pair_tiles = false;
   // Persistent weight panels (weight_panels.h), for a build that has them:
   // the layout's name, the bytes of a chunk of kI8ChunkRows weight rows

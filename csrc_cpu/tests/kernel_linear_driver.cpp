@@ -140,7 +140,7 @@ std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
   a.x8_bm = {scale_bm.data(), sum_bm.data(), corr_bm.data(), x.M};
   // the pair tiles' x16 (int8.h), as quant_linear.cpp makes it
   std::vector<int16_t> c16;
-  if (p == Path::Int8x2 && k.pair_tiles && x.M > kI8PairMinRows) {
+  if (p == Path::Int8x2 && k.pair_tiles && x.M >= pair_min_rows(w.qtype)) {
     c16.resize(size_t(x.M * w.K));
     for (int64_t r = 0; r < x.M; ++r)
       pair_codes(x.x8.data() + r * w.K, x.x8_lo.data() + r * w.K, w.K, c16.data() + r * w.K);
