@@ -15,7 +15,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
-from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack, widen_scales
 
 #: byte offsets of each type's fp16 fields within a block
 FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.IQ4_NL: (0,),
@@ -63,6 +63,10 @@ def test_unpacked_values_are_ggufs(qtype, shape):
     assert np.array_equal(bits(dequantize_layout("s16", codes, scale, mins).numpy()), bits(want))
 
 
+#: the types whose scales the loader keeps compact (a byte each, a float per 256 weights)
+COMPACT = (Q.Q4_K, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K)
+
+
 def test_layout_fields_have_the_kernels_shapes_and_dtypes():
     rows, cols = 4, 512
     for qtype in BLOCK_TYPES:
@@ -70,7 +74,14 @@ def test_layout_fields_have_the_kernels_shapes_and_dtypes():
         per = 16 if layout == "s16" else 32
         assert qs.shape == (rows, cols // 2 if layout.startswith("q4") else cols)
         assert qs.dtype == (torch.uint8 if layout.startswith("q4") else torch.int8)
-        assert d.dtype == torch.float32 and d.shape == (rows, cols // per)
+        if qtype in COMPACT:  # compact scales: per row a byte per scale, then a float32 per 256 weights
+            scales = cols // per
+            for t in (d,) if m is None else (d, m):
+                assert t.dtype == torch.uint8 and t.shape == (rows, scales + 4 * (cols // 256))
+                assert widen_scales(t, layout).dtype == torch.float32
+                assert widen_scales(t, layout).shape == (rows, scales)
+        else:
+            assert d.dtype == torch.float32 and d.shape == (rows, cols // per)
         assert (m is None) == (layout in ("q4_0", "q8_0") or qtype in (Q.Q6_K, Q.Q3_K))
         assert all(t.is_contiguous() for t in (qs, d) + ((m,) if m is not None else ()))
 

@@ -5,6 +5,7 @@
 #include "linear/ops.h"
 #include "kernel_builds.h"
 
+#include "linear/compact_scales.h"
 #include "runtime/parallel.h"
 
 #include <algorithm>
@@ -81,9 +82,30 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   const bool s16 = a.qtype == QType::S16;
   const int64_t groups = s16 ? a.K / kS16Half : a.blocks();
   const std::string per_group = s16 ? "one scale per 16 weights of each row" : "one scale per 32 weights of each row";
+  a.qs = static_cast<const uint8_t*>(tq.data);
+  a.d8 = a.m8 = nullptr;
+  const bool compact = (a.qtype == QType::Q4_1 || s16) && d.dtype() == nb::dtype<uint8_t>();
+  if (compact) {  // compact scales (compact_scales.h): widened by the drivers
+    if (a.K % kCompactWeights)
+      fail("d", "float32 scales for K not a multiple of 256 (compact scales have a float per 256 weights)",
+           "uint8 compact scales");
+    const std::string form = "compact scales: " + std::to_string(groups) + " bytes, then a float32 per 256 weights, "
+                             "each row";
+    const attn::TensorArg td = matrix("d", d, nb::dtype<uint8_t>());
+    require_shape(td, a.N, compact_row_bytes(groups, a.K), form);
+    a.d8 = static_cast<const uint8_t*>(td.data);
+    a.d = a.m = nullptr;  // the driver points them at the call's widened copy
+    if (absent(m)) {
+      if (!s16) fail("m", "compact offsets beside compact scales (qtype 'q4_1')", m ? "an empty tensor" : "None");
+      return;
+    }
+    const attn::TensorArg tm = matrix("m", *m, nb::dtype<uint8_t>());
+    require_shape(tm, a.N, compact_row_bytes(groups, a.K), form);
+    a.m8 = static_cast<const uint8_t*>(tm.data);
+    return;
+  }
   const attn::TensorArg td = matrix("d", d, nb::dtype<float>());
   require_shape(td, a.N, groups, per_group);
-  a.qs = static_cast<const uint8_t*>(tq.data);
   a.d = static_cast<const float*>(td.data);
   a.m = nullptr;
   if (a.qtype == QType::Q4_1 || (s16 && !absent(m))) {
@@ -201,6 +223,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   int8_t* const lo = two_rows ? at_least(scratch.lo, (two_rows + kI8PadRows) * K) : nullptr;
   int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
+  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows below
+  const WidenedView widened = widened_scratch.attach(a);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -270,6 +294,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     static thread_local Int8Panel panel;
     panel.widened = nullptr;  // widened codes serve this chunk's row groups only
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
+    widened.widen(a, n0, n1);
     if (two.M) kernels.int8_rows(two, n0, n1, panel);
     if (one.M) kernels.int8_rows(one, n0, n1, panel);
     // the chunk's panel is in cache now (the int8 rows just swept it): its
@@ -345,9 +370,13 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const RowsKernel kernel = int16_path ? kernels.int16_rows : kernels.fp32_rows;
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
+  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows
+  const WidenedView widened = widened_scratch.attach(a);
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
-    kernel(a, c * kRowsPerChunk, std::min(a.N, (c + 1) * kRowsPerChunk), scratch);
+    const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
+    widened.widen(a, n0, n1);
+    kernel(a, n0, n1, scratch);
   });
 }
 
@@ -362,6 +391,8 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   float* w = static_cast<float*>(to.data);
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
+  WidenedScales widened;  // compact scales: all rows, before the parallel loop
+  widened.attach(a).widen(a, 0, a.N);
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and

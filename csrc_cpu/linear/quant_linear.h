@@ -81,6 +81,11 @@ struct LinearArgs {
   const uint8_t* qs = nullptr;    // [N, K/2] nibbles or [N, K] int8
   const float* d = nullptr;       // [N, K/32]
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
+  // Compact scales (compact_scales.h; q4_1 and s16): d and m (m8 may be
+  // null) in that form, and d / m above point at the call's widened copy
+  // (null until the driver widens)
+  const uint8_t* d8 = nullptr;
+  const uint8_t* m8 = nullptr;
   const float* xs = nullptr;      // [K/32, M] block sums of x, xs[b * M + r] (block-major:
                                   // a block's sums of consecutive rows are adjacent)
   // int8 path (int8.h), each [M, ...] row-major:
@@ -108,6 +113,7 @@ struct LinearArgs {
   const uint8_t* panels = nullptr;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
+  int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const { return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2; }
 };
 

@@ -5,6 +5,8 @@
 // baseline ISA): the products and sums below round exactly as written.
 #include "linear/s16.h"
 
+#include "linear/compact_scales.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -93,6 +95,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int32_t* const corr = grow(scratch.corr, M * nb);
   int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
+  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows below
+  const WidenedView widened = widened_scratch.attach(a);
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
   int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const Kernels kernels = active_kernels();
@@ -119,7 +123,9 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
       for (int64_t r = 0; r < g.M; ++r) half_sums(g, r, half + (r0 + r) * nh);
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
-      kernel(s, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows));
+      const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
+      widened.widen(a, n0, n1);  // (again for the second row group: the same values)
+      kernel(s, n0, n1);
     });
   };
   run(0, two_rows, true);

@@ -4,6 +4,8 @@
 // x86-64's avx512 and amx).
 #include "linear/weight_panels.h"
 
+#include "linear/compact_scales.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -90,7 +92,9 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   const Header h = header_for(a);
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
+  WidenedScales widened;  // compact scales (compact_scales.h): all rows, the panels hold them transposed
   nb::gil_scoped_release no_gil;
+  widened.attach(a).widen(a, 0, a.N);
   std::memcpy(dst, &h, sizeof h);
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;

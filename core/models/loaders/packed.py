@@ -16,7 +16,8 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack
+from paged.core.models.loaders.quant_layouts import (HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack,
+                                                     widen_scales)
 
 #: GGUF types the packed form (and the CPU kernels) understand -> kernel layout
 PACKABLE = LAYOUT
@@ -122,6 +123,9 @@ def _cat_one_layout(parts: list) -> "PackedBlocks | PackedFields":
     if parts[0].kernel_type == "s16":
         return _as_s16(parts)
     fields = [p.fields() for p in parts]  # q4_0 / q4_1 / q8_0 fields of several GGUF types (Q4_K and Q4_1)
+    if len({f[1].dtype for f in fields}) > 1:  # compact scales beside float32 ones: all float32
+        layout = parts[0].kernel_type
+        fields = [(q, widen_scales(d, layout), widen_scales(m, layout)) for q, d, m in fields]
     cat = lambda i: None if fields[0][i] is None else torch.cat([f[i] for f in fields])  # noqa: E731
     return PackedFields(parts[0].kernel_type, cat(0), cat(1), cat(2))
 

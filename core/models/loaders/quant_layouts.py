@@ -18,7 +18,12 @@ f16, bf16  qs float16 / bfloat16 [N, K], d, m None     qs[n, k] (exact in float3
 as GGUF stores them; scales float32.)
 
 GGUF type -> layout: Q4_0, Q4_1, Q8_0 as themselves; Q4_K -> q4_1 (its
-per-32 scale and min are d * sc and -dmin * m, exact products); Q5_0 and
+per-32 scale and min are d * sc and -dmin * m, exact products), with d and
+m in compact form (``compact_scales``: uint8 [N, K/32 + K/64], per row the
+6-bit sc / m bytes then the fp16 d / -dmin as float32, one per 256 weights;
+the kernels' drivers widen them per work item, csrc_cpu/linear/compact_scales.h;
+``widen_scales`` gives the float32 d / m; Q2_K, Q3_K, Q5_K and Q6_K's s16
+scales likewise, a byte per 16 weights); Q5_0 and
 IQ4_NL -> q8_0 (codes q - 16 and the IQ4_NL table's values); Q2_K, Q3_K,
 Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them);
 F16 and BF16 -> f16 and bf16, their own 16-bit values (a view of the
@@ -158,11 +163,36 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(codes.shape[0], -1)
 
 
+#: scales per float32 super value in compact scales (one per 256 weights: csrc_cpu/linear/compact_scales.h)
+COMPACT_PER_SUPER = {"q4_1": 8, "s16": 16}
+
+
+def compact_scales(super_values: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
+    """[N, G] float32 super values and [N, S] signed sub-scales (S a multiple
+    of G, each |value| < 128) -> uint8 [N, S + 4 G]: per row the bytes, then
+    the floats' bytes (the value of scale i: fl(super[i // (S / G)] * sub[i]))."""
+    floats = super_values.to(torch.float32).contiguous().view(torch.uint8).reshape(sub.shape[0], -1)
+    return torch.cat([sub.to(torch.int8).view(torch.uint8), floats], dim=1).contiguous()
+
+
+def widen_scales(t: torch.Tensor | None, layout: str) -> torch.Tensor | None:
+    """A layout's compact scales (uint8) -> float32 [N, scales], fl(super *
+    sub): the exact values; float32 scales (or None) pass through."""
+    if t is None or t.dtype != torch.uint8:
+        return t
+    per = COMPACT_PER_SUPER[layout]
+    count = t.shape[1] * per // (per + 4)  # a row holds `count` bytes and count / per floats
+    sub = t[:, :count].contiguous().view(torch.int8).float()
+    sup = t[:, count:].contiguous().view(torch.float32)
+    return (sup.repeat_interleave(per, dim=1) * sub).contiguous()
+
+
 def _q4_k(b, n):
     d, dmin, scales, qs = _split(b, 2, 2, 12, 128)
     sc, mn = _k_scale_min(scales)
     codes = _pack_nibbles(_nibbles(qs, 4))
-    return _per(n, codes), _per(n, _f16(d).unsqueeze(1) * sc.float()), _per(n, -(_f16(dmin).unsqueeze(1) * mn.float()))
+    return (_per(n, codes), compact_scales(_per(n, _f16(d)), _per(n, sc)),
+            compact_scales(_per(n, -_f16(dmin)), _per(n, mn)))
 
 
 def _q5_k(b, n):
@@ -170,8 +200,8 @@ def _q5_k(b, n):
     sc, mn = _k_scale_min(scales)
     high = _bits(qh, 1).reshape(-1, 256)  # shift i (sub-block i) over the 32 values
     codes = (_nibbles(qs, 4) | (high << 4)).to(torch.int8)
-    scale = _halves(_f16(d).unsqueeze(1) * sc.float())
-    return _per(n, codes), _per(n, scale), _per(n, _halves(-(_f16(dmin).unsqueeze(1) * mn.float())))
+    return (_per(n, codes), compact_scales(_per(n, _f16(d)), _per(n, _halves(sc))),
+            compact_scales(_per(n, -_f16(dmin)), _per(n, _halves(mn))))
 
 
 def _q6_k(b, n):
@@ -179,8 +209,7 @@ def _q6_k(b, n):
     low = torch.cat([ql.reshape(-1, 2, 1, 64) & 0x0F, ql.reshape(-1, 2, 1, 64) >> 4], dim=2).reshape(-1, 2, 4, 32)
     high = _bits(qh.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32)
     codes = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 256)
-    scale = _f16(d).unsqueeze(1) * scales.contiguous().view(torch.int8).float()
-    return _per(n, codes), _per(n, scale), None
+    return _per(n, codes), compact_scales(_per(n, _f16(d)), _per(n, scales.contiguous().view(torch.int8))), None
 
 
 def _q3_k(b, n):
@@ -188,16 +217,14 @@ def _q3_k(b, n):
     low = _bits(qs.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32).reshape(-1, 256)
     high = _bits(hmask, 1).reshape(-1, 256)  # shift i: values 32 i .. 32 i + 31
     codes = (low.to(torch.int8) - ((high ^ 1) << 2).to(torch.int8))
-    scale = _f16(d).unsqueeze(1) * _q3_k_scales(scales).float()
-    return _per(n, codes), _per(n, scale), None
+    return _per(n, codes), compact_scales(_per(n, _f16(d)), _per(n, _q3_k_scales(scales))), None
 
 
 def _q2_k(b, n):
     scales, qs, d, dmin = _split(b, 16, 64, 2, 2)
     codes = _bits(qs.reshape(-1, 2, 32).reshape(-1, 32), 2).reshape(-1, 2, 4, 32).reshape(-1, 256)
-    scale = _f16(d).unsqueeze(1) * (scales & 0x0F).float()
-    mins = -(_f16(dmin).unsqueeze(1) * (scales >> 4).float())
-    return _per(n, codes.to(torch.int8)), _per(n, scale), _per(n, mins)
+    return (_per(n, codes.to(torch.int8)), compact_scales(_per(n, _f16(d)), _per(n, scales & 0x0F)),
+            compact_scales(_per(n, -_f16(dmin)), _per(n, scales >> 4)))
 
 
 def _half(dtype: torch.dtype):
@@ -215,6 +242,7 @@ def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | Non
     (not the 16-bit float layouts: ValueError; packed.cat_rows widens those)."""
     if layout in HALF_LAYOUTS:
         raise ValueError(f"layout {layout!r} has no s16 form (its values are not int8 codes times a scale)")
+    d, m = widen_scales(d, layout), widen_scales(m, layout)
     if layout == "s16":
         return qs, d, m
     if layout == "q8_0":
