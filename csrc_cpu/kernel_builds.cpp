@@ -159,11 +159,12 @@ std::vector<AttentionBuild> attention_builds() {
 std::vector<LinearBuild> linear_builds() {
   using namespace linear;
 #if defined(PAGED_ISA_X86)
-  // every x86 build past scalar runs the s16 layout (s16.h) and the f16 / bf16
-  // layouts (half.h) on their AVX2 kernels
+  // every x86 build past scalar runs the s16 layout (s16.h), the f16 / bf16
+  // layouts (half.h) and compact scales' widening (compact_scales.h) on AVX2
   const auto with_s16 = [](Kernels k) {
     k.s16_rows = isa_avx2::s16_rows;
     k.half_rows = isa_avx2::half_rows;
+    k.widen_compact = isa_avx2::widen_compact;
     return k;
   };
   // avx2's int8x2 pair tiles (int8.h, pair_min_rows)

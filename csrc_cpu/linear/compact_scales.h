@@ -45,25 +45,27 @@ inline void widen_compact_rows(const uint8_t* c, int64_t scales, int64_t K, int6
 struct WidenedView {
   float* d = nullptr;
   float* m = nullptr;
+  WidenCompact fn = widen_compact_rows;  // the build's (Kernels::widen_compact), same values
   void widen(const LinearArgs& a, int64_t n0, int64_t n1) const {
     if (!a.d8) return;
-    widen_compact_rows(a.d8, a.scales(), a.K, n0, n1, d);
-    if (m) widen_compact_rows(a.m8, a.scales(), a.K, n0, n1, m);
+    fn(a.d8, a.scales(), a.K, n0, n1, d);
+    if (m) fn(a.m8, a.scales(), a.K, n0, n1, m);
   }
 };
 
 struct WidenedScales {
   std::vector<float> d, m;
 
-  WidenedView attach(LinearArgs& a) {
+  WidenedView attach(LinearArgs& a, WidenCompact fn) {
     if (!a.d8) return {};
     const auto size = size_t(a.N * a.scales());
     if (d.size() < size) d.resize(size);
     a.d = d.data();
-    if (!a.m8) return {d.data(), nullptr};
-    if (m.size() < size) m.resize(size);
-    a.m = m.data();
-    return {d.data(), m.data()};
+    if (a.m8) {
+      if (m.size() < size) m.resize(size);
+      a.m = m.data();
+    }
+    return {d.data(), a.m8 ? m.data() : nullptr, fn ? fn : widen_compact_rows};
   }
 };
 

@@ -138,6 +138,8 @@ using S16Kernel = void (*)(const S16Args& s, int64_t n0, int64_t n1);
 // The 16-bit float weight layouts' kernel (half.h).
 struct HalfArgs;
 using HalfKernel = void (*)(const HalfArgs& h, int64_t n0, int64_t n1);
+// rows [n0, n1) of compact scales (`scales` per row over K weights) into float32 [N, scales]
+using WidenCompact = void (*)(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -160,15 +162,18 @@ struct Kernels {
   S16Kernel s16_rows = nullptr;
   // the f16 / bf16 layouts (null: the scalar definition, isa_scalar::half_rows)
   HalfKernel half_rows = nullptr;
+  // compact scales' widening (compact_scales.h; null: its plain loop)
+  WidenCompact widen_compact = nullptr;
 };
 
 namespace isa_scalar {
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 }  // namespace isa_scalar
-namespace isa_avx2 {  // x86-64 (arch/x86/linear/kernel_i16_avx2.cpp, kernel_f32_avx2.cpp)
+namespace isa_avx2 {  // x86-64 (arch/x86/linear/kernel_i16_avx2.cpp, kernel_f32_avx2.cpp, widen_avx2.cpp)
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
+void widen_compact(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
 }  // namespace isa_avx2
 namespace isa_neon {  // aarch64 (arch/arm/linear/kernel_neon.cpp)
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);

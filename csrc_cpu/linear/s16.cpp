@@ -95,11 +95,11 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int32_t* const corr = grow(scratch.corr, M * nb);
   int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
+  const Kernels kernels = active_kernels();
   static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows below
-  const WidenedView widened = widened_scratch.attach(a);
+  const WidenedView widened = widened_scratch.attach(a, kernels.widen_compact);
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
   int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
-  const Kernels kernels = active_kernels();
   const bool parallel = M * a.N * K >= kSerialMacs;
   // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
   parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
@@ -124,7 +124,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
-      widened.widen(a, n0, n1);  // (again for the second row group: the same values)
+      if (two_terms || two_rows == 0) widened.widen(a, n0, n1);  // once: the first row group that runs
       kernel(s, n0, n1);
     });
   };
