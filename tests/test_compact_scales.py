@@ -20,15 +20,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from paged.backends.cpu.attention import dl  # noqa: E402
 from test_quant_layouts import random_blocks  # noqa: E402
-
-ISAS = C.supported_linear_isas()
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    C.set_linear_isa(request.param)
-    yield request.param
-    C.set_linear_isa("auto")
+from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
 
 
 LAYOUT = {Q.Q4_K: "q4_1", Q.Q6_K: "s16", Q.Q5_K: "s16", Q.Q3_K: "s16", Q.Q2_K: "s16"}
