@@ -41,6 +41,17 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from timing import emit_json, positive_int  # noqa: E402
 
+#: the CPUs this process may use, read before any engine pins its threads (the main thread is one of
+#: them, and a child process inherits the forking thread's CPU set): the servers and the client get these
+START_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
+def _all_cpus() -> None:
+    """preexec_fn of the serving processes: the whole machine, not the measured engine's pinned CPU."""
+    if START_CPUS:
+        os.sched_setaffinity(0, START_CPUS)
+
+
 SHAPE = dict(hidden=2048, layers=22, heads=32, kv_heads=4, ffn=5632, context=2048)
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 
@@ -236,7 +247,7 @@ def _wait_ready(url: str, proc, what: str, limit_s: float = 600.0) -> None:
 def serve_streams(path: str, args) -> dict:
     """Output tok/s at --streams concurrent streams: paged serve, then
     llama-server (-np STREAMS -cb) when given, each alone on the machine."""
-    from serving_peers import measure
+    from serving_peers import bench_argv
 
     bench = argparse.Namespace(input_len=args.serve_input_len, output_len=args.serve_output_len, seed=100)
     port = 8790
@@ -248,12 +259,21 @@ def serve_streams(path: str, args) -> dict:
                                      "-t", str(args.threads), "-np", str(args.streams), "-cb", "-c", str(ctx)]))
     got = {}
     for name, cmd in servers:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_all_cpus)
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_ready(url, proc, name)
-            level = measure(url, name, args.streams, bench)
-            got[name] = {"output_tok_s": level["output_throughput"]}
+            # server and client in processes of their own on every CPU (_all_cpus): forked from this
+            # process's main thread, which the engine measured before pinned to one CPU, they inherited
+            # that one CPU (paged serve then ran one thread: 13.0 against 22.8 output tok/s at 16
+            # streams on the 1B Q4_0 file, and llama-server shared the same core)
+            client = subprocess.run([sys.executable, "-m", "paged.core.entrypoints.cli", "bench", "serve",
+                                     *bench_argv(url, name, args.streams, bench)],
+                                    capture_output=True, text=True, timeout=3600, preexec_fn=_all_cpus)
+            reports = [line for line in client.stdout.splitlines() if line.startswith("{")]
+            if client.returncode or not reports:
+                raise RuntimeError(f"bench serve against {name} failed: {client.stderr.strip()[-500:]}")
+            got[name] = {"output_tok_s": json.loads(reports[-1])["levels"][0]["output_throughput"]}
         finally:
             proc.terminate()
             proc.wait(timeout=60)
