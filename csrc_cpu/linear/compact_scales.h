@@ -38,7 +38,7 @@ inline void widen_compact_rows(const uint8_t* c, int64_t scales, int64_t K, int6
 }
 
 // Where a call's compact scales are widened: the calling thread's scratch
-// (a thread_local of the driver), shared by its OpenMP team for the call
+// (thread_widened_scales below), shared by its OpenMP team for the call
 // through this plain view (a worker naming the thread_local would get its
 // own). attach() points a.d / a.m at the scratch when the weight has compact
 // scales; widen(a, n0, n1) then fills rows [n0, n1) (each work item its own).
@@ -68,5 +68,12 @@ struct WidenedScales {
     return {d.data(), a.m8 ? m.data() : nullptr, fn ? fn : widen_compact_rows};
   }
 };
+
+// The calling thread's scratch, one for every driver (a call runs through
+// one driver, never two nested), so a thread holds one matrix's floats at most.
+inline WidenedScales& thread_widened_scales() {
+  static thread_local WidenedScales scratch;
+  return scratch;
+}
 
 }  // namespace paged::cpu::linear

@@ -223,8 +223,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   int8_t* const lo = two_rows ? at_least(scratch.lo, (two_rows + kI8PadRows) * K) : nullptr;
   int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
-  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows below
-  const WidenedView widened = widened_scratch.attach(a, kernels.widen_compact);
+  // compact scales: each chunk widens its rows below
+  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -370,8 +370,8 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const RowsKernel kernel = int16_path ? kernels.int16_rows : kernels.fp32_rows;
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
-  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows
-  const WidenedView widened = widened_scratch.attach(a, kernels.widen_compact);
+  // compact scales: each chunk widens its rows
+  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
@@ -391,8 +391,8 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   float* w = static_cast<float*>(to.data);
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
-  WidenedScales widened;  // compact scales: all rows, before the parallel loop
-  widened.attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
+  // compact scales: all rows, before the parallel loop
+  thread_widened_scales().attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and

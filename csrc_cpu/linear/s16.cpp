@@ -96,8 +96,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int8_t* const lo = two_rows ? grow(scratch.lo, two_rows * K) : nullptr;
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
-  static thread_local WidenedScales widened_scratch;  // compact scales: each chunk widens its rows below
-  const WidenedView widened = widened_scratch.attach(a, kernels.widen_compact);
+  // compact scales: each chunk widens its rows below
+  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
   int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const bool parallel = M * a.N * K >= kSerialMacs;

@@ -92,9 +92,9 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   const Header h = header_for(a);
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
-  WidenedScales widened;  // compact scales (compact_scales.h): all rows, the panels hold them transposed
   nb::gil_scoped_release no_gil;
-  widened.attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
+  // compact scales (compact_scales.h): all rows, the panels hold them transposed
+  thread_widened_scales().attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
   std::memcpy(dst, &h, sizeof h);
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;
