@@ -103,7 +103,7 @@ def time_shape(shape, m_rows: int, min_time: float, rng) -> dict:
     dense = []
     for w in f32:
         out = torch.empty(n, k)
-        C.quant_dequantize(w.qtype, w.qs, w.d, w.m, out)
+        C.quant_dequantize(w.kernel_qtype, w.qs, w.d, w.m, out)
         dense.append(out)
     dense_bf16 = [w.bfloat16() for w in dense]
     x = torch.randn(m_rows, k)

@@ -160,11 +160,13 @@ std::vector<LinearBuild> linear_builds() {
   using namespace linear;
 #if defined(PAGED_ISA_X86)
   // every x86 build past scalar runs the s16 layout (s16.h), the f16 / bf16
-  // layouts (half.h) and compact scales' widening (compact_scales.h) on AVX2
+  // layouts (half.h), compact scales' widening (compact_scales.h) and s16's
+  // packed codes' unpacking (s16.h) on AVX2
   const auto with_s16 = [](Kernels k) {
     k.s16_rows = isa_avx2::s16_rows;
     k.half_rows = isa_avx2::half_rows;
     k.widen_compact = isa_avx2::widen_compact;
+    k.s16_unpack = isa_avx2::s16_unpack;
     return k;
   };
   // avx2's int8x2 pair tiles (int8.h, pair_min_rows)

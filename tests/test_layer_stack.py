@@ -187,7 +187,7 @@ def test_bad_arguments_are_value_errors():
     with pytest.raises(IndexError):  # a slot outside the cache: the kernel's own check
         run(slots=torch.full_like(meta.slot_mapping, 10**6))
     layer = model.layers[0]
-    mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
+    mat = lambda w: (w.kernel_qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
     norms = dl(layer.input_norm.detach()), dl(layer.post_norm.detach())
     with pytest.raises(ValueError, match="qkv_bias"):
         native.add_layer(*norms, [mat(layer.qkv)], dl(torch.zeros(3)), mat(layer.o_proj), mat(layer.gate_up),

@@ -236,7 +236,7 @@ def test_one_term_needs_mixed():
     model, _ = model_with("int8x2", config, tiny_weights(config))
     native = model.layer_stack._native
     layer = model.layers[0]
-    mat = lambda w: (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
+    mat = lambda w: (w.kernel_qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))  # noqa: E731
     with pytest.raises(ValueError, match=r"one_term: expected false unless the stack's activations "
                                          r"are 'mixed', got true with activations 'int8x2'"):
         native.add_layer(dl(layer.input_norm.detach()), dl(layer.post_norm.detach()), [mat(layer.qkv)], None,

@@ -54,7 +54,7 @@ def enabled() -> bool:
 
 
 def _matrix(w: CpuPackedLinear):
-    return (w.qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
+    return (w.kernel_qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
 
 
 def _row_parts(w: CpuPackedLinear) -> list:

@@ -50,5 +50,5 @@ def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
         return None
     native = _C_cpu.MoeExperts(first.in_features, first.out_features // 2, first.activations, first.one_term)
     for g, d in zip(gate_up, down):
-        native.add_expert((g.qtype, dl(g.qs), dl(g.d), dl(g.m)), (d.qtype, dl(d.qs), dl(d.d), dl(d.m)))
+        native.add_expert((g.kernel_qtype, dl(g.qs), dl(g.d), dl(g.m)), (d.kernel_qtype, dl(d.qs), dl(d.d), dl(d.m)))
     return CpuMoeExperts(native)

@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 
 from paged.backends.cpu.attention import dl
-from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS  # on _C_cpu.half_linear whatever the activations
+# HALF_LAYOUTS run on _C_cpu.half_linear whatever the activations
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, pack_s16_codes
 
 if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
     from paged.core.models.loaders.packed import PackedBlocks
@@ -66,6 +67,12 @@ if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at ru
 #: bits. PAGED_DENSE_PREFILL_ROWS=0 keeps every call on the packed kernel.
 DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
+
+#: s16 matrices keep their codes packed into the fewest bits that hold them
+#: (4-6: Q5_K's in 5, Q6_K's in 6; csrc_cpu/linear/s16.h, "Packed codes"),
+#: unpacked per work item, same bits; PAGED_S16_PACKED=0 keeps a byte per
+#: code (for paired timing).
+PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
 
 #: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
 #: most this many bytes get persistent panels (about that memory again: a
@@ -161,6 +168,10 @@ class CpuPackedLinear:
         self.parts = [CpuPackedLinear(p, activations, one_term) for p in packed.parts] \
             if packed.kernel_type == "parts" else None
         self.qs, self.d, self.m = (None, None, None) if self.parts else packed.fields()
+        # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) where they fit
+        self.kernel_qtype = self.qtype
+        if self.qtype == "s16" and PACK_S16_CODES:
+            self.qs, self.kernel_qtype = pack_s16_codes(self.qs)
         self.out_features, self.in_features = packed.shape
         self.nbytes = packed.nbytes
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
@@ -243,7 +254,7 @@ class CpuPackedLinear:
         from paged import _C_cpu
 
         panels = self.weight_panels()  # the kernel decides per call whether to read them
-        _C_cpu.quant_linear(dl(x2), self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
+        _C_cpu.quant_linear(dl(x2), self.kernel_qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
                             two_term_rows, None if panels is None else dl(panels), prompt_rows)
 
     def _dequantized(self) -> torch.Tensor:
@@ -254,18 +265,19 @@ class CpuPackedLinear:
         buf = _SCRATCH.get(self.shape)
         if buf is None:
             buf = _SCRATCH[self.shape] = torch.empty(self.shape, dtype=torch.float32)
-        _C_cpu.quant_dequantize(self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(buf))
+        _C_cpu.quant_dequantize(self.kernel_qtype, dl(self.qs), dl(self.d), dl(self.m), dl(buf))
         return buf
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Rows ``ids`` of the matrix, dequantized (exactly gguf's values): an
         embedding table looked up without a float copy of the whole table."""
-        from paged.core.models.loaders.quant_layouts import dequantize_layout
+        from paged.core.models.loaders.quant_layouts import dequantize_layout, unpack_s16_codes
 
         if self.parts:
             raise ValueError("embedding: expected a matrix of one layout, got a fused matrix of row parts")
         flat = ids.reshape(-1)
-        rows = dequantize_layout(self.qtype, self.qs[flat], *(None if t is None else t[flat] for t in (self.d, self.m)))
+        qs = unpack_s16_codes(self.qs[flat], self.kernel_qtype) if self.qtype == "s16" else self.qs[flat]
+        rows = dequantize_layout(self.qtype, qs, *(None if t is None else t[flat] for t in (self.d, self.m)))
         return rows.to(dtype).view(*ids.shape, self.in_features)
 
 

@@ -29,12 +29,23 @@ using attn::fail;
 
 constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whole AVX2 register tiles)
 
-QType parse_qtype(const std::string& s) {
-  if (s == "q4_0") return QType::Q4_0;
-  if (s == "q4_1") return QType::Q4_1;
-  if (s == "q8_0") return QType::Q8_0;
-  if (s == "s16") return QType::S16;
-  fail("qtype", "'q4_0', 'q4_1', 'q8_0' or 's16'", "'" + s + "'");
+// "s16" with packed codes (s16.h): "s16.u<bits>" holds codes 0 .. 2^bits - 1,
+// "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 4-6.
+void parse_qtype(LinearArgs& a, const std::string& s) {
+  a.code_bits = 8;
+  a.code_bias = 0;
+  if (s == "q4_0") a.qtype = QType::Q4_0;
+  else if (s == "q4_1") a.qtype = QType::Q4_1;
+  else if (s == "q8_0") a.qtype = QType::Q8_0;
+  else if (s == "s16") a.qtype = QType::S16;
+  else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '4' && s[5] <= '6') {
+    a.qtype = QType::S16;
+    a.code_bits = s[5] - '0';
+    a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
+  } else {
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 's16' or packed s16 codes ('s16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')",
+         "'" + s + "'");
+  }
 }
 
 attn::TensorArg matrix(const char* name, const Array& a, nb::dlpack::dtype want) { return tensor_of(name, a, want, 2); }
@@ -69,15 +80,19 @@ attn::TensorArg tensor_of(const char* name, const Array& a, nb::dlpack::dtype wa
 // The packed weight: qs, d, m checked against each other; fills N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m) {
-  a.qtype = parse_qtype(qtype);
-  const bool bytes = a.qtype == QType::Q8_0 || a.qtype == QType::S16;  // one int8 code per weight
+  parse_qtype(a, qtype);
+  const bool packed = a.code_bits != 8;  // s16's packed codes: a row of blocks of block_bytes
+  const bool bytes = !packed && (a.qtype == QType::Q8_0 || a.qtype == QType::S16);  // one int8 code per weight
   const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
+  const int64_t block_bytes = s16_packed_block_bytes(a.code_bits);
   a.N = tq.dim(0);
-  a.K = bytes ? tq.dim(1) : 2 * tq.dim(1);
-  if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0)
+  a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / block_bytes * kBlock : 2 * tq.dim(1);
+  if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0 || (packed && tq.dim(1) % block_bytes != 0))
     fail("qs",
          std::string("N >= 1 rows and K a positive multiple of 32") +
-             (bytes ? "" : " (K = 2 * qs.shape[1] for 4-bit types)"),
+             (bytes    ? ""
+              : packed ? " (qs.shape[1] = K / 32 * " + std::to_string(block_bytes) + " for qtype '" + qtype + "')"
+                       : " (K = 2 * qs.shape[1] for 4-bit types)"),
          "shape " + tq.shape_str() + ", K = " + std::to_string(a.K));
   const bool s16 = a.qtype == QType::S16;
   const int64_t groups = s16 ? a.K / kS16Half : a.blocks();

@@ -81,6 +81,10 @@ struct LinearArgs {
   const uint8_t* qs = nullptr;    // [N, K/2] nibbles or [N, K] int8
   const float* d = nullptr;       // [N, K/32]
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
+  // S16's codes: 8 = int8 [N, K] as they lie; 4, 5 or 6 = packed into that
+  // many bits per code with code_bias added (s16.h, "Packed codes")
+  int code_bits = 8;
+  int code_bias = 0;
   // Compact scales (compact_scales.h; q4_1 and s16): d and m (m8 may be
   // null) in that form, and d / m above point at the call's widened copy
   // (null until the driver widens)
@@ -114,7 +118,10 @@ struct LinearArgs {
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
-  int64_t row_bytes() const { return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2; }
+  int64_t row_bytes() const {
+    if (qtype == QType::S16 && code_bits < 8) return K / kBlock * (kBlock / 2 + 4 * (code_bits - 4));
+    return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
+  }
 };
 
 // Computes out[:, n0:n1]. `scratch` is the calling thread's buffer (grown as
@@ -140,6 +147,8 @@ struct HalfArgs;
 using HalfKernel = void (*)(const HalfArgs& h, int64_t n0, int64_t n1);
 // rows [n0, n1) of compact scales (`scales` per row over K weights) into float32 [N, scales]
 using WidenCompact = void (*)(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
+// rows [0, rows) of s16 packed codes (s16.h) into int8 [rows, K]
+using S16Unpack = void (*)(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -164,6 +173,8 @@ struct Kernels {
   HalfKernel half_rows = nullptr;
   // compact scales' widening (compact_scales.h; null: its plain loop)
   WidenCompact widen_compact = nullptr;
+  // s16's packed codes into int8 (s16.h; null: its plain loop, unpack_s16_rows)
+  S16Unpack s16_unpack = nullptr;
 };
 
 namespace isa_scalar {

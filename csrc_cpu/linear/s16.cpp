@@ -50,12 +50,11 @@ namespace isa_scalar {
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
-  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
   for (int64_t r = 0; r < a.M; ++r) {
     const int8_t* hi = a.x8 + r * K;
     const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
     for (int64_t n = n0; n < n1; ++n) {
-      const int8_t* w = codes + n * K;
+      const int8_t* w = s.row_codes(n);
       float acc[kLanes] = {};
       for (int64_t b = 0; b < nb; ++b) {
         const float dx = a.x8_scale[r * nb + b];
@@ -86,6 +85,35 @@ S16Kernel s16_kernel() {
   return k ? k : isa_scalar::s16_rows;
 }
 
+namespace {
+
+// Weight rows per unpacking of packed codes in calls of few rows: they stay
+// in L1 between the unpacking and the kernel (larger calls unpack the work
+// item's rows at once: its register tiles sweep them once per x-row tile).
+constexpr int64_t kFewRowsUnpack = 4;
+
+// kernel(s, n0, n1) on int8 codes: a.qs as it lies, or packed codes
+// unpacked into this thread's scratch (a worker's own: each unpacks the rows it runs).
+void run_rows(S16Kernel kernel, S16Unpack unpack, S16Args s, int64_t n0, int64_t n1) {
+  const LinearArgs& a = *s.a;
+  if (a.code_bits == 8) {
+    s.codes = reinterpret_cast<const int8_t*>(a.qs);
+    return kernel(s, n0, n1);
+  }
+  static thread_local std::vector<int8_t> rows;
+  const int64_t step = a.M <= kS16FewRows ? kFewRowsUnpack : n1 - n0;
+  if (rows.size() < size_t(step * a.K)) rows.resize(size_t(step * a.K));
+  for (int64_t n = n0; n < n1; n += step) {
+    const int64_t end = std::min(n1, n + step);
+    unpack(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, end - n, rows.data());
+    s.codes = rows.data();
+    s.codes_row0 = n;
+    kernel(s, n, end);
+  }
+}
+
+}  // namespace
+
 void s16_linear(LinearArgs& a, int64_t two_rows) {
   const int64_t K = a.K, M = a.M, nb = a.blocks(), nh = K / kS16Half;
   static thread_local S16Scratch scratch;  // the caller's: its team shares it for this call
@@ -110,6 +138,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     if (c16) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
   });
   const S16Kernel kernel = s16_kernel();
+  const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
     if (r1 <= r0) return;
     LinearArgs g = a;
@@ -125,7 +154,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (two_terms || two_rows == 0) widened.widen(a, n0, n1);  // once: the first row group that runs
-      kernel(s, n0, n1);
+      run_rows(kernel, unpack, s, n0, n1);
     });
   };
   run(0, two_rows, true);
@@ -134,13 +163,20 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
 
 void s16_dequantize(const LinearArgs& a, float* out) {
   const int64_t K = a.K, nh = K / kS16Half;
-  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
 #pragma omp parallel for schedule(static) if (a.N * K >= kSerialMacs)
-  for (int64_t n = 0; n < a.N; ++n)
+  for (int64_t n = 0; n < a.N; ++n) {
+    static thread_local std::vector<int8_t> row;
+    const int8_t* codes = reinterpret_cast<const int8_t*>(a.qs) + n * K;
+    if (a.code_bits != 8) {
+      if (row.size() < size_t(K)) row.resize(size_t(K));
+      unpack_s16_rows(a.qs + n * a.row_bytes(), K, a.code_bits, a.code_bias, 1, row.data());
+      codes = row.data();
+    }
     for (int64_t k = 0; k < K; ++k) {
-      const float w = a.d[n * nh + k / kS16Half] * float(codes[n * K + k]);
+      const float w = a.d[n * nh + k / kS16Half] * float(codes[k]);
       out[n * K + k] = a.m ? w + a.m[n * nh + k / kS16Half] : w;
     }
+  }
 }
 
 }  // namespace paged::cpu::linear

@@ -4,7 +4,7 @@
 // finer than 32 weights (Q2_K, Q3_K, Q6_K) or whose codes have 5 bits (Q5_1,
 // Q5_K) unpacks into it exactly (core/models/loaders/quant_layouts.py), and
 // so does every other layout (a fused matrix whose rows come in several
-// types).
+// types). The codes may be packed into 4-6 bits (below, "Packed codes").
 //
 // It runs on the int8 paths only (activations "int8" / "int8x2"; float32
 // activations dequantize it and take the dense GEMM). x is quantized as for
@@ -59,21 +59,55 @@ inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c
 // their int8 codes as they lie (too few rows to pay for widening weights).
 constexpr int64_t kS16FewRows = 3;
 
-// One call's operands: the weight (a.qs int8 [N, K], a.d / a.m [N, K/16]),
-// x quantized (a.x8, a.x8_lo, a.x8_scale as int8.h), its codes c as int16 in
-// the pair order above (c16 [M, K], for calls of more than kS16FewRows rows), the half sums xs [M, K/16] when the
-// weight has offsets, and the output.
+// Packed codes (LinearArgs::code_bits 4, 5 or 6; qtype "s16.u5" and the
+// like at the boundary): a code q is held as u = q + code_bias, 0 <= u <
+// 2^bits, and each 32-block of a row as 16 bytes of low nibbles (byte j:
+// element j in bits 0-3, element 16 + j in bits 4-7, as GGUF's Q4_0) then
+// bits - 4 planes of 4 bytes (plane p, a little-endian uint32: bit j is bit
+// 4 + p of element j's u). Q5_K's codes 0..31 take 5 bits (0.69 bytes a
+// weight against the int8 byte), Q6_K's -32..31 six (bias 32). No kernel
+// reads them: the driver unpacks each work item's rows into the calling
+// thread's int8 scratch just before the kernel runs (s16.cpp), so every
+// build computes the same bits from either form.
+constexpr int64_t s16_packed_block_bytes(int bits) { return kBlock / 2 + 4 * (bits - 4); }
+
+// Rows [0, rows) of packed codes into int8 [rows, K] (the definition; the
+// x86 builds' Kernels::s16_unpack gives the same bytes).
+inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out) {
+  const int64_t block_bytes = s16_packed_block_bytes(bits);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t b = 0; b < K / kBlock; ++b) {
+      const uint8_t* src = packed + (n * (K / kBlock) + b) * block_bytes;
+      int8_t* dst = out + n * K + b * kBlock;
+      for (int k = 0; k < kBlock; ++k) {
+        int u = k < 16 ? (src[k] & 0x0F) : (src[k - 16] >> 4);
+        for (int p = 0; p < bits - 4; ++p) u |= ((src[16 + 4 * p + k / 8] >> (k % 8)) & 1) << (4 + p);
+        dst[k] = int8_t(u - bias);
+      }
+    }
+}
+
+// One call's operands: the weight (a.qs, a.d / a.m [N, K/16]), its int8
+// codes (row n at codes + (n - codes_row0) * K: a.qs itself, or the rows a
+// driver unpacked from packed codes), x quantized (a.x8, a.x8_lo,
+// a.x8_scale as int8.h), its codes c as int16 in the pair order above (c16
+// [M, K], for calls of more than kS16FewRows rows), the half sums xs [M,
+// K/16] when the weight has offsets, and the output.
 struct S16Args {
   const LinearArgs* a;
   const float* xs = nullptr;
   const int16_t* c16 = nullptr;
+  const int8_t* codes = nullptr;
+  int64_t codes_row0 = 0;
+  const int8_t* row_codes(int64_t n) const { return codes + (n - codes_row0) * a->K; }
 };
 
 namespace isa_scalar {
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
 }
-namespace isa_avx2 {
-void s16_rows(const S16Args& s, int64_t n0, int64_t n1);  // arch/x86/linear/kernel_s16_avx2.cpp
+namespace isa_avx2 {  // arch/x86/linear/kernel_s16_avx2.cpp
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
+void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
 }
 
 // The int8 / int8x2 linear on an s16 weight: rows [0, two_rows) with the low term.

@@ -255,6 +255,59 @@ def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | Non
     return codes.to(torch.int8), _halves(d), _halves(m)
 
 
+#: code bits s16's packed codes may take (csrc_cpu/linear/s16.h, "Packed codes")
+PACKED_CODE_BITS = (4, 5, 6)
+
+
+def _packed_form(lo: int, hi: int) -> tuple[int, int] | None:
+    """(bits, bias) of the fewest bits holding codes lo..hi, unsigned (bias
+    0) before signed (bias 2^(bits-1)); None past 6 bits."""
+    for bits in PACKED_CODE_BITS:
+        for bias in (0, 1 << (bits - 1)):
+            if 0 <= lo + bias and hi + bias < (1 << bits):
+                return bits, bias
+    return None
+
+
+def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """s16's int8 codes [N, K] packed into the fewest bits that hold every
+    code (Q5_K's 0..31 in 5, Q6_K's -32..31 in 6, Q2_K / Q3_K's in 4), as
+    csrc_cpu/linear/s16.h lays them out: per 32-block 16 bytes of nibbles
+    (byte j: element j low, 16 + j high) then one 4-byte bit plane per bit
+    past the fourth. Returns (uint8 [N, K/32 * (16 + 4 (bits - 4))], the
+    kernels' qtype: "s16.u5" for codes 0..31, "s16.s6" for -32..31), or
+    (codes, "s16") when they need more than 6 bits."""
+    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() else None
+    if form is None:
+        return codes, "s16"
+    bits, bias = form
+    n, k = codes.shape
+    u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 32, 32)
+    fields = [_pack_nibbles((u & 0x0F).reshape(n, k)).view(n, k // 32, 16)]
+    weights = (1 << torch.arange(8, dtype=torch.int16)).view(1, 1, 1, 8)  # bit i of a plane byte: element 8j + i
+    for p in range(bits - 4):
+        plane = ((u >> (4 + p)) & 1).to(torch.int16).view(n, k // 32, 4, 8)
+        fields.append((plane * weights).sum(-1).to(torch.uint8))
+    return torch.cat(fields, dim=2).reshape(n, -1).contiguous(), f"s16.{'s' if bias else 'u'}{bits}"
+
+
+def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """pack_s16_codes' inverse: int8 codes [N, K] from packed rows of
+    ``qtype`` ("s16" returns ``packed`` itself)."""
+    if qtype == "s16":
+        return packed
+    bits = int(qtype[5])
+    bias = (1 << (bits - 1)) if qtype[4] == "s" else 0
+    n = packed.shape[0]
+    blocks = packed.reshape(n, -1, 16 + 4 * (bits - 4))
+    u = _nibbles(blocks[:, :, :16].reshape(-1, 16), 1).view(n, -1, 32).to(torch.int16)
+    for p in range(bits - 4):
+        plane = blocks[:, :, 16 + 4 * p:20 + 4 * p]
+        bit = (plane.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [n, nb, 4, 8]: element 8j + i
+        u |= bit.reshape(n, -1, 32).to(torch.int16) << (4 + p)
+    return (u - bias).to(torch.int8).reshape(n, -1)
+
+
 def dequantize_layout(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """The float32 matrix of a layout's fields (w as the module docstring says)."""
     if layout in HALF_LAYOUTS:

@@ -101,7 +101,6 @@ template <int R, int J>
 void tile(const S16Args& s, int64_t r0, int64_t n0) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
-  const auto* codes = reinterpret_cast<const int8_t*>(a.qs);
   const int16_t* c = s.c16 + r0 * K;
   const float* dx = a.x8_scale + r0 * nb;
   __m256 acc[R][J];
@@ -109,7 +108,7 @@ void tile(const S16Args& s, int64_t r0, int64_t n0) {
     for (int j = 0; j < J; ++j) acc[i][j] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     WeightBlock w[J];
-    for (int j = 0; j < J; ++j) w[j] = weight_block(codes + (n0 + j) * K + b * kBlock, a.d + (n0 + j) * nh + 2 * b);
+    for (int j = 0; j < J; ++j) w[j] = weight_block(s.row_codes(n0 + j) + b * kBlock, a.d + (n0 + j) * nh + 2 * b);
     for (int i = 0; i < R; ++i) {
       const auto* x = reinterpret_cast<const __m256i*>(c + i * K + b * kBlock);
       const __m256i xa = _mm256_loadu_si256(x), xb = _mm256_loadu_si256(x + 1);
@@ -150,7 +149,7 @@ template <int R>
 void few_rows_tile(const S16Args& s, int64_t n) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
-  const auto* w = reinterpret_cast<const int8_t*>(a.qs) + n * K;
+  const int8_t* w = s.row_codes(n);
   __m256 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -201,6 +200,29 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
     default: break;
   }
   for (int64_t r = 0; r < M; r += kTileRows) tiles[size_t(std::min<int64_t>(kTileRows, M - r) - 1)](s, r, n0, n1);
+}
+
+// Packed codes (s16.h) into int8, a block at a time: the nibbles split into
+// elements 0-15 | 16-31, each plane's 32 bits spread to a byte per element
+// (each byte of the plane copied to eight, tested against its bit), OR-ed
+// in at bit 4 + p, then the bias subtracted: the bytes unpack_s16_rows makes.
+void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out) {
+  const int64_t block_bytes = s16_packed_block_bytes(bits), blocks = rows * (K / kBlock);
+  const __m256i low = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi8(
+      0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL), vbias = _mm256_set1_epi8(char(bias));
+  for (int64_t i = 0; i < blocks; ++i) {
+    const uint8_t* src = packed + i * block_bytes;
+    const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), low);
+    for (int p = 0; p < bits - 4; ++p) {
+      int32_t plane;
+      std::memcpy(&plane, src + 16 + 4 * p, sizeof plane);
+      const __m256i set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(plane), spread), bit);
+      u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(set, bit), _mm256_set1_epi8(char(16 << p))));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * kBlock), _mm256_sub_epi8(u, vbias));
+  }
 }
 
 }  // namespace paged::cpu::linear::isa_avx2

@@ -1,0 +1,157 @@
+"""s16's packed codes (csrc_cpu/linear/s16.h, "Packed codes";
+quant_layouts.pack_s16_codes): the int8 codes of an s16 matrix held in the
+fewest bits (4-6) that hold them, unpacked by the drivers per work item.
+
+Oracles: the same matrix with its codes as int8 bytes (the form
+tests/test_quant_linear_s16.py checks against exact arithmetic), bitwise,
+on every path, build and thread count this CPU runs; gguf's dequantizer
+(through quant_layouts, test_quant_layouts.py) for the values; the Python
+unpacker, written apart from the C++ ones, for the bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged.core.models.loaders.quant_layouts import pack_s16_codes, unpack, unpack_s16_codes
+
+C = pytest.importorskip("paged._C_cpu")
+pytest.importorskip("gguf")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from paged.backends.cpu.attention import dl  # noqa: E402
+from paged.core.models.loaders.packed import PackedBlocks  # noqa: E402
+from test_quant_layouts import random_blocks  # noqa: E402
+from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
+
+# code range -> the form that must hold it (fewest bits; unsigned before signed)
+FORMS = [((0, 3), "s16.u4"), ((-4, 3), "s16.s4"), ((0, 15), "s16.u4"), ((-8, 7), "s16.s4"), ((0, 31), "s16.u5"),
+         ((-16, 15), "s16.s5"), ((0, 63), "s16.u6"), ((-32, 31), "s16.s6"), ((-9, 7), "s16.s5"),
+         ((-33, 31), "s16"), ((0, 64), "s16"), ((-128, 127), "s16")]
+
+
+def codes_in(lo: int, hi: int, n: int, k: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    c = torch.randint(lo, hi + 1, (n, k), generator=gen, dtype=torch.int32).to(torch.int8)
+    c[0, 0], c[-1, -1] = lo, hi  # both ends present: they decide the form
+    return c
+
+
+def s16_matrix(lo: int, hi: int, n: int, k: int, seed: int, offsets: bool):
+    gen = torch.Generator().manual_seed(seed + 1)
+    d = torch.rand(n, k // 16, generator=gen) * 0.02
+    m = torch.randn(n, k // 16, generator=gen) * 0.01 if offsets else None
+    return codes_in(lo, hi, n, k, seed), d, m
+
+
+def linear(qtype, x, qs, d, m, activations, two_term_rows=-1):
+    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
+    C.quant_linear(dl(x), qtype, dl(qs), dl(d), None if m is None else dl(m), dl(out), activations, two_term_rows)
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.mark.parametrize("span,form", FORMS, ids=[f for _, f in FORMS])
+def test_pack_takes_the_fewest_bits_and_round_trips(span, form):
+    codes = codes_in(*span, 5, 96, seed=span[0] * 7 + span[1])
+    qs, qtype = pack_s16_codes(codes)
+    assert qtype == form
+    if form == "s16":
+        assert qs is codes
+        return
+    bits = int(form[-1])
+    assert qs.dtype == torch.uint8 and qs.shape == (5, 96 // 32 * (16 + 4 * (bits - 4)))
+    assert torch.equal(unpack_s16_codes(qs, qtype), codes)
+
+
+def test_packed_layout_is_the_documented_bytes():
+    """s16.h's layout spelled out on one block: nibbles (j low, 16 + j
+    high), then plane p's bit j = bit 4 + p of element j's code + bias."""
+    u = torch.arange(32, dtype=torch.int16) * 2 % 64  # 0, 2, ..., 62, 0, ...: every bit of 6 used
+    qs, qtype = pack_s16_codes((u - 32).to(torch.int8).view(1, 32))
+    assert qtype == "s16.s6"
+    want = [int(u[j]) & 15 | (int(u[16 + j]) & 15) << 4 for j in range(16)]
+    for p in range(2):
+        plane = sum(((int(u[j]) >> (4 + p)) & 1) << j for j in range(32))
+        want += list(plane.to_bytes(4, "little"))
+    assert qs.view(-1).tolist() == want
+
+
+@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-4, 3), (0, 63)], ids=str)
+@pytest.mark.parametrize("offsets", [False, True], ids=["no_m", "m"])
+def test_dequantize_packed_equals_int8_codes(span, offsets):
+    codes, d, m = s16_matrix(*span, 37, 256, seed=3, offsets=offsets)
+    qs, qtype = pack_s16_codes(codes)
+    want, got = torch.empty(37, 256), torch.empty(37, 256)
+    C.quant_dequantize("s16", dl(codes), dl(d), None if m is None else dl(m), dl(want))
+    C.quant_dequantize(qtype, dl(qs), dl(d), None if m is None else dl(m), dl(got))
+    assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-8, 7), (0, 63)], ids=str)
+@pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 64), (3, 33, 512), (4, 40, 96), (11, 65, 256),
+                                      (40, 45, 128)])
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations):
+    """Every row count path (few rows unpacked 4 weight rows at a time,
+    register tiles over a work item's rows) and a two-term split."""
+    codes, d, m = s16_matrix(*span, n, k, seed=rows * 31 + n, offsets=span[0] >= 0)
+    qs, qtype = pack_s16_codes(codes)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
+        want = linear("s16", x, codes, d, m, activations, split)
+        assert same_bits(linear(qtype, x, qs, d, m, activations, split), want)
+
+
+def test_linear_packed_rows_alone_and_on_two_threads(isa):
+    codes, d, m = s16_matrix(0, 31, 130, 512, seed=9, offsets=True)
+    qs, qtype = pack_s16_codes(codes)
+    x = torch.randn(7, 512, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([linear(qtype, x[r:r + 1], qs, d, m, "int8x2") for r in range(7)])
+        torch.set_num_threads(2)
+        assert same_bits(linear(qtype, x, qs, d, m, "int8x2"), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype,form", [(Q.Q5_K, "s16.u5"), (Q.Q6_K, "s16.s6"), (Q.Q3_K, "s16.s4"),
+                                        (Q.Q2_K, "s16.u4"), (Q.Q5_1, "s16.u5")], ids=lambda v: getattr(v, "name", v))
+def test_gguf_k_quants_run_packed(qtype, form):
+    """The engine's CpuPackedLinear packs each type's codes into its bits,
+    holds fewer bytes, and computes the int8-codes matrix's bits; its
+    embedding rows are gguf's values."""
+    from paged.backends.cpu import quant_linear as ql
+
+    rows, cols = 48, 512
+    blocks = PackedBlocks(qtype, torch.from_numpy(random_blocks(qtype, rows, cols, seed=11)), (rows, cols))
+    w = ql.CpuPackedLinear(blocks, activations="int8x2")
+    assert w.kernel_qtype == form
+    _, codes, d, m = unpack(qtype, blocks.blocks, (rows, cols))
+    assert w.qs.numel() < codes.numel() and torch.equal(unpack_s16_codes(w.qs, form), codes)
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
+    for r in (1, 5):
+        assert same_bits(w.linear(x[:r]), linear("s16", x[:r], codes, d, m, "int8x2"))
+    ids = torch.tensor([0, 47, 3])
+    assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
+
+
+def test_bad_packed_input_is_one_clear_error():
+    codes, d, _ = s16_matrix(0, 31, 4, 64, seed=1, offsets=False)
+    qs, qtype = pack_s16_codes(codes)
+    out = torch.empty(1, 4)
+    x = torch.randn(1, 64)
+    with pytest.raises(ValueError, match="qtype"):
+        C.quant_linear(dl(x), "s16.u7", dl(qs), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="qs"):  # a row that is not whole blocks of 20 bytes
+        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="qs"):  # int8 codes named as packed
+        C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
+        C.quant_linear(dl(torch.randn(1, 96)), qtype, dl(qs), dl(d), None, dl(out), "int8")
