@@ -167,6 +167,7 @@ std::vector<LinearBuild> linear_builds() {
     k.half_rows = isa_avx2::half_rows;
     k.widen_compact = isa_avx2::widen_compact;
     k.s16_unpack = isa_avx2::s16_unpack;
+    k.s16_packed_few_rows = true;
     return k;
   };
   // avx2's int8x2 pair tiles (int8.h, pair_min_rows)

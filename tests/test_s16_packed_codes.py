@@ -1,6 +1,7 @@
 """s16's packed codes (csrc_cpu/linear/s16.h, "Packed codes";
 quant_layouts.pack_s16_codes): the int8 codes of an s16 matrix held in the
-fewest bits (4-6) that hold them, unpacked by the drivers per work item.
+fewest bits (4-6) that hold them, read directly by the AVX2 kernel in calls
+of 1-3 rows and unpacked by the driver per work item otherwise.
 
 Oracles: the same matrix with its codes as int8 bytes (the form
 tests/test_quant_linear_s16.py checks against exact arithmetic), bitwise,
@@ -57,27 +58,34 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("span,form", FORMS, ids=[f for _, f in FORMS])
 def test_pack_takes_the_fewest_bits_and_round_trips(span, form):
-    codes = codes_in(*span, 5, 96, seed=span[0] * 7 + span[1])
+    codes = codes_in(*span, 5, 512, seed=span[0] * 7 + span[1])
     qs, qtype = pack_s16_codes(codes)
     assert qtype == form
     if form == "s16":
         assert qs is codes
         return
     bits = int(form[-1])
-    assert qs.dtype == torch.uint8 and qs.shape == (5, 96 // 32 * (16 + 4 * (bits - 4)))
+    assert qs.dtype == torch.uint8 and qs.shape == (5, 512 // 256 * 32 * bits)
     assert torch.equal(unpack_s16_codes(qs, qtype), codes)
 
 
+def test_rows_not_whole_groups_stay_bytes():
+    codes = codes_in(0, 31, 3, 288, seed=2)  # K = 288: packed groups are 256 weights
+    qs, qtype = pack_s16_codes(codes)
+    assert qtype == "s16" and qs is codes
+
+
 def test_packed_layout_is_the_documented_bytes():
-    """s16.h's layout spelled out on one block: nibbles (j low, 16 + j
-    high), then plane p's bit j = bit 4 + p of element j's code + bias."""
-    u = torch.arange(32, dtype=torch.int16) * 2 % 64  # 0, 2, ..., 62, 0, ...: every bit of 6 used
-    qs, qtype = pack_s16_codes((u - 32).to(torch.int8).view(1, 32))
+    """s16.h's layout spelled out on one group of 256: nibble vector i,
+    byte l = block 2i's element l (low) and block 2i + 1's (high); then (6
+    bits: two high bits a code, four blocks a vector) high vector v, byte l,
+    bits 2f, 2f + 1 = u >> 4 of block 4v + f's element l; u = code + bias."""
+    u = (torch.arange(256, dtype=torch.int16) * 7 + 3) % 64  # every bit of 6 used
+    qs, qtype = pack_s16_codes((u - 32).to(torch.int8).view(1, 256))
     assert qtype == "s16.s6"
-    want = [int(u[j]) & 15 | (int(u[16 + j]) & 15) << 4 for j in range(16)]
-    for p in range(2):
-        plane = sum(((int(u[j]) >> (4 + p)) & 1) << j for j in range(32))
-        want += list(plane.to_bytes(4, "little"))
+    blk = lambda j, lane: int(u[32 * j + lane])  # noqa: E731
+    want = [blk(2 * i, lane) & 15 | (blk(2 * i + 1, lane) & 15) << 4 for i in range(4) for lane in range(32)]
+    want += [sum((blk(4 * v + f, lane) >> 4) << (2 * f) for f in range(4)) for v in range(2) for lane in range(32)]
     assert qs.view(-1).tolist() == want
 
 
@@ -93,13 +101,15 @@ def test_dequantize_packed_equals_int8_codes(span, offsets):
 
 
 @pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-8, 7), (0, 63)], ids=str)
-@pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 64), (3, 33, 512), (4, 40, 96), (11, 65, 256),
-                                      (40, 45, 128)])
+@pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 512), (3, 33, 768), (4, 40, 256), (11, 65, 512),
+                                      (40, 45, 256)])
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
-def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations):
-    """Every row count path (few rows unpacked 4 weight rows at a time,
-    register tiles over a work item's rows) and a two-term split."""
-    codes, d, m = s16_matrix(*span, n, k, seed=rows * 31 + n, offsets=span[0] >= 0)
+@pytest.mark.parametrize("offsets", [False, True], ids=["no_m", "m"])
+def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations, offsets):
+    """Every row count path (1-3 rows: read packed by AVX2, unpacked 4
+    weight rows at a time by scalar; more: register tiles over a work
+    item's unpacked rows), unsigned and signed codes, and a two-term split."""
+    codes, d, m = s16_matrix(*span, n, k, seed=rows * 31 + n, offsets=offsets)
     qs, qtype = pack_s16_codes(codes)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
@@ -143,15 +153,15 @@ def test_gguf_k_quants_run_packed(qtype, form):
 
 
 def test_bad_packed_input_is_one_clear_error():
-    codes, d, _ = s16_matrix(0, 31, 4, 64, seed=1, offsets=False)
+    codes, d, _ = s16_matrix(0, 31, 4, 256, seed=1, offsets=False)
     qs, qtype = pack_s16_codes(codes)
     out = torch.empty(1, 4)
-    x = torch.randn(1, 64)
+    x = torch.randn(1, 256)
     with pytest.raises(ValueError, match="qtype"):
         C.quant_linear(dl(x), "s16.u7", dl(qs), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="qs"):  # a row that is not whole blocks of 20 bytes
+    with pytest.raises(ValueError, match="qs"):  # a row that is not whole groups of 160 bytes
         C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
     with pytest.raises(ValueError, match="qs"):  # int8 codes named as packed
         C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
     with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
-        C.quant_linear(dl(torch.randn(1, 96)), qtype, dl(qs), dl(d), None, dl(out), "int8")
+        C.quant_linear(dl(torch.randn(1, 512)), qtype, dl(qs), dl(d), None, dl(out), "int8")

@@ -84,14 +84,14 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   const bool packed = a.code_bits != 8;  // s16's packed codes: a row of blocks of block_bytes
   const bool bytes = !packed && (a.qtype == QType::Q8_0 || a.qtype == QType::S16);  // one int8 code per weight
   const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
-  const int64_t block_bytes = s16_packed_block_bytes(a.code_bits);
+  const int64_t group_bytes = s16_packed_group_bytes(a.code_bits);
   a.N = tq.dim(0);
-  a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / block_bytes * kBlock : 2 * tq.dim(1);
-  if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0 || (packed && tq.dim(1) % block_bytes != 0))
+  a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / group_bytes * kS16PackedGroup : 2 * tq.dim(1);
+  if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0 || (packed && tq.dim(1) % group_bytes != 0))
     fail("qs",
          std::string("N >= 1 rows and K a positive multiple of 32") +
              (bytes    ? ""
-              : packed ? " (qs.shape[1] = K / 32 * " + std::to_string(block_bytes) + " for qtype '" + qtype + "')"
+              : packed ? " (qs.shape[1] = K / 256 * " + std::to_string(group_bytes) + " for qtype '" + qtype + "')"
                        : " (K = 2 * qs.shape[1] for 4-bit types)"),
          "shape " + tq.shape_str() + ", K = " + std::to_string(a.K));
   const bool s16 = a.qtype == QType::S16;

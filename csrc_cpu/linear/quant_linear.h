@@ -119,7 +119,7 @@ struct LinearArgs {
   int64_t blocks() const { return K / kBlock; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
-    if (qtype == QType::S16 && code_bits < 8) return K / kBlock * (kBlock / 2 + 4 * (code_bits - 4));
+    if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
     return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
   }
 };
@@ -175,6 +175,8 @@ struct Kernels {
   WidenCompact widen_compact = nullptr;
   // s16's packed codes into int8 (s16.h; null: its plain loop, unpack_s16_rows)
   S16Unpack s16_unpack = nullptr;
+  // s16_rows reads packed codes itself in calls of at most kS16FewRows rows
+  bool s16_packed_few_rows = false;
 };
 
 namespace isa_scalar {

@@ -93,13 +93,12 @@ namespace {
 constexpr int64_t kFewRowsUnpack = 4;
 
 // kernel(s, n0, n1) on int8 codes: a.qs as it lies, or packed codes
-// unpacked into this thread's scratch (a worker's own: each unpacks the rows it runs).
-void run_rows(S16Kernel kernel, S16Unpack unpack, S16Args s, int64_t n0, int64_t n1) {
+// unpacked into this thread's scratch (a worker's own: each unpacks the
+// rows it runs), unless the kernel reads them itself (`reads_packed`).
+void run_rows(S16Kernel kernel, S16Unpack unpack, bool reads_packed, S16Args s, int64_t n0, int64_t n1) {
   const LinearArgs& a = *s.a;
-  if (a.code_bits == 8) {
-    s.codes = reinterpret_cast<const int8_t*>(a.qs);
-    return kernel(s, n0, n1);
-  }
+  if (a.code_bits == 8) s.codes = reinterpret_cast<const int8_t*>(a.qs);
+  if (a.code_bits == 8 || reads_packed) return kernel(s, n0, n1);
   static thread_local std::vector<int8_t> rows;
   const int64_t step = a.M <= kS16FewRows ? kFewRowsUnpack : n1 - n0;
   if (rows.size() < size_t(step * a.K)) rows.resize(size_t(step * a.K));
@@ -139,6 +138,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   });
   const S16Kernel kernel = s16_kernel();
   const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
+  const bool reads_packed = kernels.s16_packed_few_rows && M <= kS16FewRows;
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
     if (r1 <= r0) return;
     LinearArgs g = a;
@@ -154,7 +154,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (two_terms || two_rows == 0) widened.widen(a, n0, n1);  // once: the first row group that runs
-      run_rows(kernel, unpack, s, n0, n1);
+      run_rows(kernel, unpack, reads_packed, s, n0, n1);
     });
   };
   run(0, two_rows, true);

@@ -60,30 +60,42 @@ inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c
 constexpr int64_t kS16FewRows = 3;
 
 // Packed codes (LinearArgs::code_bits 4, 5 or 6; qtype "s16.u5" and the
-// like at the boundary): a code q is held as u = q + code_bias, 0 <= u <
-// 2^bits, and each 32-block of a row as 16 bytes of low nibbles (byte j:
-// element j in bits 0-3, element 16 + j in bits 4-7, as GGUF's Q4_0) then
-// bits - 4 planes of 4 bytes (plane p, a little-endian uint32: bit j is bit
-// 4 + p of element j's u). Q5_K's codes 0..31 take 5 bits (0.69 bytes a
-// weight against the int8 byte), Q6_K's -32..31 six (bias 32). No kernel
-// reads them: the driver unpacks each work item's rows into the calling
-// thread's int8 scratch just before the kernel runs (s16.cpp), so every
-// build computes the same bits from either form.
-constexpr int64_t s16_packed_block_bytes(int bits) { return kBlock / 2 + 4 * (bits - 4); }
+// like at the boundary; K a multiple of 256): a code q is held as u = q +
+// code_bias, 0 <= u < 2^bits, and each group of 256 weights of a row (8
+// blocks of 32) as 32 * bits bytes: four 32-byte vectors of nibbles (vector
+// i, byte l: block 2i's element l in bits 0-3, block 2i + 1's in bits 4-7),
+// then h = bits - 4 vectors of high bits (u >> 4 of block j's element l in
+// byte l of vector j / (8/h), at bit h * (j % (8/h))). One vector load then
+// serves two blocks' nibbles and one high vector 8/h blocks' high bits (an
+// and and a shift per block, whatever h).
+// Q5_K's codes 0..31 take 5 bits (0.63 bytes a weight against the int8
+// byte), Q6_K's -32..31 six (bias 32). Calls of more than kS16FewRows rows
+// never see them: the driver unpacks each work item's rows into the calling
+// thread's int8 scratch just before the kernel runs (s16.cpp); a build whose
+// table says s16_packed_few_rows reads them directly in calls of fewer
+// rows (the AVX2 kernel: vpmaddubsw on u, then bias * the lane sums of x
+// subtracted, the same exact int32 lane sums). Every build computes the
+// bits of the int8 form.
+constexpr int64_t kS16PackedGroup = 256;  // weights per group of packed codes
+constexpr int64_t s16_packed_group_bytes(int bits) { return 32 * bits; }
 
 // Rows [0, rows) of packed codes into int8 [rows, K] (the definition; the
 // x86 builds' Kernels::s16_unpack gives the same bytes).
 inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out) {
-  const int64_t block_bytes = s16_packed_block_bytes(bits);
+  const int64_t group_bytes = s16_packed_group_bytes(bits);
   for (int64_t n = 0; n < rows; ++n)
-    for (int64_t b = 0; b < K / kBlock; ++b) {
-      const uint8_t* src = packed + (n * (K / kBlock) + b) * block_bytes;
-      int8_t* dst = out + n * K + b * kBlock;
-      for (int k = 0; k < kBlock; ++k) {
-        int u = k < 16 ? (src[k] & 0x0F) : (src[k - 16] >> 4);
-        for (int p = 0; p < bits - 4; ++p) u |= ((src[16 + 4 * p + k / 8] >> (k % 8)) & 1) << (4 + p);
-        dst[k] = int8_t(u - bias);
-      }
+    for (int64_t g = 0; g < K / kS16PackedGroup; ++g) {
+      const uint8_t* src = packed + (n * (K / kS16PackedGroup) + g) * group_bytes;
+      int8_t* dst = out + n * K + g * kS16PackedGroup;
+      for (int j = 0; j < 8; ++j)
+        for (int l = 0; l < kBlock; ++l) {
+          int u = (src[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+          if (const int h = bits - 4; h > 0) {
+            const int per = 8 / h;  // blocks per high vector
+            u |= ((src[128 + 32 * (j / per) + l] >> (h * (j % per))) & ((1 << h) - 1)) << 4;
+          }
+          dst[j * kBlock + l] = int8_t(u - bias);
+        }
     }
 }
 

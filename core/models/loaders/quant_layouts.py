@@ -27,7 +27,8 @@ scales likewise, a byte per 16 weights); Q5_0 and
 IQ4_NL -> q8_0 (codes q - 16 and the IQ4_NL table's values); Q2_K, Q3_K,
 Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them);
 F16 and BF16 -> f16 and bf16, their own 16-bit values (a view of the
-blocks: no copy, no float32 widening).
+blocks: no copy, no float32 widening). The CPU's packed linear then holds
+s16's codes in 4-6 bits (``pack_s16_codes``; Q5_K's in 5, Q6_K's in 6).
 Why each is exact: a product of an fp16 scale and a sub-scale of at most 8
 bits has at most 19 significant bits (exact in float32), and the layouts
 apply the remaining multiply and add in the order gguf's dequantizer does.
@@ -272,22 +273,27 @@ def _packed_form(lo: int, hi: int) -> tuple[int, int] | None:
 def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
     """s16's int8 codes [N, K] packed into the fewest bits that hold every
     code (Q5_K's 0..31 in 5, Q6_K's -32..31 in 6, Q2_K / Q3_K's in 4), as
-    csrc_cpu/linear/s16.h lays them out: per 32-block 16 bytes of nibbles
-    (byte j: element j low, 16 + j high) then one 4-byte bit plane per bit
-    past the fourth. Returns (uint8 [N, K/32 * (16 + 4 (bits - 4))], the
-    kernels' qtype: "s16.u5" for codes 0..31, "s16.s6" for -32..31), or
-    (codes, "s16") when they need more than 6 bits."""
-    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() else None
+    csrc_cpu/linear/s16.h lays them out: u = q + bias, per 256 weights (8
+    blocks of 32) four 32-byte vectors of nibbles (vector i, byte l: block
+    2i's element l low, block 2i + 1's high) then h = bits - 4 vectors of
+    the high bits (u >> 4 of block j's element l in byte l of vector j /
+    (8/h), at bit h * (j % (8/h))).
+    Returns (uint8 [N, K/256 * (128 + 32 (bits - 4))], the kernels' qtype:
+    "s16.u5" for codes 0..31, "s16.s6" for -32..31), or (codes, "s16") when
+    they need more than 6 bits or K is not a multiple of 256."""
+    n, k = codes.shape
+    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() and k % 256 == 0 else None
     if form is None:
         return codes, "s16"
     bits, bias = form
-    n, k = codes.shape
-    u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 32, 32)
-    fields = [_pack_nibbles((u & 0x0F).reshape(n, k)).view(n, k // 32, 16)]
-    weights = (1 << torch.arange(8, dtype=torch.int16)).view(1, 1, 1, 8)  # bit i of a plane byte: element 8j + i
-    for p in range(bits - 4):
-        plane = ((u >> (4 + p)) & 1).to(torch.int16).view(n, k // 32, 4, 8)
-        fields.append((plane * weights).sum(-1).to(torch.uint8))
+    u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 256, 8, 32)  # [row, group, block, element]
+    nibbles = (u[:, :, 0::2] & 0x0F) | ((u[:, :, 1::2] & 0x0F) << 4)  # [n, g, 4, 32]
+    fields = [nibbles]
+    h = bits - 4  # high bits per code: 8 / h blocks' fields per byte of a high vector
+    if h:
+        high = (u >> 4).to(torch.int16).view(n, k // 256, h, 8 // h, 32)  # [.., vector, field, element]
+        shifts = (h * torch.arange(8 // h, dtype=torch.int16)).view(1, 1, 1, -1, 1)
+        fields.append((high << shifts).sum(3).to(torch.uint8))  # [n, g, h, 32]
     return torch.cat(fields, dim=2).reshape(n, -1).contiguous(), f"s16.{'s' if bias else 'u'}{bits}"
 
 
@@ -299,12 +305,14 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     bits = int(qtype[5])
     bias = (1 << (bits - 1)) if qtype[4] == "s" else 0
     n = packed.shape[0]
-    blocks = packed.reshape(n, -1, 16 + 4 * (bits - 4))
-    u = _nibbles(blocks[:, :, :16].reshape(-1, 16), 1).view(n, -1, 32).to(torch.int16)
-    for p in range(bits - 4):
-        plane = blocks[:, :, 16 + 4 * p:20 + 4 * p]
-        bit = (plane.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [n, nb, 4, 8]: element 8j + i
-        u |= bit.reshape(n, -1, 32).to(torch.int16) << (4 + p)
+    v = packed.reshape(n, -1, bits, 32)  # per group: 4 nibble vectors, bits - 4 planes
+    nib = v[:, :, :4].to(torch.int16)
+    u = torch.stack([nib & 0x0F, nib >> 4], dim=3).reshape(n, -1, 8, 32)  # block 2i, 2i + 1
+    h = bits - 4
+    if h:
+        shifts = (h * torch.arange(8 // h, dtype=torch.int16)).view(1, 1, 1, -1, 1)
+        high = (v[:, :, 4:].to(torch.int16).unsqueeze(3) >> shifts) & ((1 << h) - 1)  # [n, g, h, 8 / h, 32]
+        u |= high.reshape(n, -1, 8, 32) << 4
     return (u - bias).to(torch.int8).reshape(n, -1)
 
 

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "arch/target.h"
 #include "linear/s16.h"
@@ -135,6 +136,44 @@ void tile_cols(const S16Args& s, int64_t r0, int64_t n0, int64_t n1) {
   for (; n < n1; ++n) tile<R, 1>(s, r0, n);
 }
 
+// Packed codes (s16.h): block J (0-7) of a group as unsigned bytes u, from
+// its nibble vector (block 2i in the low nibbles, 2i + 1 in the high) and
+// the group's H high vectors (block J's field of H bits at bit H * (J % (8 /
+// H)) of vector J / (8 / H)), moved to bit 4 by an and and an immediate
+// shift (J is a template argument; the field never leaves its byte).
+template <int H, int J>  // H: bits - 4
+inline __m256i packed_block(__m256i nibbles, const __m256i* high) {
+  __m256i u = _mm256_and_si256(J % 2 ? _mm256_srli_epi16(nibbles, 4) : nibbles, _mm256_set1_epi8(0x0F));
+  if constexpr (H > 0) {
+    constexpr int per = 8 / H, at = H * (J % per);
+    const __m256i field = _mm256_and_si256(high[J / per], _mm256_set1_epi8(char(((1 << H) - 1) << at)));
+    if constexpr (at <= 4) u = _mm256_or_si256(u, _mm256_slli_epi16(field, 4 - at));
+    else u = _mm256_or_si256(u, _mm256_srli_epi16(field, at - 4));
+  }
+  return u;
+}
+
+// f(std::integral_constant<int, J>) for J = 0 .. 7, unrolled.
+template <class F, int... J>
+inline void each_block(F&& f, std::integer_sequence<int, J...>) {
+  (f(std::integral_constant<int, J>{}), ...);
+}
+
+template <int H>
+void unpack_rows(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out) {
+  const __m256i vbias = _mm256_set1_epi8(char(bias));
+  const auto* src = reinterpret_cast<const __m256i*>(packed);
+  for (int64_t g = 0; g < rows * (K / kS16PackedGroup); ++g, src += 4 + H) {
+    __m256i high[H > 0 ? H : 1];  // the group's high-bit vectors
+    for (int v = 0; v < H; ++v) high[v] = _mm256_loadu_si256(src + 4 + v);
+    auto* dst = reinterpret_cast<__m256i*>(out + g * kS16PackedGroup);
+    each_block([&](auto j) {
+      const __m256i u = packed_block<H, decltype(j)::value>(_mm256_loadu_si256(src + j / 2), high);
+      _mm256_storeu_si256(dst + j, _mm256_sub_epi8(u, vbias));
+    }, std::make_integer_sequence<int, 8>());
+  }
+}
+
 // Calls of few rows: one weight row by up to kFewRows x rows, its block's
 // eight lane sums from vpmaddubsw on |w| and x * sign(w) (vpabsb,
 // vpsignb: pairs <= 2 * 128 * 127 < 2^15) and vpmaddwd by ones on the int8
@@ -178,6 +217,102 @@ void few_rows(const S16Args& s, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) few_rows_tile<R>(s, n);
 }
 
+// Few rows on packed codes, read as they lie: a block's unsigned u by x's
+// codes (vpmaddubsw: pairs <= 2 * 63 * 128 < 2^15), then bias times the
+// lanes' sums of x (xbias, per row and block) subtracted: sum (u - bias) c,
+// the lane sums few_rows_tile makes from the int8 codes, exactly. The
+// scales fl(d * dx) of a group's eight blocks come from two vector
+// multiplies (the same products), one permute per block picks its pair.
+template <int R, int H, bool TwoTerms, bool Bias>
+void few_rows_packed_tile(const S16Args& s, int64_t n, const int32_t* xbias) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
+  const auto* src = reinterpret_cast<const __m256i*>(a.qs + n * a.row_bytes());
+  const __m256i ones = _mm256_set1_epi16(1), c256 = _mm256_set1_epi16(256);
+  const __m256i dup_lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), dup_hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  __m256 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 8, src += 4 + H) {
+    __m256i high[H > 0 ? H : 1];  // the group's high-bit vectors
+    for (int v = 0; v < H; ++v) high[v] = _mm256_loadu_si256(src + 4 + v);
+    // sc[i][v]: d[2b] * dx[b], d[2b + 1] * dx[b] for blocks b0 + 4v .. b0 + 4v + 3
+    const __m256 d_lo = _mm256_loadu_ps(a.d + n * nh + 2 * b0), d_hi = _mm256_loadu_ps(a.d + n * nh + 2 * b0 + 8);
+    __m256 sc[R][2];
+    for (int i = 0; i < R; ++i) {
+      const __m256 dx = _mm256_loadu_ps(a.x8_scale + i * nb + b0);
+      sc[i][0] = _mm256_mul_ps(d_lo, _mm256_permutevar8x32_ps(dx, dup_lo));
+      sc[i][1] = _mm256_mul_ps(d_hi, _mm256_permutevar8x32_ps(dx, dup_hi));
+    }
+    each_block([&](auto j) {
+      constexpr int J = decltype(j)::value;
+      const int64_t b = b0 + J;
+      const __m256i u = packed_block<H, J>(_mm256_loadu_si256(src + J / 2), high);
+      const __m256i pick = _mm256_setr_epi32(2 * (J % 4), 2 * (J % 4), 2 * (J % 4), 2 * (J % 4), 2 * (J % 4) + 1,
+                                             2 * (J % 4) + 1, 2 * (J % 4) + 1, 2 * (J % 4) + 1);
+      for (int i = 0; i < R; ++i) {
+        const auto* x = reinterpret_cast<const __m256i*>(a.x8 + i * K + b * kBlock);
+        __m256i isum;
+        if constexpr (TwoTerms) {
+          const auto* lo = reinterpret_cast<const __m256i*>(a.x8_lo + i * K + b * kBlock);
+          isum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256(x)), c256),
+                                  _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256(lo)), ones));
+        } else {
+          isum = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256(x)), ones);
+        }
+        if constexpr (Bias)
+          isum = _mm256_sub_epi32(isum, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xbias + (i * nb + b) * kLanes)));
+        const __m256 scale = _mm256_permutevar8x32_ps(sc[i][J / 4], pick);
+        acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[i]);
+      }
+    }, std::make_integer_sequence<int, 8>());
+  }
+  float t[R][1];
+  if (a.m) offsets<R, 1>(s, 0, n, t);
+  for (int i = 0; i < R; ++i) {
+    const float out = natural_sum(acc[i]);
+    a.out[i * a.N + n] = a.m ? out + t[i][0] : out;
+  }
+}
+
+// xbias [M, nb, 8]: bias * the lane sums of each row's codes c (xq, or 256 xq + lo).
+void lane_bias(const LinearArgs& a, int32_t* xbias) {
+  const int64_t K = a.K, nb = K / kBlock;
+  const __m256i ones8 = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi32(a.code_bias);
+  for (int64_t i = 0; i < a.M; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      auto lanes = [&](const int8_t* x) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * K + b * kBlock));
+        return _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones);
+      };
+      __m256i sum = lanes(a.x8);
+      if (a.x8_lo) sum = _mm256_add_epi32(_mm256_slli_epi32(sum, 8), lanes(a.x8_lo));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xbias + (i * nb + b) * kLanes), _mm256_mullo_epi32(sum, bias));
+    }
+}
+
+template <int R, int H>
+void few_rows_packed(const S16Args& s, int64_t n0, int64_t n1) {
+  static thread_local std::vector<int32_t> xbias;
+  const LinearArgs& a = *s.a;
+  if (a.code_bias) {
+    xbias.resize(size_t(a.M * a.blocks() * kLanes));
+    lane_bias(a, xbias.data());
+  }
+  const auto tile = a.x8_lo ? (a.code_bias ? few_rows_packed_tile<R, H, true, true> : few_rows_packed_tile<R, H, true, false>)
+                            : (a.code_bias ? few_rows_packed_tile<R, H, false, true> : few_rows_packed_tile<R, H, false, false>);
+  for (int64_t n = n0; n < n1; ++n) tile(s, n, xbias.data());
+}
+
+template <int R>
+void few_rows_any(const S16Args& s, int64_t n0, int64_t n1) {
+  switch (s.a->code_bits) {
+    case 4: return few_rows_packed<R, 0>(s, n0, n1);
+    case 5: return few_rows_packed<R, 1>(s, n0, n1);
+    case 6: return few_rows_packed<R, 2>(s, n0, n1);
+    default: return few_rows<R>(s, n0, n1);
+  }
+}
+
 using TileFn = void (*)(const S16Args&, int64_t r0, int64_t n0, int64_t n1);
 template <int... R>
 constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int, R...>) {
@@ -194,34 +329,19 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   const int64_t M = s.a->M;
   static_assert(kFewRows == 3, "the switch below covers 1 .. kFewRows rows");
   switch (M) {
-    case 1: return few_rows<1>(s, n0, n1);
-    case 2: return few_rows<2>(s, n0, n1);
-    case 3: return few_rows<3>(s, n0, n1);
+    case 1: return few_rows_any<1>(s, n0, n1);
+    case 2: return few_rows_any<2>(s, n0, n1);
+    case 3: return few_rows_any<3>(s, n0, n1);
     default: break;
   }
   for (int64_t r = 0; r < M; r += kTileRows) tiles[size_t(std::min<int64_t>(kTileRows, M - r) - 1)](s, r, n0, n1);
 }
 
-// Packed codes (s16.h) into int8, a block at a time: the nibbles split into
-// elements 0-15 | 16-31, each plane's 32 bits spread to a byte per element
-// (each byte of the plane copied to eight, tested against its bit), OR-ed
-// in at bit 4 + p, then the bias subtracted: the bytes unpack_s16_rows makes.
 void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out) {
-  const int64_t block_bytes = s16_packed_block_bytes(bits), blocks = rows * (K / kBlock);
-  const __m256i low = _mm256_set1_epi8(0x0F), spread = _mm256_setr_epi8(
-      0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL), vbias = _mm256_set1_epi8(char(bias));
-  for (int64_t i = 0; i < blocks; ++i) {
-    const uint8_t* src = packed + i * block_bytes;
-    const __m128i nib = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    __m256i u = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(nib, 4), nib), low);
-    for (int p = 0; p < bits - 4; ++p) {
-      int32_t plane;
-      std::memcpy(&plane, src + 16 + 4 * p, sizeof plane);
-      const __m256i set = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(plane), spread), bit);
-      u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(set, bit), _mm256_set1_epi8(char(16 << p))));
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * kBlock), _mm256_sub_epi8(u, vbias));
+  switch (bits) {
+    case 4: return unpack_rows<0>(packed, K, bias, rows, out);
+    case 5: return unpack_rows<1>(packed, K, bias, rows, out);
+    default: return unpack_rows<2>(packed, K, bias, rows, out);
   }
 }
 
