@@ -3,7 +3,8 @@ runs under the pytest cache) and run with zero sanitizer findings: the block
 pool driver (the block accounting's checks, misuse paths and threaded
 stress) in every run, and the attention driver (every attention build
 against the scalar one, and mixed-bf16's AMX prompt attention where the CPU
-has it) as a slow stage: building every kernel with the sanitizers takes
+has it) and the linear driver (every quantized-linear build, s16's packed
+codes included, against the scalar one) as a slow stage: building every kernel with the sanitizers takes
 minutes on two cores, so .ci/run runs it after the README's command with
 PAGED_SANITIZE_KERNELS=1."""
 
@@ -36,3 +37,8 @@ def test_block_pool_driver_under_asan_ubsan(request):
 @pytest.mark.skipif(not SLOW, reason="slow stage: .ci/run runs it with PAGED_SANITIZE_KERNELS=1")
 def test_attention_driver_under_asan_ubsan(request):
     run_sanitized(request, "kernel_attention_driver")
+
+
+@pytest.mark.skipif(not SLOW, reason="slow stage: .ci/run runs it with PAGED_SANITIZE_KERNELS=1")
+def test_linear_driver_under_asan_ubsan(request):
+    run_sanitized(request, "kernel_linear_driver")

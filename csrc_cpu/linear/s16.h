@@ -46,7 +46,7 @@ constexpr int kS16PairLanes[kLanes] = {0, 1, 4, 5, 2, 3, 6, 7};
 // A row's codes c (xq, or 256 xq + lo where lo is given) as int16 [K] in
 // the pair order above. Also the x of the AVX2 int8 build's q8_0 pair tiles
 // (int8.h, LinearArgs::x16).
-// (Inline: the kernel core, which the C++ drivers link, has no s16.cpp.)
+// (Inline: the int8 kernels of every build call it.)
 inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c16) {
   for (int64_t b = 0; b < K; b += kBlock)
     for (int p = 0; p < kLanes; ++p)

@@ -2,7 +2,8 @@
 // the scalar build, bit for bit (the contract of quant_linear.h and int8.h:
 // one order of operations per output in every build): the int16 path
 // (M <= kInt16MaxRows), the fp32 path, and the int8 path with its quantizer
-// of x, for q4_0 / q4_1 / q8_0, output counts that leave partial tiles.
+// of x, for q4_0 / q4_1 / q8_0, output counts that leave partial tiles;
+// and the s16 layout's kernel on int8 and on packed codes (check_s16).
 // The int16 inputs are random valid codes and scales rather than a
 // quantization of x: the kernels must agree on any such input.
 // Built natively by tests/test_kernel_drivers.py, cross-built and run under
@@ -176,6 +177,88 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
   DRIVER_CHECK(c1 == c2 && r1 == r2 && same_bits(d1, d2) && same_bits(s1, s2), "%s: x8_quantize differs", b.name);
 }
 
+// The s16 layout (s16.h): a build's s16 kernel on int8 codes and on packed
+// codes (its own unpacking, or its direct reads of calls of few rows, as
+// s16.cpp drives them) against the scalar definition on int8 codes, for
+// int8 and int8x2 x, with and without offsets, 4-6 bit codes.
+std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool two_terms, int bits, int bias) {
+  const int64_t K = w.K, nh = K / kS16Half, nb = K / kBlock;
+  std::vector<float> out;
+  LinearArgs a = args(w, x, out);
+  a.qtype = QType::S16;
+  a.code_bits = bits;
+  a.code_bias = bias;
+  a.x8_lo = two_terms ? x.x8_lo.data() : nullptr;
+  std::vector<int8_t> codes(size_t(w.N * K));  // the weight's int8 codes, for the kernel or to pack
+  std::memcpy(codes.data(), w.qs.data(), codes.size());
+  std::vector<uint8_t> packed;
+  if (bits != 8) {  // s16.h's layout, written here from its comment
+    packed.assign(size_t(w.N * a.row_bytes()), 0);
+    for (int64_t n = 0; n < w.N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int u = codes[size_t(n * K + k)] + bias, j = int(k % kS16PackedGroup) / kBlock, l = int(k % kBlock);
+        uint8_t* group = packed.data() + n * a.row_bytes() + k / kS16PackedGroup * s16_packed_group_bytes(bits);
+        group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
+        if (const int h = bits - 4; h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
+      }
+    a.qs = packed.data();
+  }
+  std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp)
+  std::vector<int16_t> c16(size_t(x.M * K));
+  for (int64_t r = 0; r < x.M; ++r) {
+    const int8_t* hi = x.x8.data() + r * K;
+    const int8_t* lo = two_terms ? x.x8_lo.data() + r * K : nullptr;
+    for (int64_t h = 0; h < nh; ++h) {
+      int32_t sum = 0;
+      for (int64_t i = h * kS16Half; i < (h + 1) * kS16Half; ++i) sum += lo ? hi[i] * 256 + lo[i] : hi[i];
+      xs[size_t(r * nh + h)] = x.x8_scale[size_t(r * nb + h / 2)] * float(sum);
+    }
+    pair_codes(hi, lo, K, c16.data() + r * K);
+  }
+  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), x.M > kS16FewRows ? c16.data() : nullptr};
+  const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
+  const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
+  std::vector<int8_t> rows(size_t(kI8ChunkRows * K));
+  for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
+    const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
+    sa.codes = codes.data();
+    sa.codes_row0 = 0;
+    if (bits != 8 && !(k.s16_packed_few_rows && x.M <= kS16FewRows)) {
+      unpack(a.qs + n0 * a.row_bytes(), K, bits, bias, n1 - n0, rows.data());
+      sa.codes = rows.data();
+      sa.codes_row0 = n0;
+    } else if (bits != 8) {
+      sa.codes = nullptr;  // the kernel reads the packed codes itself
+    }
+    kernel(sa, n0, n1);
+  }
+  return out;
+}
+
+void check_s16(const LinearBuild& b, const LinearBuild& s) {
+  struct Form {
+    int bits, lo, hi;
+  };
+  const Form forms[] = {{8, -128, 127}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
+  for (const Form& f : forms)
+    for (bool offsets : {false, true})
+      for (int64_t M : {1, 2, 3, 5}) {
+        Weight w{QType::Q8_0, 37, 512, {}, {}, {}};
+        for (int64_t i = 0; i < w.N * w.K; ++i) w.qs.push_back(uint8_t(int8_t(uniform_int(f.lo, f.hi))));
+        for (int64_t i = 0; i < w.N * w.K / kS16Half; ++i) w.d.push_back(uniform(-0.02f, 0.02f));
+        if (offsets)
+          for (int64_t i = 0; i < w.N * w.K / kS16Half; ++i) w.m.push_back(uniform(-0.1f, 0.1f));
+        const X x = random_x(w, M, isa_scalar::x8_quantize);
+        const int bias = f.lo < 0 ? -f.lo : 0;
+        for (bool two_terms : {false, true}) {
+          const std::vector<float> want = run_s16(s.kernel, w, x, two_terms, 8, 0);
+          DRIVER_CHECK(same_bits(run_s16(b.kernel, w, x, two_terms, f.bits, f.bits == 8 ? 0 : bias), want),
+                       "%s s16, %d-bit codes, M=%lld, %s, %s: not bitwise equal to scalar", b.name, f.bits,
+                       (long long)M, two_terms ? "int8x2" : "int8", offsets ? "offsets" : "no offsets");
+        }
+      }
+}
+
 #if defined(PAGED_ISA_X86)
 // The AMX builds read a persistent 4-bit panel's codes widened from its
 // nibbles (chunk_panel): they must be the byte panel built per call for the
@@ -246,6 +329,7 @@ int main(int argc, char** argv) {
         }
       }
     }
+    check_s16(b, s);
   });
 #if defined(PAGED_ISA_X86)
   check_widened_panels();
