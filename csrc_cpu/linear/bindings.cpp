@@ -28,6 +28,9 @@ void register_linear(nb::module_& m) {
         "tiles made from the weight's int8 panels, bf16_prompt_supported() CPUs) (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
+  m.def("s16_pack_codes", &l::s16_pack_codes, "codes"_a, "qtype"_a, "out"_a,
+        "out = s16's int8 codes [N, K] (K a multiple of 256) packed as qtype ('s16.u5' for codes 0..31, 's16.s6' "
+        "for -32..31, ...), uint8 [N, K/256 * 32 * bits], the form quant_linear reads (s16.h, 'Packed codes').");
   m.def("half_linear", nb::overload_cast<const l::Array&, const l::Array&, const l::Array&>(&l::half_linear), "x"_a,
         "w"_a, "out"_a,
         "out[M, N] = x[M, K] @ W^T, W [N, K] float16 or bfloat16 (a GGUF F16 / BF16 matrix kept 16-bit), x float32; "

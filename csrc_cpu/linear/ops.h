@@ -46,6 +46,11 @@ void int8_linear_checked(LinearArgs& a, int64_t two_rows);
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);
 
+// out = s16's int8 codes [N, K] packed as `qtype` ("s16.u5", ...; s16.h,
+// "Packed codes"), uint8 [N, K/256 * 32 * bits]; ValueError for a code the
+// form cannot hold.
+void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& out);
+
 // out[M, N] = x[M, K] @ W^T with W [N, K] float16 or bfloat16, float32 sums
 // in a fixed order per output (half.h): batch invariant, every build.
 void half_linear(const Array& x, const Array& w, const Array& out);

@@ -395,6 +395,48 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   });
 }
 
+void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& out) {
+  LinearArgs a;
+  parse_qtype(a, qtype);
+  if (a.qtype != QType::S16 || a.code_bits == 8)
+    fail("qtype", "a packed s16 form ('s16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')", "'" + qtype + "'");
+  const attn::TensorArg tc = matrix("codes", codes, nb::dtype<int8_t>());
+  a.N = tc.dim(0);
+  a.K = tc.dim(1);
+  if (a.N < 1 || a.K < kS16PackedGroup || a.K % kS16PackedGroup)
+    fail("codes", "[N >= 1, K] with K a positive multiple of 256 (packed codes come in groups of 256)",
+         "shape " + tc.shape_str());
+  const attn::TensorArg to = matrix("out", out, nb::dtype<uint8_t>());
+  require_shape(to, a.N, a.row_bytes(), "the packed rows of qtype '" + qtype + "'");
+  const auto* c = static_cast<const int8_t*>(tc.data);
+  auto* dst = static_cast<uint8_t*>(to.data);
+  const int bits = a.code_bits, bias = a.code_bias, h = bits - 4, lo = -bias, hi = (1 << bits) - 1 - bias;
+  const int64_t group_bytes = s16_packed_group_bytes(bits), groups = a.K / kS16PackedGroup;
+  int64_t bad = -1;
+  {
+    nb::gil_scoped_release no_gil;
+    std::fill(dst, dst + a.N * a.row_bytes(), uint8_t(0));
+#pragma omp parallel for schedule(static) reduction(max : bad)
+    for (int64_t n = 0; n < a.N; ++n)
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* group = dst + (n * groups + g) * group_bytes;
+        for (int j = 0; j < 8; ++j)
+          for (int l = 0; l < kBlock; ++l) {
+            const int64_t k = g * kS16PackedGroup + j * kBlock + l;
+            const int q = c[n * a.K + k];
+            if (q < lo || q > hi) bad = std::max(bad, n * a.K + k);
+            const int u = (q + bias) & ((1 << bits) - 1);
+            group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
+            if (h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
+          }
+      }
+  }
+  if (bad >= 0)
+    fail("codes", "codes in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] for qtype '" + qtype + "'",
+         "code " + std::to_string(int(c[bad])) + " at [" + std::to_string(bad / a.K) + ", " +
+             std::to_string(bad % a.K) + "]");
+}
+
 // Separate multiply and add, as gguf does (this file is built without FMA, so
 // the compiler cannot fuse them).
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,

@@ -270,6 +270,20 @@ def _packed_form(lo: int, hi: int) -> tuple[int, int] | None:
     return None
 
 
+def s16_code_form(codes: torch.Tensor) -> str:
+    """The kernels' qtype for s16 codes [N, K] packed into the fewest bits
+    that hold them ("s16.u5" for codes 0..31, "s16.s6" for -32..31), or
+    "s16" (bytes) past 6 bits or for K not a multiple of 256."""
+    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() and codes.shape[1] % 256 == 0 else None
+    return "s16" if form is None else f"s16.{'s' if form[1] else 'u'}{form[0]}"
+
+
+def packed_code_bits(qtype: str) -> tuple[int, int]:
+    """(bits, bias) of a packed s16 qtype."""
+    bits = int(qtype[5])
+    return bits, (1 << (bits - 1)) if qtype[4] == "s" else 0
+
+
 def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
     """s16's int8 codes [N, K] packed into the fewest bits that hold every
     code (Q5_K's 0..31 in 5, Q6_K's -32..31 in 6, Q2_K / Q3_K's in 4), as
@@ -281,11 +295,11 @@ def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
     Returns (uint8 [N, K/256 * (128 + 32 (bits - 4))], the kernels' qtype:
     "s16.u5" for codes 0..31, "s16.s6" for -32..31), or (codes, "s16") when
     they need more than 6 bits or K is not a multiple of 256."""
-    n, k = codes.shape
-    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() and k % 256 == 0 else None
-    if form is None:
+    qtype = s16_code_form(codes)
+    if qtype == "s16":
         return codes, "s16"
-    bits, bias = form
+    n, k = codes.shape
+    bits, bias = packed_code_bits(qtype)
     u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 256, 8, 32)  # [row, group, block, element]
     nibbles = (u[:, :, 0::2] & 0x0F) | ((u[:, :, 1::2] & 0x0F) << 4)  # [n, g, 4, 32]
     fields = [nibbles]
@@ -302,8 +316,7 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     ``qtype`` ("s16" returns ``packed`` itself)."""
     if qtype == "s16":
         return packed
-    bits = int(qtype[5])
-    bias = (1 << (bits - 1)) if qtype[4] == "s" else 0
+    bits, bias = packed_code_bits(qtype)
     n = packed.shape[0]
     v = packed.reshape(n, -1, bits, 32)  # per group: 4 nibble vectors, bits - 4 planes
     nib = v[:, :, :4].to(torch.int16)
