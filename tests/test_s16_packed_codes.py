@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from paged.backends.cpu.attention import dl  # noqa: E402
 from paged.core.models.loaders.packed import PackedBlocks  # noqa: E402
+from test_compact_scales import linear, same_bits  # noqa: E402  (quant_linear into a NaN-filled out; bitwise ==)
 from test_quant_layouts import random_blocks  # noqa: E402
 from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
 
@@ -44,16 +45,6 @@ def s16_matrix(lo: int, hi: int, n: int, k: int, seed: int, offsets: bool):
     d = torch.rand(n, k // 16, generator=gen) * 0.02
     m = torch.randn(n, k // 16, generator=gen) * 0.01 if offsets else None
     return codes_in(lo, hi, n, k, seed), d, m
-
-
-def linear(qtype, x, qs, d, m, activations, two_term_rows=-1):
-    out = torch.full((x.shape[0], qs.shape[0]), float("nan"))
-    C.quant_linear(dl(x), qtype, dl(qs), dl(d), None if m is None else dl(m), dl(out), activations, two_term_rows)
-    return out
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 @pytest.mark.parametrize("span,form", FORMS, ids=[f for _, f in FORMS])
