@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from paged.backends.cpu.attention import dl
 # HALF_LAYOUTS run on _C_cpu.half_linear whatever the activations
-from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, pack_s16_codes, packed_code_bits, s16_code_form
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, packed_code_bits, s16_code_form
 
 if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
     from paged.core.models.loaders.packed import PackedBlocks
@@ -284,12 +284,12 @@ class CpuPackedLinear:
 def _packed_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
     """quant_layouts.pack_s16_codes' result, packed by the extension (its
     rows in parallel: a tenth of the torch ops' time, which doubled a 1B
-    Q5_K_M file's load)."""
+    Q5_K_M file's load); bytes stay as they are."""
     from paged import _C_cpu
 
     qtype = s16_code_form(codes)
-    if qtype == "s16" or not hasattr(_C_cpu, "s16_pack_codes"):
-        return pack_s16_codes(codes)
+    if qtype == "s16":
+        return codes, qtype
     bits, _ = packed_code_bits(qtype)
     out = torch.empty((codes.shape[0], codes.shape[1] // 256 * 32 * bits), dtype=torch.uint8)
     _C_cpu.s16_pack_codes(dl(codes), qtype, dl(out))
