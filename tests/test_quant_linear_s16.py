@@ -3,8 +3,8 @@ optional offset per 16 weights: csrc_cpu/linear/s16.h), the layout the
 K-quants with 16-weight scales, Q5_1/Q5_K and fused matrices of mixed types
 run in.
 
-Oracles: the documented arithmetic evaluated exactly (each fma of the eight
-lane chains and of the offset chain in rationals, rounded once to float32)
+Oracles: the documented arithmetic evaluated exactly (each fma of the two
+half chains in rationals, rounded once to float32)
 for every build this CPU runs, with int8 and int8x2 activations; x @ W^T in
 float64 within the rounding of x; a row's bits alone vs in calls of any
 size on 1 and 2 threads in every build; real GGUF K-quant blocks (random,
@@ -55,6 +55,9 @@ def quantized_x(x: torch.Tensor, activations: str):
 
 
 def exact_oracle(x, qs, d, m, activations) -> torch.Tensor:
+    """s16.h's two chains per output (first and second halves of every
+    32-block) and the offsets' eight, each fma evaluated in rationals and
+    rounded once to float32."""
     c, scale = quantized_x(x, activations)
     rows, k = c.shape
     n = qs.shape[0]
@@ -62,25 +65,22 @@ def exact_oracle(x, qs, d, m, activations) -> torch.Tensor:
     out = torch.empty(rows, n)
     for r in range(rows):
         for j in range(n):
-            acc = [0.0] * 8
-            for b in range(k // 32):
-                s = [float(np.float32(d[j, 2 * b + h].item()) * np.float32(scale[r, b].item())) for h in (0, 1)]
-                for lane in range(8):
-                    ks = range(32 * b + 4 * lane, 32 * b + 4 * lane + 4)
-                    isum = sum(int(w[j, kk]) * int(c[r, kk]) for kk in ks)
-                    acc[lane] = round_f32(Fraction(s[lane // 4]) * isum + Fraction(acc[lane]))
-            total = float(np.float32(((np.float32(acc[0]) + np.float32(acc[4])) + (np.float32(acc[2]) + np.float32(acc[6])))
-                                     + ((np.float32(acc[1]) + np.float32(acc[5])) + (np.float32(acc[3]) + np.float32(acc[7])))))
+            e = [0.0, 0.0]
+            for g in range(k // 16):
+                dx = np.float32(scale[r, g // 2].item())
+                s = float(np.float32(d[j, g].item()) * dx)
+                isum = int((w[j, 16 * g:16 * g + 16] * c[r, 16 * g:16 * g + 16]).sum())
+                # float(I): exact below 2^24, else rounded (codes this wide do not come from GGUF)
+                e[g % 2] = round_f32(Fraction(s) * Fraction(round_f32(Fraction(isum))) + Fraction(e[g % 2]))
+            total = np.float32(e[0]) + np.float32(e[1])
             if m is not None:
-                t = [0.0] * 8  # eight offset chains: half h in chain h % 8
-                for h in range(k // 16):
-                    half = int(c[r, 16 * h:16 * h + 16].sum())
-                    xs = float(np.float32(scale[r, h // 2].item()) * np.float32(half))
-                    t[h % 8] = round_f32(Fraction(float(np.float32(m[j, h].item()))) * Fraction(xs) + Fraction(t[h % 8]))
+                t = [0.0] * 8  # eight offset chains: half g in chain g % 8
+                for g in range(k // 16):
+                    xs = float(np.float32(scale[r, g // 2].item()) * np.float32(int(c[r, 16 * g:16 * g + 16].sum())))
+                    t[g % 8] = round_f32(Fraction(float(np.float32(m[j, g].item()))) * Fraction(xs) + Fraction(t[g % 8]))
                 t = [np.float32(v) for v in t]
-                sm = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]))
-                total = float(np.float32(total) + np.float32(sm))
-            out[r, j] = total
+                total = total + (((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7])))
+            out[r, j] = float(total)
     return out
 
 
@@ -92,8 +92,8 @@ def build(request):
 
 
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
-@pytest.mark.parametrize("offsets,k", [(False, 64), (True, 64), (True, 160)])  # 160: 8 offset chains + 2
-@pytest.mark.parametrize("rows", [3, 5])  # AVX2: 3 rows take the few-rows tile, 5 the register tiles
+@pytest.mark.parametrize("offsets,k", [(False, 64), (True, 160), (True, 288)])  # 160: 8 offset chains + 2; 288: a group of 8 blocks + 1
+@pytest.mark.parametrize("rows", [3, 9])  # AVX2: 3 rows take the few-rows path, 9 the pair panel
 def test_exact_arithmetic(build, activations, offsets, k, rows):
     qs, d, m = s16_weight(5, k, seed=3, offsets=offsets)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(9))
@@ -116,18 +116,18 @@ def test_close_to_the_dense_product(activations):
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
 def test_rows_alone_equal_rows_in_calls(activations):
     qs, d, m = s16_weight(70, 96, seed=7, offsets=True)
-    x = torch.randn(9, 96, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(20, 96, generator=torch.Generator().manual_seed(2))
     threads = torch.get_num_threads()
     try:
         C.set_linear_isa("scalar")
         torch.set_num_threads(1)
-        alone = torch.cat([run(x[i:i + 1], qs, d, m, activations) for i in range(9)])
+        alone = torch.cat([run(x[i:i + 1], qs, d, m, activations) for i in range(20)])
         for name in SUPPORTED:
             C.set_linear_isa(name)
             for t in (1, 2):
                 torch.set_num_threads(t)
-                for size in (1, 2, 4, 5, 9):
-                    got = torch.cat([run(x[i:i + size], qs, d, m, activations) for i in range(0, 9, size)])
+                for size in (1, 2, 4, 8, 9, 20):  # AVX2: up to 8 rows few-rows units, then pair panels
+                    got = torch.cat([run(x[i:i + size], qs, d, m, activations) for i in range(0, 20, size)])
                     assert torch.equal(got, alone), (name, t, size)
     finally:
         C.set_linear_isa("auto")

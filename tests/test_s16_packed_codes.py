@@ -117,14 +117,14 @@ def test_dequantize_packed_equals_int8_codes(span, offsets):
 
 
 @pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-8, 7), (0, 63)], ids=str)
-@pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 512), (3, 33, 768), (4, 40, 256), (11, 65, 512),
-                                      (40, 45, 256)])
+@pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 512), (3, 33, 768), (4, 40, 256), (8, 37, 512),
+                                      (11, 65, 512), (40, 45, 256)])
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
 @pytest.mark.parametrize("offsets", [False, True], ids=["no_m", "m"])
 def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations, offsets):
-    """Every row count path (1-3 rows: read packed by AVX2, unpacked 4
-    weight rows at a time by scalar; more: register tiles over a work
-    item's unpacked rows), unsigned and signed codes, and a two-term split."""
+    """Every row count path (1-8 rows: read packed by AVX2, unpacked 4
+    weight rows at a time by scalar; more: pair panels of a work item's
+    unpacked rows), unsigned and signed codes, and a two-term split."""
     codes, d, m = s16_matrix(*span, n, k, seed=rows * 31 + n, offsets=offsets)
     qs, qtype = pack_s16_codes(codes)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))

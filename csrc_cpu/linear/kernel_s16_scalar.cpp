@@ -17,23 +17,21 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
     const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
     for (int64_t n = n0; n < n1; ++n) {
       const int8_t* w = s.row_codes(n);
-      float acc[kLanes] = {};
+      float e[2] = {};  // the chains of first and second halves
       for (int64_t b = 0; b < nb; ++b) {
         const float dx = a.x8_scale[r * nb + b];
-        const float scale[2] = {a.d[n * nh + 2 * b] * dx, a.d[n * nh + 2 * b + 1] * dx};
-        for (int l = 0; l < kLanes; ++l) {
+        for (int h = 0; h < 2; ++h) {
+          const int64_t g = 2 * b + h;  // the half's scale
           int32_t isum = 0;
-          for (int j = 0; j < 4; ++j) {
-            const int64_t k = b * kBlock + 4 * l + j;
+          for (int64_t k = g * kS16Half; k < (g + 1) * kS16Half; ++k)
             isum += int32_t(w[k]) * (lo ? hi[k] * 256 + lo[k] : hi[k]);
-          }
-          acc[l] = std::fma(scale[l / 4], float(isum), acc[l]);
+          e[h] = std::fma(a.d[n * nh + g] * dx, float(isum), e[h]);
         }
       }
-      float out = hsum8(acc);
-      if (a.m) {
+      float out = e[0] + e[1];
+      if (a.m) {  // eight chains, half g in chain g % 8
         float t[kLanes] = {};
-        for (int64_t h = 0; h < nh; ++h) t[h % kLanes] = std::fma(a.m[n * nh + h], s.xs[r * nh + h], t[h % kLanes]);
+        for (int64_t g = 0; g < nh; ++g) t[g % kLanes] = std::fma(a.m[n * nh + g], s.xs[r * nh + g], t[g % kLanes]);
         out = out + hsum8(t);
       }
       a.out[r * a.N + n] = out;

@@ -23,7 +23,7 @@ struct S16Scratch {
   std::vector<int8_t> codes, lo;
   std::vector<int16_t> c16;
   std::vector<float> scale, sums, half;
-  std::vector<int32_t> corr, lo_corr;
+  std::vector<int32_t> corr, lo_corr, half_bias;
 };
 
 template <class V>
@@ -32,15 +32,17 @@ auto* grow(V& v, int64_t n) {
   return v.data();
 }
 
-// xs[r, h] = fl(dx[r, h/2] * float(sum of the half's codes c)) (s16.h).
-void half_sums(const LinearArgs& a, int64_t r, float* xs) {
+// Per half h of row r: the sum of its codes c, as xs[r, h] = fl(dx[r, h/2] *
+// float(sum)) (s16.h; when xs is given) and bias * sum (when bias is given).
+void half_sums(const LinearArgs& a, int64_t r, float* xs, int32_t* bias) {
   const int64_t K = a.K;
   const int8_t* hi = a.x8 + r * K;
   const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
   for (int64_t h = 0; h < K / kS16Half; ++h) {
     int32_t sum = 0;
     for (int64_t k = h * kS16Half; k < (h + 1) * kS16Half; ++k) sum += lo ? hi[k] * 256 + lo[k] : hi[k];
-    xs[h] = a.x8_scale[r * (K / kBlock) + h / 2] * float(sum);
+    if (xs) xs[h] = a.x8_scale[r * (K / kBlock) + h / 2] * float(sum);
+    if (bias) bias[h] = a.code_bias * sum;
   }
 }
 
@@ -105,7 +107,9 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   });
   const S16Kernel kernel = s16_kernel();
   const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
-  const bool reads_packed = kernels.s16_packed_few_rows && M <= kS16FewRows;
+  // a row group of few rows on packed codes: the kernel reads them (and takes bias * its half sums)
+  const auto reads_packed = [&](int64_t rows) { return kernels.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8; };
+  int32_t* const half_bias = a.code_bits < 8 && a.code_bias ? grow(scratch.half_bias, M * nh) : nullptr;
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
     if (r1 <= r0) return;
     LinearArgs g = a;
@@ -114,14 +118,17 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     g.x8_lo = two_terms ? lo + r0 * K : nullptr;
     g.x8_scale = scale + r0 * nb;
     g.out = a.out + r0 * a.N;
-    S16Args s{&g, half ? half + r0 * nh : nullptr, c16 ? c16 + r0 * K : nullptr};
-    if (half)
-      for (int64_t r = 0; r < g.M; ++r) half_sums(g, r, half + (r0 + r) * nh);
+    const bool packed_rows = reads_packed(g.M);
+    int32_t* const bias = packed_rows ? half_bias : nullptr;
+    S16Args s{&g, half ? half + r0 * nh : nullptr, bias ? bias + r0 * nh : nullptr, c16 ? c16 + r0 * K : nullptr};
+    if (half || bias)
+      for (int64_t r = 0; r < g.M; ++r)
+        half_sums(g, r, half ? half + (r0 + r) * nh : nullptr, bias ? bias + (r0 + r) * nh : nullptr);
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (two_terms || two_rows == 0) widened.widen(a, n0, n1);  // once: the first row group that runs
-      run_rows(kernel, unpack, reads_packed, s, n0, n1);
+      run_rows(kernel, unpack, packed_rows, s, n0, n1);
     });
   };
   run(0, two_rows, true);

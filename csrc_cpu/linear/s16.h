@@ -10,22 +10,27 @@
 // activations dequantize it and take the dense GEMM). x is quantized as for
 // every int8 path (int8.h: codes c = xq, or c = 256 * xq + lo with int8x2's
 // low term, and per 32-block scale dx, the low scale for int8x2 rows). Per
-// output (r, n), from acc[l] = +0 for the eight lanes l:
-//   for every 32-block b, in order, and every lane l (elements 4l .. 4l+3 of
-//   the block; lanes 0-3 the first 16, lanes 4-7 the second):
-//     I[l]   = sum of W[n, k] * c[r, k] over the lane's 4 elements     (int32, exact)
-//     s      = fl(d[n, 2b + l/4] * dx[r, b])
-//     acc[l] = fma(s, float(I[l]), acc[l])
-//   out = hsum8(acc)                                  (quant_linear.h's order)
-//   with offsets: eight chains t[j] = +0, then over every half h = 0, 1, ... in order
-//     t[h % 8] = fma(m[n, h], xs[r, h], t[h % 8]),  xs[r, h] = fl(dx[r, h/2] * float(sum of c over the half))
-//   and out = fl(out + hsum8(t)) (eight chains, not one: a vector's lanes, so
-//   the offsets cost 1/8 of a serial chain's fma latency per output).
-// |I| <= 4 * 128 * 32639 < 2^24, so float(I) is exact on both paths, and so
-// is float(sum of c) (|sum| <= 16 * 32639). A row's outputs depend only on
-// the row and the weight: bitwise the same alone or in any call, any thread
+// output (r, n), two chains e[0] = e[1] = +0, one for the first half of
+// every 32-block and one for the second:
+//   for every 32-block b, in order, and its halves h = 0, 1 (g = 2b + h):
+//     I    = sum of W[n, k] * c[r, k] over the half's 16 elements   (int32, exact)
+//     e[h] = fma(fl(d[n, g] * dx[r, b]), float(I), e[h])
+//   out = fl(e[0] + e[1])
+//   with offsets: eight chains t[j] = +0, then over every half g in order
+//     t[g % 8] = fma(m[n, g], xs[r, g], t[g % 8]),  xs[r, g] = fl(dx[r, g/2] * float(sum of c over the half))
+//   and out = fl(out + hsum8(t)) (quant_linear.h's order: 1/16 of the
+//   products, so a separate pass over m's rows costs less than a step in
+//   the chains per half)
+// The fp32 work is two steps per 32 products, not one per 4: prompt rows
+// run 8 weight rows per vector (int16 pair panels, kernel_s16_avx2.cpp), and
+// a row's 8 lane sums reduce to its two half sums among 4 outputs at once
+// (two chains, so a vector holds both halves of 4 outputs). float(I) is
+// exact while |I| < 2^24: codes |q| <= 32 (every GGUF type s16 holds) times
+// |c| <= 32639 over 16 elements; wider codes (a fused matrix's q8 rows) round
+// it to nearest, the same on every path. A row's outputs depend only on the
+// row and the weight: bitwise the same alone or in any call, any thread
 // count and every build (the scalar build is the definition; the AVX2 build,
-// which the x86 builds share, reproduces its lanes).
+// which the x86 builds share, reproduces it).
 #pragma once
 
 #include <cstdint>
@@ -56,8 +61,9 @@ inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c
       }
 }
 // Calls of at most this many rows get no c16 (null): the AVX2 kernel reads
-// their int8 codes as they lie (too few rows to pay for widening weights).
-constexpr int64_t kS16FewRows = 3;
+// their codes as they lie (too few rows to pay for a panel of int16 pairs;
+// measured at 1-9 rows, docs/cpu-linear.md).
+constexpr int64_t kS16FewRows = 8;
 
 // Packed codes (LinearArgs::code_bits 4, 5 or 6; qtype "s16.u5" and the
 // like at the boundary; K a multiple of 256): a code q is held as u = q +
@@ -73,9 +79,9 @@ constexpr int64_t kS16FewRows = 3;
 // never see them: the driver unpacks each work item's rows into the calling
 // thread's int8 scratch just before the kernel runs (s16.cpp); a build whose
 // table says s16_packed_few_rows reads them directly in calls of fewer
-// rows (the AVX2 kernel: vpmaddubsw on u, then bias * the lane sums of x
-// subtracted, the same exact int32 lane sums). Every build computes the
-// bits of the int8 form.
+// rows (the AVX2 kernel: vpmaddubsw on u, then bias * the half sums of x,
+// S16Args::half_bias, subtracted: the same exact int32 sums). Every build
+// computes the bits of the int8 form.
 constexpr int64_t kS16PackedGroup = 256;  // weights per group of packed codes
 constexpr int64_t s16_packed_group_bytes(int bits) { return 32 * bits; }
 
@@ -104,10 +110,13 @@ inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias
 // driver unpacked from packed codes), x quantized (a.x8, a.x8_lo,
 // a.x8_scale as int8.h), its codes c as int16 in the pair order above (c16
 // [M, K], for calls of more than kS16FewRows rows), the half sums xs [M,
-// K/16] when the weight has offsets, and the output.
+// K/16] when the weight has offsets, half_bias (below), and the output.
 struct S16Args {
   const LinearArgs* a;
   const float* xs = nullptr;
+  // [M, K/16] code_bias * the half's sum of c, for packed codes with a bias
+  // (the AVX2 few-rows kernel multiplies u = q + bias, then subtracts it)
+  const int32_t* half_bias = nullptr;
   const int16_t* c16 = nullptr;
   const int8_t* codes = nullptr;
   int64_t codes_row0 = 0;

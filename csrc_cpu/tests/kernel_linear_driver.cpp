@@ -203,7 +203,8 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
       }
     a.qs = packed.data();
   }
-  std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp)
+  std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp), and bias times them
+  std::vector<int32_t> half_bias(size_t(x.M * nh));
   std::vector<int16_t> c16(size_t(x.M * K));
   for (int64_t r = 0; r < x.M; ++r) {
     const int8_t* hi = x.x8.data() + r * K;
@@ -212,10 +213,13 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
       int32_t sum = 0;
       for (int64_t i = h * kS16Half; i < (h + 1) * kS16Half; ++i) sum += lo ? hi[i] * 256 + lo[i] : hi[i];
       xs[size_t(r * nh + h)] = x.x8_scale[size_t(r * nb + h / 2)] * float(sum);
+      half_bias[size_t(r * nh + h)] = bias * sum;
     }
     pair_codes(hi, lo, K, c16.data() + r * K);
   }
-  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), x.M > kS16FewRows ? c16.data() : nullptr};
+  const bool reads_packed = bits != 8 && k.s16_packed_few_rows && x.M <= kS16FewRows;
+  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), reads_packed && bias ? half_bias.data() : nullptr,
+             x.M > kS16FewRows ? c16.data() : nullptr};
   const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
   const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
   std::vector<int8_t> rows(size_t(kI8ChunkRows * K));
@@ -223,7 +227,7 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
     const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
     sa.codes = codes.data();
     sa.codes_row0 = 0;
-    if (bits != 8 && !(k.s16_packed_few_rows && x.M <= kS16FewRows)) {
+    if (bits != 8 && !reads_packed) {
       unpack(a.qs + n0 * a.row_bytes(), K, bits, bias, n1 - n0, rows.data());
       sa.codes = rows.data();
       sa.codes_row0 = n0;
@@ -242,8 +246,9 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
   const Form forms[] = {{8, -128, 127}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
   for (const Form& f : forms)
     for (bool offsets : {false, true})
-      for (int64_t M : {1, 2, 3, 5}) {
-        Weight w{QType::Q8_0, 37, 512, {}, {}, {}};
+      for (int64_t M : {1, 2, 3, 5, 9}) {
+        // bytes: K a multiple of 32 only (blocks past whole groups of 8)
+        Weight w{QType::Q8_0, 37, f.bits == 8 ? 544 : 512, {}, {}, {}};
         for (int64_t i = 0; i < w.N * w.K; ++i) w.qs.push_back(uint8_t(int8_t(uniform_int(f.lo, f.hi))));
         for (int64_t i = 0; i < w.N * w.K / kS16Half; ++i) w.d.push_back(uniform(-0.02f, 0.02f));
         if (offsets)
