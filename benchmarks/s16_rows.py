@@ -1,0 +1,94 @@
+"""The s16 kernel's rate by rows of x, beside q4_1 (Q4_K's layout) on the
+same shapes (docs/cpu-linear.md, "GGUF types and the s16 layout"):
+
+    python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--threads 2] [--rounds 5] [--json PATH]
+
+quant_linear with int8x2 activations (what "mixed" gives most matrices) on
+random codes of Q5_K's range with offsets ("s16.u5"), Q6_K's ("s16.s6")
+and q4_1 nibbles, at a 1B model's layer shapes (QKV 2560 x 2048, O 2048 x
+2048, gate+up 11264 x 2048, down 2048 x 5632), enough copies that the
+weights (codes and float32 scales) stream past a 32 MiB last-level cache as
+decode's do. Per row count and layout: the best of --rounds passes over
+every copy, as GFLOP/s (2 M N K / s) and GB/s of weight bytes read. To
+compare two builds, run it under each (the figures are per process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from timing import emit_json, positive_int  # noqa: E402
+
+SHAPES = [(2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632)]
+LAYOUTS = ["s16.u5", "s16.s6", "q4_1"]
+WEIGHT_BYTES = 160 << 20  # per layout, past the L3
+
+
+def weights(layout: str, seed: int) -> list:
+    from paged.core.models.loaders.quant_layouts import pack_s16_codes
+
+    gen = torch.Generator().manual_seed(seed)
+    mats, total = [], 0
+    while total < WEIGHT_BYTES:
+        for n, k in SHAPES:
+            if layout == "q4_1":
+                qs = torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8)
+                d, m = torch.rand(n, k // 32, generator=gen) * 0.01, torch.randn(n, k // 32, generator=gen) * 0.01
+                qtype = "q4_1"
+            else:
+                lo, hi = (0, 31) if layout == "s16.u5" else (-32, 31)
+                qs, qtype = pack_s16_codes(torch.randint(lo, hi + 1, (n, k), generator=gen, dtype=torch.int8))
+                d = torch.rand(n, k // 16, generator=gen) * 0.01
+                m = torch.randn(n, k // 16, generator=gen) * 0.01 if layout == "s16.u5" else None
+            mats.append((n, k, qtype, qs, d, m))
+            total += qs.numel() + d.numel() * 4 + (m.numel() * 4 if m is not None else 0)
+    return mats
+
+
+def rate(mats: list, rows: int, rounds: int) -> dict:
+    from paged import _C_cpu as C
+
+    x = {k: torch.randn(rows, k) for k in {k for _, k, *_ in mats}}
+    out = {n: torch.empty(rows, n) for n in {n for n, *_ in mats}}
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for n, k, qtype, qs, d, m in mats:
+            C.quant_linear(x[k], qtype, qs, d, m, out[n], "int8x2")
+        best = min(best, time.perf_counter() - t0)
+    flops = sum(2 * rows * n * k for n, k, *_ in mats)
+    nbytes = sum(qs.numel() + d.numel() * 4 + (m.numel() * 4 if m is not None else 0) for _, _, _, qs, d, m in mats)
+    return {"gflop_s": flops / best / 1e9, "gb_s": nbytes / best / 1e9}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=positive_int, nargs="+", default=[1, 2, 4, 8, 9, 16, 64, 128])
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from paged import _C_cpu as C
+
+    print(f"s16 kernel by rows: {C.linear_isa()} build, {args.threads} threads, best of {args.rounds}", flush=True)
+    figures = {}
+    for i, layout in enumerate(LAYOUTS):
+        mats = weights(layout, seed=i)
+        figures[layout] = {}
+        for rows in args.rows:
+            figures[layout][rows] = r = rate(mats, rows, args.rounds)
+            print(f"{layout:7s} M={rows:4d}: {r['gflop_s']:6.1f} GFLOP/s  {r['gb_s']:5.1f} GB/s", flush=True)
+        del mats
+    emit_json({"threads": args.threads, "isa": C.linear_isa(), "figures": figures}, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
