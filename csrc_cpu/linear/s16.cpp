@@ -32,17 +32,15 @@ auto* grow(V& v, int64_t n) {
   return v.data();
 }
 
-// Per half h of row r: the sum of its codes c, as xs[r, h] = fl(dx[r, h/2] *
-// float(sum)) (s16.h; when xs is given) and bias * sum (when bias is given).
-void half_sums(const LinearArgs& a, int64_t r, float* xs, int32_t* bias) {
-  const int64_t K = a.K;
-  const int8_t* hi = a.x8 + r * K;
-  const int8_t* lo = a.x8_lo ? a.x8_lo + r * K : nullptr;
+// Per half h of a row (codes hi, and lo for int8x2; scale dx per 32-block):
+// the sum of its codes c, as xs[h] = fl(dx[h/2] * float(sum)) (s16.h; when
+// xs is given) and bias * sum (when bias is given).
+void half_sums(const int8_t* hi, const int8_t* lo, const float* dx, int code_bias, int64_t K, float* xs, int32_t* bias) {
   for (int64_t h = 0; h < K / kS16Half; ++h) {
     int32_t sum = 0;
     for (int64_t k = h * kS16Half; k < (h + 1) * kS16Half; ++k) sum += lo ? hi[k] * 256 + lo[k] : hi[k];
-    if (xs) xs[h] = a.x8_scale[r * (K / kBlock) + h / 2] * float(sum);
-    if (bias) bias[h] = a.code_bias * sum;
+    if (xs) xs[h] = dx[h / 2] * float(sum);
+    if (bias) bias[h] = code_bias * sum;
   }
 }
 
@@ -97,6 +95,9 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
   int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const bool parallel = M * a.N * K >= kSerialMacs;
+  // a row group of few rows on packed codes: the kernel reads them (and takes bias * its half sums)
+  const auto reads_packed = [&](int64_t rows) { return kernels.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8; };
+  int32_t* const half_bias = a.code_bits < 8 && a.code_bias ? grow(scratch.half_bias, M * nh) : nullptr;
   // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
   parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
     kernels.x8_quantize(a.x + r * K, K, QType::Q8_0, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
@@ -104,12 +105,14 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
       kernels.x8_low_term(a.x + r * K, K, QType::Q8_0, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
     if (c16) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
+    // bias * the half sums for a row group the kernel runs on packed codes
+    int32_t* const bias = half_bias && reads_packed(r < two_rows ? two_rows : M - two_rows) ? half_bias + r * nh : nullptr;
+    if (half || bias)
+      half_sums(codes + r * K, r < two_rows ? lo + r * K : nullptr, scale + r * nb, a.code_bias, K,
+                half ? half + r * nh : nullptr, bias);
   });
   const S16Kernel kernel = s16_kernel();
   const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
-  // a row group of few rows on packed codes: the kernel reads them (and takes bias * its half sums)
-  const auto reads_packed = [&](int64_t rows) { return kernels.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8; };
-  int32_t* const half_bias = a.code_bits < 8 && a.code_bias ? grow(scratch.half_bias, M * nh) : nullptr;
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
     if (r1 <= r0) return;
     LinearArgs g = a;
@@ -121,9 +124,6 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     const bool packed_rows = reads_packed(g.M);
     int32_t* const bias = packed_rows ? half_bias : nullptr;
     S16Args s{&g, half ? half + r0 * nh : nullptr, bias ? bias + r0 * nh : nullptr, c16 ? c16 + r0 * K : nullptr};
-    if (half || bias)
-      for (int64_t r = 0; r < g.M; ++r)
-        half_sums(g, r, half ? half + (r0 + r) * nh : nullptr, bias ? bias + (r0 + r) * nh : nullptr);
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);

@@ -107,6 +107,7 @@ constexpr int kHalfSlots[2][8] = {{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 1
 struct PairPanel {
   AlignedVector<uint8_t> codes;  // [block][slot][column][row][2] int16
   AlignedVector<float> d;        // [half][kPanel]
+  AlignedVector<float> offsets;  // [x row][kPanel]: the offsets' sums (chunk_offsets)
 };
 
 // Column c (weight rows n .. n + rows) of the panel: each block's 8 rows of
@@ -153,12 +154,56 @@ __attribute__((always_inline)) inline void half_pair_sums(const uint8_t* w, cons
   }
 }
 
+// The offsets' sums (s16.h) of every x row by weight rows [n0, n1) into
+// t[r * kPanel + n - n0]: 2 x rows by 4 weight rows at a time, so 8 sets of
+// eight chains are in flight (one set alone waits on its fmas' latency:
+// 0.8x at 128 rows).
+void chunk_offsets(const S16Args& s, int64_t n0, int64_t n1, float* t) {
+  const LinearArgs& a = *s.a;
+  const int64_t nh = a.K / kS16Half;
+  int64_t r = 0;
+  for (; r + 2 <= a.M; r += 2) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+      __m256 v[4][2];
+      for (int o = 0; o < 4; ++o) v[o][0] = v[o][1] = _mm256_setzero_ps();
+      int64_t g = 0;
+      for (; g + kLanes <= nh; g += kLanes) {
+        const __m256 x0 = _mm256_loadu_ps(s.xs + r * nh + g), x1 = _mm256_loadu_ps(s.xs + (r + 1) * nh + g);
+        for (int o = 0; o < 4; ++o) {
+          const __m256 mv = _mm256_loadu_ps(a.m + (n + o) * nh + g);
+          v[o][0] = _mm256_fmadd_ps(mv, x0, v[o][0]);
+          v[o][1] = _mm256_fmadd_ps(mv, x1, v[o][1]);
+        }
+      }
+      for (int o = 0; o < 4; ++o)
+        for (int i = 0; i < 2; ++i) {
+          alignas(32) float lanes[kLanes];
+          _mm256_store_ps(lanes, v[o][i]);
+          for (int64_t h = g; h < nh; ++h)  // a tail past whole vectors, lane by lane
+            lanes[h % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a.m[(n + o) * nh + h]),
+                                                           _mm_set_ss(s.xs[(r + i) * nh + h]), _mm_set_ss(lanes[h % kLanes])));
+          t[(r + i) * kPanel + n + o - n0] = hsum8(lanes);
+        }
+    }
+    for (; n < n1; ++n) {
+      float sums[2];
+      offset_sums<2>(a.m + n * nh, s.xs + r * nh, nh, nh, sums);
+      t[r * kPanel + n - n0] = sums[0];
+      t[(r + 1) * kPanel + n - n0] = sums[1];
+    }
+  }
+  for (; r < a.M; ++r)
+    for (int64_t n = n0; n < n1; ++n) offset_sums<1>(a.m + n * nh, s.xs + r * nh, nh, nh, t + r * kPanel + n - n0);
+}
+
 // out[r0 .. r0+R, the valid rows of columns c0 .. c0+J]: per block and
-// half, the half's 8 slots by x's pairs (exact int32), then its chain's step.
+// half, the half's 8 slots by x's pairs (exact int32), then its chain's
+// step; with offsets, chunk_offsets' sums added.
 template <int R, int J, bool HasM>
 void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
   const LinearArgs& a = *s.a;
-  const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
+  const int64_t K = a.K, nb = K / kBlock;
   __m256 e[R][J][2];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < J; ++j) e[r][j][0] = e[r][j][1] = _mm256_setzero_ps();
@@ -184,17 +229,10 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
     step(1, b, isum);
   }
   for (int j = 0; j < J; ++j) {
-    alignas(32) float t[R][kLanes] = {};  // the offsets of the column's outputs
-    if constexpr (HasM)
-      for (int l = 0; l < valid[c0 + j]; ++l) {
-        float sums[R];
-        offset_sums<R>(a.m + (n0 + (c0 + j) * kLanes + l) * nh, s.xs + r0 * nh, nh, nh, sums);
-        for (int r = 0; r < R; ++r) t[r][l] = sums[r];
-      }
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid[c0 + j]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < R; ++r) {
       __m256 out = _mm256_add_ps(e[r][j][0], e[r][j][1]);
-      if constexpr (HasM) out = _mm256_add_ps(out, _mm256_load_ps(t[r]));
+      if constexpr (HasM) out = _mm256_add_ps(out, _mm256_load_ps(p.offsets.data() + (r0 + r) * kPanel + (c0 + j) * kLanes));
       _mm256_maskstore_ps(a.out + (r0 + r) * a.N + n0 + (c0 + j) * kLanes, mask, out);
     }
   }
@@ -221,6 +259,10 @@ void panel_rows(const S16Args& s, int64_t n0, int64_t n1) {
     valid[c] = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
     build_pair_column(s, n0 + c * kLanes, valid[c], c, p);
     transpose_scales(a.d, nh, n0 + c * kLanes, valid[c], c, p.d.data());
+  }
+  if (a.m) {
+    p.offsets.resize(size_t(a.M * kPanel));
+    chunk_offsets(s, n0, n1, p.offsets.data());
   }
   // x rows in tiles of as even a size as kPairTileRows allows (9 rows: 3 x 3, not 4 + 4 + 1)
   const int64_t count = (a.M + kPairTileRows - 1) / kPairTileRows;
