@@ -160,8 +160,12 @@ def copy_bandwidth() -> float:
     return src.numel() * 4 / best / 1e9
 
 
-def weight_bytes(model) -> int:
-    """Bytes of the matrices a decode token reads (each packed weight once)."""
+def weight_bytes(model) -> int | None:
+    """Bytes of the matrices a decode token reads (each packed weight once);
+    None for a mixture of experts, whose token reads only its routed
+    experts (benchmarks/moe.py measures those models)."""
+    if any(layer.gate_up is None for layer in model.layers):
+        return None
     seen, total = set(), 0
     for mod in [model.lm_head] + [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up,
                                                                          layer.down)]:
@@ -209,7 +213,7 @@ def measure_paged(path: str, args) -> dict:
     wbytes = weight_bytes(model)
     step = min(decode)
     out = {"prefill_tok_s": args.prompt_len / min(prefill), "decode_tok_s": 1 / step,
-           "weight_bytes": wbytes, "decode_gb_s": wbytes / step / 1e9, "rss_minus_kv_bytes": rss,
+           "weight_bytes": wbytes, "decode_gb_s": wbytes / step / 1e9 if wbytes else None, "rss_minus_kv_bytes": rss,
            "file_bytes": os.path.getsize(path), "weights": engine.weight_format}
     engine.close()
     return out
@@ -296,7 +300,7 @@ def run(args) -> int:
         fmt = lambda k: f"{lc[k]:.1f}" if lc and lc.get(k) else "-"  # noqa: E731
         print(f"{os.path.basename(path):<34}{p['file_bytes'] / 2**20:>6.0f}{p['prefill_tok_s']:>9.1f}"
               f"{fmt('prefill_tok_s'):>8}{ratio('prefill_tok_s'):>7}{p['decode_tok_s']:>8.2f}"
-              f"{fmt('decode_tok_s'):>7}{ratio('decode_tok_s'):>7}{p['decode_gb_s']:>6.1f}"
+              f"{fmt('decode_tok_s'):>7}{ratio('decode_tok_s'):>7}{p['decode_gb_s'] or float('nan'):>6.1f}"
               f"{p['rss_minus_kv_bytes'] / p['file_bytes']:>12.2f}", flush=True)
         if args.serve:
             streams = serve_streams(path, args)
