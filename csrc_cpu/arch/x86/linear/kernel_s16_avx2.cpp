@@ -73,10 +73,19 @@ void unpack_rows(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_
 }
 
 
-// The offsets' eight chains (s16.h) of weight row m (its nh per-half
-// offsets) with R rows of half sums xs (xs_stride apart), summed as hsum8:
-// half g in lane g % 8, 8 halves a vector fma; a tail past whole vectors
-// lane by lane.
+// hsum8 of the offsets' eight chains (s16.h) t of weight row m (its nh
+// per-half offsets) with a row of half sums xs, whose halves from g on
+// (past whole vectors) are still to be added lane by lane.
+inline float chains_total(__m256 t, const float* m, const float* xs, int64_t g, int64_t nh) {
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, t);
+  for (; g < nh; ++g)
+    lanes[g % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(m[g]), _mm_set_ss(xs[g]), _mm_set_ss(lanes[g % kLanes])));
+  return hsum8(lanes);
+}
+
+// The offsets' sums of weight row m with R rows of half sums xs (xs_stride
+// apart): half g in lane g % 8, 8 halves a vector fma.
 template <int R>
 inline void offset_sums(const float* m, const float* xs, int64_t xs_stride, int64_t nh, float out[R]) {
   __m256 t[R];
@@ -86,14 +95,7 @@ inline void offset_sums(const float* m, const float* xs, int64_t xs_stride, int6
     const __m256 mv = _mm256_loadu_ps(m + g);
     for (int r = 0; r < R; ++r) t[r] = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xs + r * xs_stride + g), t[r]);
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, t[r]);
-    for (int64_t h = g; h < nh; ++h)
-      lanes[h % kLanes] = _mm_cvtss_f32(
-          _mm_fmadd_ss(_mm_set_ss(m[h]), _mm_set_ss(xs[r * xs_stride + h]), _mm_set_ss(lanes[h % kLanes])));
-    out[r] = hsum8(lanes);
-  }
+  for (int r = 0; r < R; ++r) out[r] = chains_total(t[r], m, xs + r * xs_stride, g, nh);
 }
 
 // ---- Prompt rows: the pair panel ----
@@ -109,21 +111,6 @@ struct PairPanel {
   AlignedVector<float> d;        // [half][kPanel]
   AlignedVector<float> offsets;  // [x row][kPanel]: the offsets' sums (chunk_offsets)
 };
-
-// Column c (weight rows n .. n + rows) of the panel: each block's 8 rows of
-// int8 codes transposed and split into their int16 pair slots.
-void build_pair_column(const S16Args& s, int64_t n, int rows, int c, PairPanel& p) {
-  const LinearArgs& a = *s.a;
-  const int64_t K = a.K;
-  const auto* codes = reinterpret_cast<const uint8_t*>(s.row_codes(n));
-  __m256i v[8];
-  for (int64_t b = 0; b < K / kBlock; ++b) {
-    load_rows(codes, K, rows, b * kBlock, kBlock / 4, v);
-    transpose8(v);  // v[s]: codes 4s .. 4s+3 of the 8 rows
-    uint8_t* dst = p.codes.data() + b * kPairBlockBytes + c * 32;
-    for (int st = 0; st < kSteps; ++st) store_pairs(dst, st, v[st]);
-  }
-}
 
 // An empty asm that takes v in a register: the compiler may not reassociate
 // a chain of adds across it (GCC otherwise computes every product of a half
@@ -177,14 +164,8 @@ void chunk_offsets(const S16Args& s, int64_t n0, int64_t n1, float* t) {
         }
       }
       for (int o = 0; o < 4; ++o)
-        for (int i = 0; i < 2; ++i) {
-          alignas(32) float lanes[kLanes];
-          _mm256_store_ps(lanes, v[o][i]);
-          for (int64_t h = g; h < nh; ++h)  // a tail past whole vectors, lane by lane
-            lanes[h % kLanes] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a.m[(n + o) * nh + h]),
-                                                           _mm_set_ss(s.xs[(r + i) * nh + h]), _mm_set_ss(lanes[h % kLanes])));
-          t[(r + i) * kPanel + n + o - n0] = hsum8(lanes);
-        }
+        for (int i = 0; i < 2; ++i)
+          t[(r + i) * kPanel + n + o - n0] = chains_total(v[o][i], a.m + (n + o) * nh, s.xs + (r + i) * nh, g, nh);
     }
     for (; n < n1; ++n) {
       float sums[2];
@@ -257,7 +238,8 @@ void panel_rows(const S16Args& s, int64_t n0, int64_t n1) {
   int valid[kCols];
   for (int c = 0; c < kCols; ++c) {
     valid[c] = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
-    build_pair_column(s, n0 + c * kLanes, valid[c], c, p);
+    byte_pair_column(reinterpret_cast<const uint8_t*>(s.row_codes(n0 + c * kLanes)), a.K, valid[c], nb,
+                     p.codes.data() + c * 32);
     transpose_scales(a.d, nh, n0 + c * kLanes, valid[c], c, p.d.data());
   }
   if (a.m) {
