@@ -161,7 +161,7 @@ std::vector<LinearBuild> linear_builds() {
 #if defined(PAGED_ISA_X86)
   // every x86 build past scalar runs the s16 layout (s16.h), the f16 / bf16
   // layouts (half.h), compact scales' widening (compact_scales.h) and s16's
-  // packed codes' unpacking (s16.h) on AVX2
+  // packed codes' unpacking (s16.h) on AVX2 (avx512 and amx: s16 on VNNI)
   const auto with_s16 = [](Kernels k) {
     k.s16_rows = isa_avx2::s16_rows;
     k.half_rows = isa_avx2::half_rows;
@@ -175,12 +175,15 @@ std::vector<LinearBuild> linear_builds() {
     k.pair_tiles = true;
     return k;
   };
-  // avx512's persistent weight panels (weight_panels.h), which amx reads as they lie
+  // avx512's persistent weight panels (weight_panels.h), which amx reads as
+  // they lie, and its s16 kernel (VNNI)
   const auto with_panels = [&](Kernels k) {
     k.panel_layout = "avx512";
     k.panel_chunk_bytes = isa_avx512::panel_chunk_bytes;
     k.build_panel_chunk = isa_avx512::build_panel_chunk;
-    return with_s16(k);
+    k = with_s16(k);
+    k.s16_rows = isa_avx512::s16_rows;
+    return k;
   };
 #endif
   return {

@@ -30,7 +30,8 @@
 // it to nearest, the same on every path. A row's outputs depend only on the
 // row and the weight: bitwise the same alone or in any call, any thread
 // count and every build (the scalar build is the definition; the AVX2 build,
-// which the x86 builds share, reproduces it).
+// which the x86 builds share but avx512 and amx, and the AVX-512 VNNI build
+// reproduce it).
 #pragma once
 
 #include <cstdint>
@@ -129,6 +130,9 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
 namespace isa_avx2 {  // arch/x86/linear/kernel_s16_avx2.cpp
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
 void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
+}
+namespace isa_avx512 {  // arch/x86/linear/kernel_s16_avx512.cpp (VNNI)
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
 }
 
 // The int8 / int8x2 linear on an s16 weight: rows [0, two_rows) with the low term.

@@ -246,7 +246,7 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
   const Form forms[] = {{8, -128, 127}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
   for (const Form& f : forms)
     for (bool offsets : {false, true})
-      for (int64_t M : {1, 2, 3, 5, 9}) {
+      for (int64_t M : {1, 2, 3, 5, 9, 20}) {  // 20: panel tiles of 4 x rows
         // bytes: K a multiple of 32 only (blocks past whole groups of 8)
         Weight w{QType::Q8_0, 37, f.bits == 8 ? 544 : 512, {}, {}, {}};
         for (int64_t i = 0; i < w.N * w.K; ++i) w.qs.push_back(uint8_t(int8_t(uniform_int(f.lo, f.hi))));

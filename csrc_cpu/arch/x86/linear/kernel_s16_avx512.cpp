@@ -1,0 +1,137 @@
+// AVX-512 VNNI build of the s16 layout's kernel (s16.h), for the avx512 and
+// amx builds; bitwise the scalar definition. The AVX2 kernel's two paths
+// (kernel_s16_avx2.cpp) from the same pieces (s16_ymm.inc), on VNNI:
+//  - prompt rows (more than kS16FewRows): the same int16 pair panel, read 16
+//    weight rows per zmm (two of its 8-row columns lie side by side), each
+//    slot one vpdpwssd per 16 outputs and x row: a half's sums for 4 x rows
+//    by the item's 32 weight rows in 64 instructions, where the AVX2 tile
+//    takes 256 (vpmaddwd, then vpaddd, on 8 rows a vector);
+//  - few rows (decode): the AVX2 kernel with vpdpbusd for vpmaddubsw +
+//    vpmaddwd (256-bit, AVX512VL): int8x2's two terms in 3 instructions
+//    instead of 5.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "arch/target.h"
+#include "linear/aligned.h"
+#include "linear/int8.h"
+#include "linear/s16.h"
+
+// GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
+// pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+
+namespace paged::cpu::linear::isa_avx512 {
+namespace {
+
+#include "arch/x86/linear/ymm_panel.inc"
+
+// Sums of 4 products of unsigned bytes u by signed bytes x per int32 lane.
+inline __m256i dot4(__m256i u, __m256i x) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x); }
+// int8x2: 256 x the high term's sums, then the low term's added by vpdpbusd.
+inline __m256i dot4x2(__m256i u, __m256i hi, __m256i lo) {
+  return _mm256_dpbusd_epi32(_mm256_slli_epi32(dot4(u, hi), 8), u, lo);
+}
+
+#include "arch/x86/linear/s16_ymm.inc"
+
+// ---- Prompt rows: 16 weight rows per vector ----
+
+constexpr int kPairTileRows = 4;             // x rows per tile
+constexpr int kZmmCols = 2;                  // zmm columns (16 weight rows) per tile: the whole item
+constexpr int kPairTileCols = 2 * kZmmCols;  // the same in the panel's 8-row columns
+static_assert(kPairTileCols == kCols, "a tile spans the work item");
+
+// A half's exact sums for the item's 32 weight rows by R x rows (their
+// block's pairs at x[r]): its 8 slots, each a vpdpwssd per zmm column.
+template <int R, int H>
+__attribute__((always_inline)) inline void half_pair_sums(const uint8_t* w, const int16_t* const x[R],
+                                                          __m512i isum[R][kZmmCols]) {
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < kZmmCols; ++j) isum[r][j] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    const int slot = kHalfSlots[H][i];
+    __m512i wv[kZmmCols];
+    for (int j = 0; j < kZmmCols; ++j) wv[j] = _mm512_load_si512(w + (slot * kCols + 2 * j) * 32);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x[r] + 2 * slot, sizeof pair);
+      const __m512i xb = _mm512_set1_epi32(pair);
+      for (int j = 0; j < kZmmCols; ++j) isum[r][j] = _mm512_dpwssd_epi32(isum[r][j], wv[j], xb);
+    }
+  }
+}
+
+// out[r0 .. r0+R, the item's valid rows]: per block and half, the half's 8
+// slots by x's pairs (exact int32), then its chain's step; with offsets,
+// chunk_offsets' sums added.
+template <int R, bool HasM>
+void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nb = K / kBlock;
+  __m512 e[R][kZmmCols][2];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < kZmmCols; ++j) e[r][j][0] = e[r][j][1] = _mm512_setzero_ps();
+  const auto step = [&](int h, int64_t b, __m512i isum[R][kZmmCols]) __attribute__((always_inline)) {
+    const int64_t g = 2 * b + h;
+    for (int j = 0; j < kZmmCols; ++j) {
+      const __m512 d = _mm512_load_ps(p.d.data() + g * kPanel + (c0 + 2 * j) * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
+        e[r][j][h] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[r][j]), e[r][j][h]);
+      }
+    }
+  };
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = p.codes.data() + b * kPairBlockBytes + c0 * 32;
+    const int16_t* x[R];
+    for (int r = 0; r < R; ++r) x[r] = s.c16 + (r0 + r) * K + b * kBlock;
+    __m512i isum[R][kZmmCols];
+    half_pair_sums<R, 0>(w, x, isum);
+    step(0, b, isum);
+    half_pair_sums<R, 1>(w, x, isum);
+    step(1, b, isum);
+  }
+  for (int j = 0; j < kZmmCols; ++j) {
+    const int rows = valid[c0 + 2 * j] + valid[c0 + 2 * j + 1];  // the valid rows come first
+    const auto mask = __mmask16((1u << rows) - 1);
+    for (int r = 0; r < R; ++r) {
+      __m512 out = _mm512_add_ps(e[r][j][0], e[r][j][1]);
+      if constexpr (HasM)
+        out = _mm512_add_ps(out, _mm512_load_ps(p.offsets.data() + (r0 + r) * kPanel + (c0 + 2 * j) * kLanes));
+      _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + (c0 + 2 * j) * kLanes, mask, out);
+    }
+  }
+}
+
+template <bool HasM, int... R>
+constexpr std::array<PairTileFn, sizeof...(R)> pair_tile_table(std::integer_sequence<int, R...>) {
+  return {&pair_tile<R + 1, HasM>...};
+}
+
+}  // namespace
+
+// Few rows: few_rows on the codes as they lie. Else one pair panel per work
+// item (at most kI8ChunkRows rows: the driver's chunks), swept by tiles.
+void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
+  static constexpr auto few = few_rows_table(std::make_integer_sequence<int, int(kFewRows)>());
+  static constexpr auto plain = pair_tile_table<false>(std::make_integer_sequence<int, kPairTileRows>());
+  static constexpr auto offset = pair_tile_table<true>(std::make_integer_sequence<int, kPairTileRows>());
+  if (s.a->M <= kFewRows) return few[size_t(s.a->M - 1)](s, n0, n1);
+  for (int64_t n = n0; n < n1; n += kPanel) panel_rows(s, n, std::min(n1, n + kPanel), plain, offset, kPairTileCols);
+}
+
+}  // namespace paged::cpu::linear::isa_avx512
+
+PAGED_TARGET_END()
+
+#pragma GCC diagnostic pop
