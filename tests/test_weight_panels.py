@@ -195,3 +195,28 @@ def test_engine_greedy_output_is_the_same_with_and_without_panels(avx512, defaul
         assert (gate_up._panels is not None) == (panels == "1")
         texts[panels] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert texts["0"] == texts["1"]
+
+
+def test_auto_leaves_out_compact_scales(avx512, monkeypatch):
+    """A compact-scale matrix (Q4_K as q4_1) gets no persistent panel under "auto" (its
+    float32 scales would add bytes to every decode token), one under "1"; a float-scale
+    matrix beside it gets its panel either way."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    compact = ql.CpuPackedLinear(PackedBlocks(Q.Q4_K, torch.from_numpy(random_blocks(Q.Q4_K, 64, 512, 3)),
+                                              (64, 512)), "int8x2")
+    plain = ql.CpuPackedLinear(PackedBlocks(Q.Q4_1, torch.from_numpy(random_blocks(Q.Q4_1, 64, 512, 4)),
+                                            (64, 512)), "int8x2")
+    assert ql.has_compact_scales(compact) and not ql.has_compact_scales(plain)
+    assert compact.qtype == plain.qtype == "q4_1"
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")
+    assert ql.plan_weight_panels([compact, plain]) == plain.weight_panels().numel()
+    assert not compact.use_panels and compact.weight_panels() is None and plain.use_panels
+    x = torch.randn(3, 512)
+    before = compact.linear(x)
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "1")
+    assert ql.plan_weight_panels([compact, plain]) > 0 and compact.use_panels
+    assert torch.equal(compact.linear(x), before)  # same bits with the panel

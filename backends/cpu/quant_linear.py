@@ -310,19 +310,31 @@ def panels_setting() -> str:
     return value
 
 
+def has_compact_scales(w: CpuPackedLinear) -> bool:
+    """Its d is compact (uint8 scales with a float32 per 256 weights), not float32."""
+    return w.d is not None and w.d.dtype == torch.uint8
+
+
 def plan_weight_panels(linears) -> int:
     """Sets ``use_panels`` on the int8-path matrices of one model
     (``linears``: its CpuPackedLinear objects, others are skipped) by
     panels_setting(), builds their panels for the active linear build (the
     layer stack takes them at construction) and logs once what they take.
-    Returns the panel bytes (0 when off or the build has none)."""
+    Returns the panel bytes (0 when off or the build has none).
+
+    "auto" leaves out matrices with compact scales (Q4_K as q4_1): their
+    panel holds the scales as float32, 0.75 bytes a weight against the
+    packed 0.59, which a decode token streams from DRAM (1B Q4_K_M on Zen 4:
+    batch-1 matmuls 18% slower with panels, 16 rows 5% faster; docs/cpu-linear.md)."""
     from paged import _C_cpu
 
+    setting = panels_setting()
     mats = [w for w in linears
-            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS]
+            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS
+            and (setting == "1" or not has_compact_scales(w))]
     if not mats:
         return 0
-    setting, packed = panels_setting(), sum(w.nbytes for w in mats)
+    packed = sum(w.nbytes for w in mats)
     on = setting == "1" or (setting == "auto" and packed <= PANEL_MAX_PACKED_BYTES)
     layout = _C_cpu.weight_panel_layout()
     for w in mats:
