@@ -239,7 +239,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
-  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
+  const ItemWidener widen = item_widener(kernels.widen_compact);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -309,12 +309,17 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     static thread_local Int8Panel panel;
     panel.widened = nullptr;  // widened codes serve this chunk's row groups only
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
-    widened.widen(a, n0, n1);
-    if (two.M) kernels.int8_rows(two, n0, n1, panel);
-    if (one.M) kernels.int8_rows(one, n0, n1, panel);
+    const ItemScales sc = widen.rows(a, n0, n1);
+    const auto with_scales = [&](LinearArgs g) {
+      g.d = sc.d;
+      g.m = sc.m;
+      return g;
+    };
+    if (two.M) kernels.int8_rows(with_scales(two), n0, n1, panel);
+    if (one.M) kernels.int8_rows(with_scales(one), n0, n1, panel);
     // the chunk's panel is in cache now (the int8 rows just swept it): its
     // bfloat16 tiles are made from it instead of read from a copy
-    if (bf.M) bf16->panel_rows(bf, a, n0, n1, panel);
+    if (bf.M) bf16->panel_rows(bf, with_scales(a), n0, n1, panel);
   });
 }
 
@@ -386,12 +391,11 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
   // compact scales: each chunk widens its rows
-  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
+  const ItemWidener widen = item_widener(kernels.widen_compact);
   parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
-    widened.widen(a, n0, n1);
-    kernel(a, n0, n1, scratch);
+    kernel(widen.item(a, n0, n1), n0, n1, scratch);
   });
 }
 
@@ -449,7 +453,7 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
   // compact scales: all rows, before the parallel loop
-  thread_widened_scales().attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
+  widen_all_rows(a, active_kernels().widen_compact);
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and

@@ -91,8 +91,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
-  const WidenedView widened = thread_widened_scales().attach(a, kernels.widen_compact);
-  float* const half = a.m ? grow(scratch.half, M * nh) : nullptr;
+  const ItemWidener widen = item_widener(kernels.widen_compact);
+  float* const half = a.m || a.m8 ? grow(scratch.half, M * nh) : nullptr;  // offsets (compact: widened per item)
   int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const bool parallel = M * a.N * K >= kSerialMacs;
   // a row group of few rows on packed codes: the kernel reads them (and takes bias * its half sums)
@@ -127,8 +127,10 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
-      if (two_terms || two_rows == 0) widened.widen(a, n0, n1);  // once: the first row group that runs
-      run_rows(kernel, unpack, packed_rows, s, n0, n1);
+      const LinearArgs item = widen.item(g, n0, n1);
+      S16Args si = s;
+      si.a = &item;
+      run_rows(kernel, unpack, packed_rows, si, n0, n1);
     });
   };
   run(0, two_rows, true);

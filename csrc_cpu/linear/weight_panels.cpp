@@ -94,7 +94,7 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
   nb::gil_scoped_release no_gil;
   // compact scales (compact_scales.h): all rows, the panels hold them transposed
-  thread_widened_scales().attach(a, active_kernels().widen_compact).widen(a, 0, a.N);
+  widen_all_rows(a, active_kernels().widen_compact);
   std::memcpy(dst, &h, sizeof h);
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;
