@@ -143,11 +143,10 @@ std::vector<AttentionBuild> attention_builds() {
   return {
 #if defined(PAGED_ISA_X86)
       // avx2 first, so auto (and every level) picks it on AVX-512 CPUs too:
-      // measured on a Zen 4, the avx512 build (its decode kernel and the lanes
-      // prompt kernel it enables) fails the accuracy gate's floors (auto agree
-      // 1458 < 1513, int8 831 < 900) that the same linear bits with avx2
-      // attention pass, and the lanes kernel breaks chunked-prefill invariance
-      // (tests/test_moe.py, qwen2moe). Opt in by name: set_kernel_build.
+      // the avx512 build (its decode kernel and the lanes prompt kernel it
+      // enables) fails the accuracy gate's floors that the same linear bits
+      // with avx2 attention pass, and the lanes kernel breaks chunked-prefill
+      // invariance (docs/results.md). Opt in by name: set_kernel_build.
       {"avx2", "avx2", attn::isa_avx2::attention, has_avx2},
       {"avx512", "avx512", attn::isa_avx512::attention, has_avx512},
 #elif defined(PAGED_ISA_ARM64)

@@ -43,9 +43,8 @@ inline void widen_compact_rows(const uint8_t* c, int64_t scales, int64_t K, int6
 // that row n's scales are at d + n * scales, the matrix-wide indexing every
 // kernel uses (only rows [n0, n1) are read through them; prefetches past
 // them compute their addresses as integers). A [N, scales] scratch per call
-// instead wrote and re-read 0.25 bytes a weight through the caches at decode:
-// 1B Q6_K on Zen 4, batch-1 matmuls 11% slower than float32 scales read
-// from DRAM (docs/cpu-linear.md).
+// instead wrote and re-read 0.25 bytes a weight through the caches at decode,
+// slower than float32 scales read from DRAM (docs/cpu-linear.md).
 struct ItemScales {
   const float* d;
   const float* m;
