@@ -120,14 +120,10 @@ constexpr std::array<PairTileFn, sizeof...(R)> pair_tile_table(std::integer_sequ
 
 }  // namespace
 
-// Few rows: few_rows on the codes as they lie. Else one pair panel per work
-// item (at most kI8ChunkRows rows: the driver's chunks), swept by tiles.
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
-  static constexpr auto few = few_rows_table(std::make_integer_sequence<int, int(kFewRows)>());
   static constexpr auto plain = pair_tile_table<false>(std::make_integer_sequence<int, kPairTileRows>());
   static constexpr auto offset = pair_tile_table<true>(std::make_integer_sequence<int, kPairTileRows>());
-  if (s.a->M <= kFewRows) return few[size_t(s.a->M - 1)](s, n0, n1);
-  for (int64_t n = n0; n < n1; n += kPanel) panel_rows(s, n, std::min(n1, n + kPanel), plain, offset, kPairTileCols);
+  rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols);
 }
 
 }  // namespace paged::cpu::linear::isa_avx512
