@@ -39,6 +39,12 @@ new MutationObserver(() => {
     window.__replyTexts.push(reply.textContent);
 }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
 """
+# the recent-requests table read in one script: the page re-renders it on every poll, so rows found
+# one call at a time can go stale between two calls
+RECENT_ROWS = """
+return [...document.querySelectorAll('#recent tbody tr')].map(
+  row => [row.dataset.id ?? null, [...row.querySelectorAll('td')].map(td => td.innerText.trim())]);
+"""
 # pixels of the throughput line's colour (#2f6fde) on its canvas
 LINE_PIXELS = """
 const c = document.getElementById('plot-throughput');
@@ -90,10 +96,11 @@ def screenshot_dir(tmp_path: Path) -> Path:
 
 
 def test_chat_streams_from_the_engine_and_the_engine_view_shows_it(browser, keyed, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, WAIT_S)
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))
     browser.get(f"{keyed.url}/?key={KEY}")
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#model option").get_attribute("value") == keyed.model)
     assert "key=" not in browser.current_url  # taken into local storage, out of the address bar
@@ -123,9 +130,8 @@ def test_chat_streams_from_the_engine_and_the_engine_view_shows_it(browser, keye
 
     # the engine view: the page's request listed with the numbers the API gave
     def page_row(d):
-        for row in d.find_elements(By.CSS_SELECTOR, "#recent tbody tr"):
-            cells = [c.text for c in row.find_elements(By.TAG_NAME, "td")]
-            if row.get_attribute("data-id") != oracle["id"] and cells[0].startswith("chatcmpl"):
+        for row_id, cells in d.execute_script(RECENT_ROWS):
+            if row_id != oracle["id"] and cells[0].startswith("chatcmpl"):
                 return cells
         return None
 
