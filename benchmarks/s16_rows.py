@@ -1,9 +1,11 @@
 """The s16 kernel's rate by rows of x, beside q4_1 (Q4_K's layout) on the
 same shapes (docs/cpu-linear.md, "GGUF types and the s16 layout"):
 
-    python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--threads 2] [--rounds 5] [--json PATH]
+    python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--activations int8x2|int8] [--threads 2]
+                                  [--rounds 5] [--json PATH]
 
-quant_linear with int8x2 activations (what "mixed" gives most matrices) on
+quant_linear with int8x2 activations (what "mixed" gives most matrices;
+--activations int8: its one-term layers' O, gate/up and down) on
 random codes of Q5_K's range with offsets ("s16.u5"), Q6_K's ("s16.s6")
 and q4_1 nibbles, at a 1B model's layer shapes (QKV 2560 x 2048, O 2048 x
 2048, gate+up 11264 x 2048, down 2048 x 5632), enough copies that the
@@ -51,7 +53,7 @@ def weights(layout: str, seed: int) -> list:
     return mats
 
 
-def rate(mats: list, rows: int, rounds: int) -> dict:
+def rate(mats: list, rows: int, rounds: int, activations: str) -> dict:
     from paged import _C_cpu as C
 
     x = {k: torch.randn(rows, k) for k in {k for _, k, *_ in mats}}
@@ -60,7 +62,7 @@ def rate(mats: list, rows: int, rounds: int) -> dict:
     for _ in range(rounds):
         t0 = time.perf_counter()
         for n, k, qtype, qs, d, m in mats:
-            C.quant_linear(x[k], qtype, qs, d, m, out[n], "int8x2")
+            C.quant_linear(x[k], qtype, qs, d, m, out[n], activations)
         best = min(best, time.perf_counter() - t0)
     flops = sum(2 * rows * n * k for n, k, *_ in mats)
     nbytes = sum(qs.numel() + d.numel() * 4 + (m.numel() * 4 if m is not None else 0) for _, _, _, qs, d, m in mats)
@@ -70,6 +72,7 @@ def rate(mats: list, rows: int, rounds: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=positive_int, nargs="+", default=[1, 2, 4, 8, 9, 16, 64, 128])
+    ap.add_argument("--activations", choices=["int8x2", "int8"], default="int8x2")
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--json", metavar="PATH")
@@ -77,16 +80,18 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from paged import _C_cpu as C
 
-    print(f"s16 kernel by rows: {C.linear_isa()} build, {args.threads} threads, best of {args.rounds}", flush=True)
+    print(f"s16 kernel by rows: {C.linear_isa()} build, {args.activations}, {args.threads} threads, "
+          f"best of {args.rounds}", flush=True)
     figures = {}
     for i, layout in enumerate(LAYOUTS):
         mats = weights(layout, seed=i)
         figures[layout] = {}
         for rows in args.rows:
-            figures[layout][rows] = r = rate(mats, rows, args.rounds)
+            figures[layout][rows] = r = rate(mats, rows, args.rounds, args.activations)
             print(f"{layout:7s} M={rows:4d}: {r['gflop_s']:6.1f} GFLOP/s  {r['gb_s']:5.1f} GB/s", flush=True)
         del mats
-    emit_json({"threads": args.threads, "isa": C.linear_isa(), "figures": figures}, args.json)
+    emit_json({"threads": args.threads, "isa": C.linear_isa(), "activations": args.activations, "figures": figures},
+              args.json)
     return 0
 
 

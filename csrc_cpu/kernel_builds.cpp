@@ -188,6 +188,7 @@ std::vector<LinearBuild> linear_builds() {
     k.build_panel_chunk = isa_avx512::build_panel_chunk;
     k = with_s16(k);
     k.s16_rows = isa_avx512::s16_rows;
+    k.s16_byte_tiles = true;
     return k;
   };
 #endif

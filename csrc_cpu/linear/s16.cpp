@@ -93,23 +93,28 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   // compact scales: each chunk widens its rows below
   const ItemWidener widen = item_widener(kernels.widen_compact);
   float* const half = a.m || a.m8 ? grow(scratch.half, M * nh) : nullptr;  // offsets (compact: widened per item)
-  int16_t* const c16 = M > kS16FewRows ? grow(scratch.c16, M * K) : nullptr;
   const bool parallel = M * a.N * K >= kSerialMacs;
-  // a row group of few rows on packed codes: the kernel reads them (and takes bias * its half sums)
-  const auto reads_packed = [&](int64_t rows) { return kernels.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8; };
-  int32_t* const half_bias = a.code_bits < 8 && a.code_bias ? grow(scratch.half_bias, M * nh) : nullptr;
+  // per row group (s16.h): packed codes read in place, the bias of its half sums, c16
+  const auto reads_packed = [&](int64_t rows) { return s16_reads_packed(kernels, a, rows); };
+  const auto group_bias = [&](int64_t rows, bool two_terms) { return s16_group_bias(kernels, a, rows, two_terms); };
+  const auto reads_c16 = [&](int64_t rows, bool two_terms) { return s16_reads_c16(kernels, a, rows, two_terms); };
+  const int64_t one_rows = M - two_rows;  // the rows without the low term
+  int16_t* const c16 = reads_c16(two_rows, true) || reads_c16(one_rows, false) ? grow(scratch.c16, M * K) : nullptr;
+  int32_t* const half_bias =
+      group_bias(two_rows, true) || group_bias(one_rows, false) ? grow(scratch.half_bias, M * nh) : nullptr;
   // the codes and scales do not depend on the weight's type: q8_0's quantizer (its corr and sums go unused)
   parallel_for(M, parallel, Schedule::Static, 1, [&](int64_t r) {
     kernels.x8_quantize(a.x + r * K, K, QType::Q8_0, codes + r * K, scale + r * nb, corr + r * nb, sums + r * nb);
     if (r < two_rows)
       kernels.x8_low_term(a.x + r * K, K, QType::Q8_0, codes + r * K, lo + r * K, scale + r * nb, lo_corr + r * nb,
                           sums + r * nb);
-    if (c16) pair_codes(codes + r * K, r < two_rows ? lo + r * K : nullptr, K, c16 + r * K);
-    // bias * the half sums for a row group the kernel runs on packed codes
-    int32_t* const bias = half_bias && reads_packed(r < two_rows ? two_rows : M - two_rows) ? half_bias + r * nh : nullptr;
+    const bool two = r < two_rows;
+    const int64_t group = two ? two_rows : one_rows;
+    if (reads_c16(group, two)) pair_codes(codes + r * K, two ? lo + r * K : nullptr, K, c16 + r * K);
+    const int32_t bias = group_bias(group, two);
     if (half || bias)
-      half_sums(codes + r * K, r < two_rows ? lo + r * K : nullptr, scale + r * nb, a.code_bias, K,
-                half ? half + r * nh : nullptr, bias);
+      half_sums(codes + r * K, two ? lo + r * K : nullptr, scale + r * nb, bias, K, half ? half + r * nh : nullptr,
+                bias ? half_bias + r * nh : nullptr);
   });
   const S16Kernel kernel = s16_kernel();
   const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
@@ -122,8 +127,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     g.x8_scale = scale + r0 * nb;
     g.out = a.out + r0 * a.N;
     const bool packed_rows = reads_packed(g.M);
-    int32_t* const bias = packed_rows ? half_bias : nullptr;
-    S16Args s{&g, half ? half + r0 * nh : nullptr, bias ? bias + r0 * nh : nullptr, c16 ? c16 + r0 * K : nullptr};
+    S16Args s{&g, half ? half + r0 * nh : nullptr, group_bias(g.M, two_terms) ? half_bias + r0 * nh : nullptr,
+              reads_c16(g.M, two_terms) ? c16 + r0 * K : nullptr};
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);

@@ -106,6 +106,14 @@ inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias
     }
 }
 
+// One-term calls of more than kS16FewRows rows on a build whose table says
+// s16_byte_tiles (the AVX-512 VNNI kernel) take no c16: the kernel
+// multiplies unsigned bytes u = q + kS16ByteBias (any int8 code fits) by
+// x's int8 codes as they lie (vpdpbusd, 4 products a lane where a pair of
+// int16 takes 2) and subtracts half_bias = kS16ByteBias * the half sums of
+// c: the same exact int32 sums.
+constexpr int32_t kS16ByteBias = 128;
+
 // One call's operands: the weight (a.qs, a.d / a.m [N, K/16]), its int8
 // codes (row n at codes + (n - codes_row0) * K: a.qs itself, or the rows a
 // driver unpacked from packed codes), x quantized (a.x8, a.x8_lo,
@@ -115,14 +123,30 @@ inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias
 struct S16Args {
   const LinearArgs* a;
   const float* xs = nullptr;
-  // [M, K/16] code_bias * the half's sum of c, for packed codes with a bias
-  // (the AVX2 few-rows kernel multiplies u = q + bias, then subtracts it)
+  // [M, K/16] bias * the half's sum of c: code_bias for packed codes read
+  // in place (the few-rows kernel multiplies u = q + bias, then subtracts
+  // it), kS16ByteBias for the byte tiles
   const int32_t* half_bias = nullptr;
   const int16_t* c16 = nullptr;
   const int8_t* codes = nullptr;
   int64_t codes_row0 = 0;
   const int8_t* row_codes(int64_t n) const { return codes + (n - codes_row0) * a->K; }
 };
+
+// What a row group of a call (rows of x, with or without int8x2's low
+// term) gets from the driver for build k's kernel: whether the kernel reads
+// packed codes in place, the bias its half sums carry in half_bias (0:
+// none), and whether it reads c16.
+inline bool s16_reads_packed(const Kernels& k, const LinearArgs& a, int64_t rows) {
+  return k.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8;
+}
+inline int32_t s16_group_bias(const Kernels& k, const LinearArgs& a, int64_t rows, bool two_terms) {
+  if (s16_reads_packed(k, a, rows)) return a.code_bias;
+  return k.s16_byte_tiles && rows > kS16FewRows && !two_terms ? kS16ByteBias : 0;
+}
+inline bool s16_reads_c16(const Kernels& k, const LinearArgs& a, int64_t rows, bool two_terms) {
+  return rows > kS16FewRows && !s16_group_bias(k, a, rows, two_terms);
+}
 
 namespace isa_scalar {
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1);

@@ -213,13 +213,13 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
       int32_t sum = 0;
       for (int64_t i = h * kS16Half; i < (h + 1) * kS16Half; ++i) sum += lo ? hi[i] * 256 + lo[i] : hi[i];
       xs[size_t(r * nh + h)] = x.x8_scale[size_t(r * nb + h / 2)] * float(sum);
-      half_bias[size_t(r * nh + h)] = bias * sum;
+      half_bias[size_t(r * nh + h)] = s16_group_bias(k, a, x.M, two_terms) * sum;
     }
     pair_codes(hi, lo, K, c16.data() + r * K);
   }
-  const bool reads_packed = bits != 8 && k.s16_packed_few_rows && x.M <= kS16FewRows;
-  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), reads_packed && bias ? half_bias.data() : nullptr,
-             x.M > kS16FewRows ? c16.data() : nullptr};
+  const bool reads_packed = s16_reads_packed(k, a, x.M);
+  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), s16_group_bias(k, a, x.M, two_terms) ? half_bias.data() : nullptr,
+             s16_reads_c16(k, a, x.M, two_terms) ? c16.data() : nullptr};
   const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
   const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
   std::vector<int8_t> rows(size_t(kI8ChunkRows * K));

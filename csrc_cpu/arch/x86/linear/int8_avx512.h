@@ -46,6 +46,11 @@ struct PanelView {
 // (a.panels; with `scales_only` false, a 4-bit one's codes widened to bytes
 // in `scratch`), else built into `scratch` (codes unless `scales_only`).
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch);
+// Rows [0, rows) (at most kPanel) of int8 codes, K apart, as a panel's byte
+// codes (PanelView::codes' layout, the code + 128: q8_0's panel), into dst
+// (K / kBlock * kBlockBytes bytes, 64-byte aligned): s16's one-term prompt
+// rows (kernel_s16_avx512.cpp).
+void byte_panel_codes(const int8_t* codes, int64_t K, int rows, uint8_t* dst);
 // out[r0 .. r1, n0 .. n1] from a panel with codes, by the VNNI register tiles.
 void panel_rows(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int64_t n0, int64_t n1);
 

@@ -490,6 +490,17 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
 
 }  // namespace
 
+void byte_panel_codes(const int8_t* codes, int64_t K, int rows, uint8_t* dst) {
+  LinearArgs a{};  // q8_0's rows of K codes: their panel is this one
+  a.qtype = QType::Q8_0;
+  a.N = rows;
+  a.K = K;
+  a.qs = reinterpret_cast<const uint8_t*>(codes);
+  const PanelView p{dst, nullptr, nullptr};
+  for (int c = 0; c < kCols; ++c)
+    build_column<QType::Q8_0>(a, c * kLanes, int(std::clamp<int64_t>(rows - c * kLanes, 0, kLanes)), c, p);
+}
+
 // x's blocks quantized as int8.h defines (bitwise the scalar build's), 32
 // values in two vectors: |x| and a finiteness test, the maximum, one scalar
 // division for dx, then per vector a division, clamp, rounding to nearest

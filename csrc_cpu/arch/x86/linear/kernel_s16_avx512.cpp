@@ -6,6 +6,9 @@
 //    slot one vpdpwssd per 16 outputs and x row: a half's sums for 4 x rows
 //    by the item's 32 weight rows in 64 instructions, where the AVX2 tile
 //    takes 256 (vpmaddwd, then vpaddd, on 8 rows a vector);
+//  - one-term prompt rows (s16.h, kS16ByteBias): a byte panel instead (the
+//    int8 build's q8_0 panel of the codes + 128), one vpdpbusd per 4 codes
+//    of 16 weight rows and an x row: half the instructions of the pairs;
 //  - few rows (decode): the AVX2 kernel with vpdpbusd for vpmaddubsw +
 //    vpmaddwd (256-bit, AVX512VL): int8x2's two terms in 3 instructions
 //    instead of 5.
@@ -17,6 +20,7 @@
 #include <utility>
 
 #include "arch/target.h"
+#include "arch/x86/linear/int8_avx512.h"
 #include "linear/aligned.h"
 #include "linear/int8.h"
 #include "linear/s16.h"
@@ -71,10 +75,45 @@ __attribute__((always_inline)) inline void half_pair_sums(const uint8_t* w, cons
   }
 }
 
-// out[r0 .. r0+R, the item's valid rows]: per block and half, the half's 8
-// slots by x's pairs (exact int32), then its chain's step; with offsets,
+// The byte panel's half H of block b (its steps 4H .. 4H+3, each 4 codes of
+// the item's 32 weight rows as u = q + 128) by R x rows' int8 codes: exact
+// sums, started at -half_bias (s16.h).
+template <int R, int H>
+__attribute__((always_inline)) inline void half_byte_sums(const uint8_t* w, const S16Args& s, int64_t r0, int64_t b,
+                                                          __m512i isum[R][kZmmCols]) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nh = K / kS16Half;
+  for (int r = 0; r < R; ++r) {
+    const __m512i start = _mm512_set1_epi32(-s.half_bias[(r0 + r) * nh + 2 * b + H]);
+    for (int j = 0; j < kZmmCols; ++j) isum[r][j] = start;
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const int st = 4 * H + i;
+    __m512i wv[kZmmCols];
+    for (int j = 0; j < kZmmCols; ++j) wv[j] = _mm512_load_si512(w + (st * kZmmCols + j) * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a.x8 + (r0 + r) * K + b * kBlock + 4 * st, sizeof quad);
+      const __m512i xb = _mm512_set1_epi32(quad);
+      for (int j = 0; j < kZmmCols; ++j) isum[r][j] = _mm512_dpbusd_epi32(isum[r][j], wv[j], xb);
+    }
+  }
+}
+
+// A work item's byte panel (codes only; byte_panel_codes).
+void byte_panel(const S16Args& s, int64_t n0, const int valid[kCols], PairPanel& p) {
+  p.codes.resize(size_t(s.a->K / kBlock * kBlockBytes));
+  int rows = 0;
+  for (int c = 0; c < kCols; ++c) rows += valid[c];
+  byte_panel_codes(s.row_codes(n0), s.a->K, rows, p.codes.data());
+}
+
+// out[r0 .. r0+R, the item's valid rows]: per block and half, the half's
+// exact sums (Bytes: the byte panel by x's int8 codes; else the pair
+// panel's 8 slots by x's pairs), then its chain's step; with offsets,
 // chunk_offsets' sums added.
-template <int R, bool HasM>
+template <int R, bool HasM, bool Bytes>
 void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock;
@@ -92,14 +131,22 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
     }
   };
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = p.codes.data() + b * kPairBlockBytes + c0 * 32;
-    const int16_t* x[R];
-    for (int r = 0; r < R; ++r) x[r] = s.c16 + (r0 + r) * K + b * kBlock;
     __m512i isum[R][kZmmCols];
-    half_pair_sums<R, 0>(w, x, isum);
-    step(0, b, isum);
-    half_pair_sums<R, 1>(w, x, isum);
-    step(1, b, isum);
+    if constexpr (Bytes) {  // the item's whole width (c0 == 0)
+      const uint8_t* w = p.codes.data() + b * kBlockBytes;
+      half_byte_sums<R, 0>(w, s, r0, b, isum);
+      step(0, b, isum);
+      half_byte_sums<R, 1>(w, s, r0, b, isum);
+      step(1, b, isum);
+    } else {
+      const uint8_t* w = p.codes.data() + b * kPairBlockBytes + c0 * 32;
+      const int16_t* x[R];
+      for (int r = 0; r < R; ++r) x[r] = s.c16 + (r0 + r) * K + b * kBlock;
+      half_pair_sums<R, 0>(w, x, isum);
+      step(0, b, isum);
+      half_pair_sums<R, 1>(w, x, isum);
+      step(1, b, isum);
+    }
   }
   for (int j = 0; j < kZmmCols; ++j) {
     const int rows = valid[c0 + 2 * j] + valid[c0 + 2 * j + 1];  // the valid rows come first
@@ -113,16 +160,24 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
   }
 }
 
-template <bool HasM, int... R>
+template <bool HasM, bool Bytes, int... R>
 constexpr std::array<PairTileFn, sizeof...(R)> pair_tile_table(std::integer_sequence<int, R...>) {
-  return {&pair_tile<R + 1, HasM>...};
+  return {&pair_tile<R + 1, HasM, Bytes>...};
 }
 
 }  // namespace
 
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
-  static constexpr auto plain = pair_tile_table<false>(std::make_integer_sequence<int, kPairTileRows>());
-  static constexpr auto offset = pair_tile_table<true>(std::make_integer_sequence<int, kPairTileRows>());
+  using Rows = std::make_integer_sequence<int, kPairTileRows>;
+  static constexpr auto plain = pair_tile_table<false, false>(Rows());
+  static constexpr auto offset = pair_tile_table<true, false>(Rows());
+  static constexpr auto byte_plain = pair_tile_table<false, true>(Rows());
+  static constexpr auto byte_offset = pair_tile_table<true, true>(Rows());
+  if (s.a->M > kFewRows && !s.c16) {  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
+    for (int64_t n = n0; n < n1; n += kI8ChunkRows)  // a panel each (kPanel, in both files' layouts)
+      panel_rows(s, n, std::min(n1, n + kI8ChunkRows), byte_plain, byte_offset, kPairTileCols, byte_panel);
+    return;
+  }
   rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols);
 }
 
