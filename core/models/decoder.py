@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from paged.core.models import elementwise
 from paged.core.models.config import ModelConfig
 from paged.core.models.layer_attention import layer_attention
 from paged.core.models.layers import MatrixRole, RotaryTable, SingleDevice, TorchLayerOps, linear, mlp_activation
@@ -394,7 +395,7 @@ class DecoderForCausalLM(nn.Module):
         accumulated and kept in float32 (soft-capped where the family does)."""
         logits = self.parallel.gather_logits(linear(hidden.float(), self.lm_head))
         cap = self.spec.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return logits if cap is None else elementwise.tanh(logits / cap) * cap
 
 
 __all__ = ["DecoderForCausalLM", "DecoderLayer", "DecoderStack", "DecoderLayerWeights", "expected_weight_shapes"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from paged.core.models import elementwise
 from paged.core.models.layers import SingleDevice, linear, mlp_activation
 from paged.core.models.spec import MlpSpec, MoeSpec
 
@@ -57,7 +58,7 @@ def route(logits: torch.Tensor, spec: MoeSpec) -> tuple[torch.Tensor, torch.Tens
     HF does) or by each logit's sigmoid, the top k, renormalised to sum to 1
     where the family does."""
     logits = logits.float()
-    scores = torch.softmax(logits, dim=-1) if spec.scoring == "softmax" else torch.sigmoid(logits)
+    scores = torch.softmax(logits, dim=-1) if spec.scoring == "softmax" else elementwise.sigmoid(logits)
     weights, ids = torch.topk(scores, spec.top_k, dim=-1)
     if spec.normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -159,7 +160,7 @@ class MoeMlp:
         act = mlp_activation(ops, linear(x, gate_up, first_prompt_row=first_prompt_row), self.mlp)
         y = self.parallel.output_projection(act, down, "shared", first_prompt_row=first_prompt_row)
         if self.shared_gate is not None:
-            y = torch.sigmoid(router_logits(x, self.shared_gate)) * y
+            y = elementwise.sigmoid(router_logits(x, self.shared_gate)) * y
         return y
 
 
