@@ -224,7 +224,7 @@ def measure_llama(path: str, args) -> dict | None:
         return None
     cmd = [args.llama_bench, "-m", path, "-t", str(args.threads), "-p", str(args.prompt_len), "-n",
            str(args.decode_tokens), "-o", "json", "-r", str(args.rounds)]
-    # on every CPU (_all_cpus): forked from this process's main thread, which the measured engine pinned to
+    # on every CPU (_all_cpus): forked from this process's main thread, which the measured engine pins to
     # one CPU, llama-bench had inherited that one CPU and ran its -t threads on it (1B Q5_K_M on Zen 4:
     # prompt 115.9 and decode 20.4 tok/s against 204 and 35.1 on two CPUs)
     rows = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, preexec_fn=_all_cpus).stdout)
