@@ -111,13 +111,15 @@ print(json.dumps({"batch1_decode_tok_s": (n - 1) / (end - first), "batch1_ttft_s
 """
 
 
-def bench_llama_cpp(python: str, model_path: str, prompts, output_len: int, threads: int) -> dict:
+def bench_llama_cpp(python: str, model_path: str, prompts, output_len: int, threads: int, cpus=None) -> dict:
+    """llama-cpp-python in a child process on ``cpus`` (a forked child inherits the forking thread's CPU
+    set, and paged's engine pins this process's main thread to one CPU)."""
     import subprocess
 
     cfg = {"model": model_path, "prompts": prompts, "output_len": output_len, "threads": threads,
            "n_ctx": max(len(p) for p in prompts) + output_len + 16, "eos": 2}
     r = subprocess.run([python, "-c", _LLAMA_CPP_SCRIPT], input=json.dumps(cfg), capture_output=True,
-                       text=True, timeout=3600)
+                       text=True, timeout=3600, preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     if r.returncode != 0:
         raise SystemExit(f"llama-cpp-python run failed: {r.stderr.strip()[-500:]}")
     return {"system": "llama.cpp", "dtype": "gguf", "threads": threads, **json.loads(r.stdout.strip().splitlines()[-1])}
@@ -142,7 +144,8 @@ def main(argv=None) -> int:
     model_path = str(resolve_model(args.model))
     prompts = make_prompts(args.num_prompts, args.input_len, 49152)
     # before paged's engine pins this thread to one CPU: the peer gets every CPU we have
-    num_cpus = len(os.sched_getaffinity(0))
+    start_cpus = os.sched_getaffinity(0)
+    num_cpus = len(start_cpus)
     results = []
     for name in args.systems.split(","):
         system, _, short = name.strip().partition("-")
@@ -158,7 +161,7 @@ def main(argv=None) -> int:
     if args.llama_cpp_python:
         print("running llama.cpp ...", file=sys.stderr, flush=True)
         results.append(bench_llama_cpp(args.llama_cpp_python, model_path, prompts, args.output_len,
-                                       num_cpus))
+                                       num_cpus, start_cpus))
 
     base = next((r for r in results if r["system"] == "hf-transformers" and r["dtype"] == "float32"), None)
     print(f"\n{args.num_prompts} prompts x {args.input_len} in / {args.output_len} out, {os.cpu_count()} CPUs")
