@@ -189,6 +189,7 @@ std::vector<LinearBuild> linear_builds() {
     k = with_s16(k);
     k.s16_rows = isa_avx512::s16_rows;
     k.s16_byte_tiles = true;
+    k.int8_reads_compact_scales = true;
     return k;
   };
 #endif

@@ -309,7 +309,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     static thread_local Int8Panel panel;
     panel.widened = nullptr;  // widened codes serve this chunk's row groups only
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
-    const ItemScales sc = widen.rows(a, n0, n1);
+    // compact scales widened here, or by the kernel as it transposes them
+    const ItemScales sc = kernels.int8_reads_compact_scales ? ItemScales{a.d, a.m} : widen.rows(a, n0, n1);
     const auto with_scales = [&](LinearArgs g) {
       g.d = sc.d;
       g.m = sc.m;

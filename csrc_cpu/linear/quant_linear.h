@@ -167,6 +167,8 @@ struct Kernels {
   const char* panel_layout = nullptr;
   int64_t (*panel_chunk_bytes)(QType t, int64_t K) = nullptr;
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
+  // int8_rows widens compact scales itself (LinearArgs::d8 / m8): the driver leaves them compact
+  bool int8_reads_compact_scales = false;
   // the s16 layout's int8 paths (null: the scalar definition, isa_scalar::s16_rows)
   S16Kernel s16_rows = nullptr;
   // the f16 / bf16 layouts (null: the scalar definition, isa_scalar::half_rows)

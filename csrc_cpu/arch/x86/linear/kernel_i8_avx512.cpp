@@ -43,6 +43,7 @@
 
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
+#include "linear/compact_scales.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
 // pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
@@ -177,9 +178,49 @@ void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelV
   }
 }
 
-// Column c (rows n0 .. n0 + rows) of the panel's scales.
+// Rows n0 .. n0 + rows of compact scales (compact_scales.h: a byte per
+// block, then a float32 per 256 weights) into column c of dst [nb][kPanel],
+// widened and transposed in one pass: per 16 blocks the rows' bytes as
+// dwords, transposed, then each block's 16 codes converted and multiplied
+// by their super-blocks' floats (gathered once per 8 blocks):
+// fl(super * float(byte)), the widened floats bit for bit, without writing
+// and re-reading them (at decode that was a fifth of a Q4_K token).
+void transpose_compact_scales(const uint8_t* c8, int64_t K, int64_t n0, int rows, int c, float* dst) {
+  const int64_t nb = K / kBlock, row_bytes = compact_row_bytes(nb, K), per_super = kCompactWeights / kBlock;
+  const uint8_t* base = c8 + n0 * row_bytes;
+  const auto live = __mmask16((1u << rows) - 1);
+  const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(int32_t(row_bytes)));
+  for (int i = 0; i < rows; ++i)  // the thread's item after next, as load_rows prefetches
+    for (int64_t at = 0; at < row_bytes; at += 64) prefetch_ahead(base + i * row_bytes + at, kAhead * row_bytes);
+  __m512 super = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const int64_t count = std::min<int64_t>(16, nb - b0);
+    const auto in_row = __mmask16((1u << count) - 1);
+    __m512i v[16];
+    for (int i = 0; i < 16; ++i)
+      v[i] = _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(i < rows ? in_row : 0, base + i * row_bytes + b0));
+    transpose16(v);  // v[j]: block b0 + j's codes of the 16 rows
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t b = b0 + j;
+      if (b % per_super == 0)
+        super = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live,
+                                         _mm512_add_epi32(row_at, _mm512_set1_epi32(int32_t(nb + 4 * (b / per_super)))),
+                                         base, 1);
+      _mm512_store_ps(dst + b * kPanel + c * kLanes, _mm512_mul_ps(super, _mm512_cvtepi32_ps(v[j])));
+    }
+  }
+}
+
+// Column c (rows n0 .. n0 + rows) of the panel's scales: float32 d (and
+// q4_1's m) transposed, or compact ones widened on the way.
 template <QType T>
 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+  if (a.d8 && (T != QType::Q4_1 || a.m8)) {
+    transpose_compact_scales(a.d8, a.K, n0, rows, c, p.d);
+    if constexpr (T == QType::Q4_1) transpose_compact_scales(a.m8, a.K, n0, rows, c, p.m);
+    return;
+  }
   transpose_scales(a.d, a.blocks(), n0, rows, c, p.d);
   if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m);
 }
