@@ -173,6 +173,7 @@ std::vector<LinearBuild> linear_builds() {
     k.widen_compact = isa_avx2::widen_compact;
     k.s16_unpack = isa_avx2::s16_unpack;
     k.s16_packed_few_rows = true;
+    k.s16_few_rows_reads_compact = true;
     return k;
   };
   // avx2's int8x2 pair tiles (int8.h, pair_min_rows)

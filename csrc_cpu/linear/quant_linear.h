@@ -179,6 +179,8 @@ struct Kernels {
   S16Unpack s16_unpack = nullptr;
   // s16_rows reads packed codes itself in calls of at most kS16FewRows rows
   bool s16_packed_few_rows = false;
+  // s16_rows widens compact scales itself in calls of at most kS16FewRows rows
+  bool s16_few_rows_reads_compact = false;
   // s16_rows runs one-term calls of more than kS16FewRows rows on bytes
   // (s16.h, kS16ByteBias): they get half_bias, and no c16
   bool s16_byte_tiles = false;

@@ -132,7 +132,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
-      const LinearArgs item = widen.item(g, n0, n1);
+      // compact scales widened here, or by the few-rows kernel in registers
+      const LinearArgs item = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows ? g : widen.item(g, n0, n1);
       S16Args si = s;
       si.a = &item;
       run_rows(kernel, unpack, packed_rows, si, n0, n1);

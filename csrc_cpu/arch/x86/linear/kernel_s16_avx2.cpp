@@ -23,6 +23,7 @@
 
 #include "arch/target.h"
 #include "linear/aligned.h"
+#include "linear/compact_scales.h"
 #include "linear/int8.h"
 #include "linear/s16.h"
 

@@ -22,6 +22,7 @@
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
 #include "linear/aligned.h"
+#include "linear/compact_scales.h"
 #include "linear/int8.h"
 #include "linear/s16.h"
 
