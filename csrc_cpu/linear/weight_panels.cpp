@@ -93,8 +93,9 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
   nb::gil_scoped_release no_gil;
-  // compact scales (compact_scales.h): all rows, the panels hold them transposed
-  widen_all_rows(a, active_kernels().widen_compact);
+  // compact scales (compact_scales.h): the panels hold them widened and transposed, by the
+  // build as it transposes them (int8_reads_compact_scales) or from all rows widened here
+  if (!active_kernels().int8_reads_compact_scales) widen_all_rows(a, active_kernels().widen_compact);
   std::memcpy(dst, &h, sizeof h);
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;

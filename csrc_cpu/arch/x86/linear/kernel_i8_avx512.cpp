@@ -213,10 +213,11 @@ void transpose_compact_scales(const uint8_t* c8, int64_t K, int64_t n0, int rows
 }
 
 // Column c (rows n0 .. n0 + rows) of the panel's scales: float32 d (and
-// q4_1's m) transposed, or compact ones widened on the way.
+// q4_1's m) transposed, or compact ones widened on the way (only q4_1 has
+// them, always with compact m: checked at the boundary).
 template <QType T>
 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
-  if (a.d8 && (T != QType::Q4_1 || a.m8)) {
+  if (a.d8) {
     transpose_compact_scales(a.d8, a.K, n0, rows, c, p.d);
     if constexpr (T == QType::Q4_1) transpose_compact_scales(a.m8, a.K, n0, rows, c, p.m);
     return;

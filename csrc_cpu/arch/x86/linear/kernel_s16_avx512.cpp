@@ -174,11 +174,8 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   static constexpr auto offset = pair_tile_table<true, false>(Rows());
   static constexpr auto byte_plain = pair_tile_table<false, true>(Rows());
   static constexpr auto byte_offset = pair_tile_table<true, true>(Rows());
-  if (s.a->M > kFewRows && !s.c16) {  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
-    for (int64_t n = n0; n < n1; n += kI8ChunkRows)  // a panel each (kPanel, in both files' layouts)
-      panel_rows(s, n, std::min(n1, n + kI8ChunkRows), byte_plain, byte_offset, kPairTileCols, byte_panel);
-    return;
-  }
+  if (s.a->M > kFewRows && !s.c16)  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
+    return rows_with_tiles(s, n0, n1, byte_plain, byte_offset, kPairTileCols, byte_panel);
   rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols);
 }
 
