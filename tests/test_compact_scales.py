@@ -74,15 +74,31 @@ def test_dequantize_widens_compact_scales(qtype):
     assert same_bits(got, torch.from_numpy(quants.dequantize(raw, qtype).reshape(40, 512).astype("float32")))
 
 
-def test_weight_panels_widen_compact_scales():
+def test_weight_panels_keep_compact_scales():
+    """Persistent panels of compact scales keep them compact (a byte per block and
+    the supers, widened in registers): every call with them is bitwise the call
+    on the widened float32 scales, with that weight's own panels and without."""
     if not C.weight_panel_layout():
         pytest.skip("the active linear build has no persistent weight panels (avx512 only)")
     layout, qs, d, m = weight(Q.Q4_K, 40, 512, seed=9)
-    size = C.weight_panel_bytes(layout, dl(qs), dl(d), dl(m))
-    a, b = torch.empty(size, dtype=torch.uint8), torch.empty(size, dtype=torch.uint8)
-    C.build_weight_panels(layout, dl(qs), dl(d), dl(m), dl(a))
-    C.build_weight_panels(layout, dl(qs), *[dl(t) for t in widened(layout, d, m)], dl(b))
-    assert torch.equal(a, b)
+    wd, wm = widened(layout, d, m)
+
+    def panels(d_, m_):
+        out = torch.empty(C.weight_panel_bytes(layout, dl(qs), dl(d_), dl(m_)), dtype=torch.uint8)
+        C.build_weight_panels(layout, dl(qs), dl(d_), dl(m_), dl(out))
+        return out
+
+    compact, wide = panels(d, m), panels(wd, wm)
+    assert compact.numel() < wide.numel()  # 2 bytes a block and 8 a super-block per row, not 8 a block
+    gen = torch.Generator().manual_seed(4)
+    for rows in (1, 3, 8, 9, 20):  # in place from registers up to 8 rows, the tiles above
+        x = torch.randn(rows, 512, generator=gen)
+        for act in ("int8", "int8x2"):
+            want = linear(layout, x, qs, wd, wm, act)
+            for args in ((d, m, compact), (wd, wm, wide)):
+                out = torch.full((rows, 40), float("nan"))
+                C.quant_linear(dl(x), layout, dl(qs), dl(args[0]), dl(args[1]), dl(out), act, -1, dl(args[2]))
+                assert same_bits(out, want), (rows, act, args[2].numel())
 
 
 def test_compact_scales_bad_input_is_one_clear_error():

@@ -47,11 +47,17 @@ def call(x, qtype, qs, d, m, activations, two_term_rows=-1, panels=None) -> torc
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("n", [96, 72])  # whole chunks of 32 rows, and a partial last chunk
-def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n):
+@pytest.mark.parametrize("fp16_scales", [True, False], ids=["fp16-scales", "float32-scales"])
+def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n, fp16_scales):
     gen = torch.Generator().manual_seed(3)
     qs, d, m = random_weight(qtype, n, 8 * 32 + 64, gen)  # 10 blocks: transposes of 16 and the scalar rest
+    fp16_bytes = C.weight_panel_bytes(qtype, qs, d, m)
+    if not fp16_scales:  # GGUF's scales are fp16 values, which panels keep in 2 bytes; others need 4
+        d = d * (1 + 2**-20)
+        arrays = 2 if qtype == "q4_1" else 1  # d, and q4_1's m (float32 too: one form per panel)
+        assert C.weight_panel_bytes(qtype, qs, d, m) == fp16_bytes + arrays * ((n + 31) // 32) * 32 * 10 * 2
     panels = build(qtype, qs, d, m)
-    assert C.weight_panel_layout() == "avx512/2"
+    assert C.weight_panel_layout() == "avx512/3"
     for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to 8 rows, widened above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
@@ -138,14 +144,14 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     w = model.layers[0].gate_up
     x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
     first = w.weight_panels()
-    assert w._panels_layout == "avx512/2"
+    assert w._panels_layout == "avx512/3"
     with_panels = w.linear(x)
     w.use_panels = False
     assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
     w.use_panels = True
     if "amx" in C.supported_linear_isas():  # reads avx512's panels as they lie: the same tensor
         C.set_linear_isa("amx")
-        assert C.weight_panel_layout() == "avx512/2" and w.weight_panels() is first
+        assert C.weight_panel_layout() == "avx512/3" and w.weight_panels() is first
         assert torch.equal(w.linear(x), with_panels)
     others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
     for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused
@@ -197,10 +203,10 @@ def test_engine_greedy_output_is_the_same_with_and_without_panels(avx512, defaul
     assert texts["0"] == texts["1"]
 
 
-def test_auto_leaves_out_compact_scales(avx512, monkeypatch):
-    """A compact-scale matrix (Q4_K as q4_1) gets no persistent panel under "auto" (its
-    float32 scales would add bytes to every decode token), one under "1"; a float-scale
-    matrix beside it gets its panel either way."""
+def test_auto_gives_compact_scales_panels_of_their_packed_size(avx512, monkeypatch):
+    """A compact-scale matrix (Q4_K as q4_1) gets its persistent panel under "auto"
+    like a float-scale one, as large as its codes and compact scales (they stay
+    compact in it), and the same bits with it as without."""
     from gguf import GGMLQuantizationType as Q
     from test_quant_layouts import random_blocks
 
@@ -212,11 +218,12 @@ def test_auto_leaves_out_compact_scales(avx512, monkeypatch):
                                             (64, 512)), "int8x2")
     assert ql.has_compact_scales(compact) and not ql.has_compact_scales(plain)
     assert compact.qtype == plain.qtype == "q4_1"
-    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")
-    assert ql.plan_weight_panels([compact, plain]) == plain.weight_panels().numel()
-    assert not compact.use_panels and compact.weight_panels() is None and plain.use_panels
     x = torch.randn(3, 512)
     before = compact.linear(x)
-    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "1")
-    assert ql.plan_weight_panels([compact, plain]) > 0 and compact.use_panels
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")
+    total = ql.plan_weight_panels([compact, plain])
+    assert compact.use_panels and plain.use_panels
+    assert total == compact.weight_panels().numel() + plain.weight_panels().numel()
+    held = sum(t.numel() * t.element_size() for t in (compact.qs, compact.d, compact.m))  # codes, compact scales
+    assert compact.weight_panels().numel() == held + 64  # and the header
     assert torch.equal(compact.linear(x), before)  # same bits with the panel

@@ -36,8 +36,9 @@ kernel widen each 32-row chunk's codes and transpose its scales into a panel
 before sweeping it; ``use_panels`` keeps that panel for the whole matrix
 (``_C_cpu.build_weight_panels``, built on first use and again when the linear
 ISA changed) and passes it on every call: the kernel reads it wherever that
-is faster (every M but M = 1 of 4-bit types), with the same bits, for ~1.7x
-the packed q4 bytes (q8_0: 1x). ``plan_weight_panels`` switches
+is faster, with the same bits, for as many bytes as the packed matrix
+(the transposed nibbles or q8 codes, the scales kept fp16 or compact).
+``plan_weight_panels`` switches
 it on for a model (docs/kernels.md, "Weight panels").
 """
 
@@ -75,8 +76,8 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
 
 #: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
-#: most this many bytes get persistent panels (about that memory again: a
-#: panel holds as many code bytes as the packed weight, plus transposed scales).
+#: most this many bytes get persistent panels (that memory again: a panel
+#: holds as many bytes as the packed weight).
 PANEL_MAX_PACKED_BYTES = 1 << 30
 
 log = logging.getLogger(__name__)
@@ -320,18 +321,14 @@ def plan_weight_panels(linears) -> int:
     (``linears``: its CpuPackedLinear objects, others are skipped) by
     panels_setting(), builds their panels for the active linear build (the
     layer stack takes them at construction) and logs once what they take.
-    Returns the panel bytes (0 when off or the build has none).
-
-    "auto" leaves out matrices with compact scales (Q4_K as q4_1): their
-    panel holds the scales as float32, 0.75 bytes a weight against the
-    packed 0.59, which a decode token streams from DRAM (1B Q4_K_M on Zen 4:
-    batch-1 matmuls 18% slower with panels, 16 rows 5% faster; docs/cpu-linear.md)."""
+    Returns the panel bytes (0 when off or the build has none). A panel
+    holds as many bytes as the packed matrix: its scales stay fp16 values
+    or compact (Q4_K's bytes and supers) as the kernels widen them."""
     from paged import _C_cpu
 
     setting = panels_setting()
     mats = [w for w in linears
-            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS
-            and (setting == "1" or not has_compact_scales(w))]
+            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS]
     if not mats:
         return 0
     packed = sum(w.nbytes for w in mats)

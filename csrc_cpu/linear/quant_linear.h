@@ -69,6 +69,13 @@ enum class QType { Q4_0, Q4_1, Q8_0, S16 };
 // What the kernels multiply the weight codes by: x itself (the float32 paths
 // above), its int8 quantization (int8.h), or two int8 terms (int8.h).
 enum class Activations { Float32, Int8, Int8x2 };
+// How persistent weight panels (weight_panels.h) keep a chunk's block
+// scales: float32; fp16, when every d (and m) is an fp16 value (GGUF's
+// own scales, widened at load: exact); or Compact, a signed byte per block
+// and a float32 per 256 weights as compact scales hold them
+// (compact_scales.h). The kernels widen them in registers to the same
+// float32 values, so the form changes bytes, never bits.
+enum class PanelScales : int8_t { F32, F16, Compact };
 // "float32" / "int8" / "int8x2", else ValueError "activations: expected ..., got '<s>'".
 Activations parse_activations(const std::string& s);
 
@@ -113,8 +120,10 @@ struct LinearArgs {
     int64_t ld = 0;                   // block b of row r at b * ld + r
   } x8_bm;
   // The active build's persistent weight panels (weight_panels.h), checked
-  // at the boundary, or null: the int8 kernels then build each chunk's panel.
+  // at the boundary, or null: the int8 kernels then build each chunk's panel;
+  // and the form their scales are kept in (from the panels' header).
   const uint8_t* panels = nullptr;
+  PanelScales panel_scales = PanelScales::F32;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
@@ -163,9 +172,10 @@ struct Kernels {
   bool pair_tiles = false;
   // Persistent weight panels (weight_panels.h), for a build that has them:
   // the layout's name, the bytes of a chunk of kI8ChunkRows weight rows
-  // (int8.h), and chunk [n0, n1)'s panel built into dst (64-byte aligned).
+  // (int8.h) with its scales in that form, and chunk [n0, n1)'s panel built
+  // into dst (64-byte aligned), its scales in a.panel_scales' form.
   const char* panel_layout = nullptr;
-  int64_t (*panel_chunk_bytes)(QType t, int64_t K) = nullptr;
+  int64_t (*panel_chunk_bytes)(QType t, int64_t K, PanelScales scales) = nullptr;
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
   // int8_rows widens compact scales itself (LinearArgs::d8 / m8): the driver leaves them compact
   bool int8_reads_compact_scales = false;

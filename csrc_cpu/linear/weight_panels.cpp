@@ -4,12 +4,11 @@
 // x86-64's avx512 and amx).
 #include "linear/weight_panels.h"
 
-#include "linear/compact_scales.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+#include "attention/kernel_common.h"
 #include "attention/tensor_args.h"
 #include "kernel_builds.h"
 #include "linear/int8.h"
@@ -28,7 +27,7 @@ constexpr int64_t kHeaderBytes = 64;  // keeps the panels 64-byte aligned
 struct Header {
   char magic[8];
   char layout[24];
-  int64_t qtype, n, k, reserved;
+  int64_t qtype, n, k, scales;  // scales: the PanelScales form
 };
 static_assert(sizeof(Header) == kHeaderBytes, "the header is one cache line");
 
@@ -36,22 +35,39 @@ static_assert(sizeof(Header) == kHeaderBytes, "the header is one cache line");
 const char* layout_name() { return active_kernels().panel_layout; }
 
 // Bytes per chunk of the active build's layout, 0 when it has none.
-int64_t chunk_bytes(QType t, int64_t K) {
+int64_t chunk_bytes(QType t, int64_t K, PanelScales form) {
   const Kernels k = active_kernels();
-  return k.panel_chunk_bytes ? k.panel_chunk_bytes(t, K) : 0;
+  return k.panel_chunk_bytes ? k.panel_chunk_bytes(t, K, form) : 0;
+}
+
+// v's bits survive a round trip through fp16 (NaNs other than the one fp16 widens to do not)
+bool is_fp16_value(float v) {
+  const float back = attn::f16_to_float(attn::float_to_f16(v));
+  return std::memcmp(&back, &v, sizeof v) == 0;
+}
+
+// The most compact exact form of a's scales (PanelScales): compact scales
+// as they are; d (and m) as fp16 when each is an fp16 value (GGUF's, widened
+// at load), else float32. One pass over the scales, per build of the panels.
+PanelScales scales_form(const LinearArgs& a) {
+  if (a.d8) return PanelScales::Compact;
+  const int64_t count = a.N * a.blocks();
+  for (const float* s : {a.d, a.m})
+    if (s && !std::all_of(s, s + count, is_fp16_value)) return PanelScales::F32;
+  return PanelScales::F16;
 }
 
 int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8ChunkRows; }
 
-int64_t total_bytes(const LinearArgs& a) {
+int64_t total_bytes(const LinearArgs& a, PanelScales form) {
   if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
-  const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
+  const int64_t per_chunk = chunk_bytes(a.qtype, a.K, form);
   if (per_chunk == 0)
     fail("linear ISA", "a build with weight panels ('avx512', 'amx')", "'" + std::string(current_isa()) + "'");
   return kHeaderBytes + chunks(a) * per_chunk;
 }
 
-Header header_for(const LinearArgs& a) {
+Header header_for(const LinearArgs& a, PanelScales form) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   const std::string layout = weight_panel_layout();
@@ -59,43 +75,46 @@ Header header_for(const LinearArgs& a) {
   h.qtype = int64_t(a.qtype);
   h.n = a.N;
   h.k = a.K;
+  h.scales = int64_t(form);
   return h;
 }
 
-// `panels` as a uint8 1-D tensor of `bytes` bytes, 64-byte aligned.
-uint8_t* panel_data(const Array& panels, int64_t bytes) {
+// `panels` as a uint8 1-D tensor, 64-byte aligned, of `bytes` bytes (or, with
+// `header`, at least a header's, which is copied there for the caller to size it).
+uint8_t* panel_data(const Array& panels, int64_t bytes, Header* header = nullptr) {
   const attn::TensorArg t = attn::any_tensor("panels", panels);
   if (panels.dtype() != nb::dtype<uint8_t>() || t.shape.size() != 1)
     fail("panels", "a 1-D uint8 tensor", "shape " + t.shape_str());
-  if (t.dim(0) != bytes)
+  if (reinterpret_cast<uintptr_t>(t.data) % 64 != 0) fail("panels", "64-byte aligned data", "an offset view");
+  if (header && t.dim(0) >= kHeaderBytes) std::memcpy(header, t.data, sizeof *header);
+  if (!header && t.dim(0) != bytes)
     fail("panels", std::to_string(bytes) + " bytes for this weight (weight_panel_bytes)",
          std::to_string(t.dim(0)) + " bytes");
-  if (reinterpret_cast<uintptr_t>(t.data) % 64 != 0) fail("panels", "64-byte aligned data", "an offset view");
   return static_cast<uint8_t*>(t.data);
 }
 
 }  // namespace
 
-std::string weight_panel_layout() { return chunk_bytes(QType::Q4_0, kBlock) ? layout_name() + std::string("/2") : ""; }
+std::string weight_panel_layout() {
+  return chunk_bytes(QType::Q4_0, kBlock, PanelScales::F32) ? layout_name() + std::string("/3") : "";
+}
 
 int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m) {
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
-  return total_bytes(a);
+  return total_bytes(a, scales_form(a));
 }
 
 void build_weight_panels(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                          const Array& out) {
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);
-  uint8_t* dst = panel_data(out, total_bytes(a));
-  const Header h = header_for(a);
-  const int64_t per_chunk = chunk_bytes(a.qtype, a.K);
+  a.panel_scales = scales_form(a);
+  uint8_t* dst = panel_data(out, total_bytes(a, a.panel_scales));
+  const Header h = header_for(a, a.panel_scales);
+  const int64_t per_chunk = chunk_bytes(a.qtype, a.K, a.panel_scales);
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
   nb::gil_scoped_release no_gil;
-  // compact scales (compact_scales.h): the panels hold them widened and transposed, by the
-  // build as it transposes them (int8_reads_compact_scales) or from all rows widened here
-  if (!active_kernels().int8_reads_compact_scales) widen_all_rows(a, active_kernels().widen_compact);
   std::memcpy(dst, &h, sizeof h);
   parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
     const int64_t n0 = c * kI8ChunkRows;
@@ -111,15 +130,19 @@ bool weight_panels_match_build(const Array& panels) {
   return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && weight_panel_layout() == std::string(h.layout);
 }
 
-const uint8_t* check_panels(const LinearArgs& a, const Array& panels) {
-  const uint8_t* data = panel_data(panels, total_bytes(a));
-  Header h;
-  std::memcpy(&h, data, sizeof h);
-  const Header want = header_for(a);
+const uint8_t* check_panels(LinearArgs& a, const Array& panels) {
+  // the header's scale form where it fits a's scales (compact ones have one
+  // form); the whole header, then the size are checked against it
+  Header h{};
+  panel_data(panels, 0, &h);
+  a.panel_scales = a.d8 ? PanelScales::Compact
+                   : h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+  const int64_t bytes = total_bytes(a, a.panel_scales);  // fails under a build without panels
+  const Header want = header_for(a, a.panel_scales);
   if (std::memcmp(&h, &want, sizeof h) != 0)
     fail("panels", "panels built for this weight under linear ISA '" + std::string(current_isa()) + "'",
          "panels of another weight or build ('" + std::string(h.layout, strnlen(h.layout, sizeof h.layout)) + "')");
-  return data + kHeaderBytes;
+  return panel_data(panels, bytes) + kHeaderBytes;
 }
 
 }  // namespace paged::cpu::linear

@@ -5,10 +5,11 @@
 // every later call instead. The arithmetic and the bits are unchanged: the
 // kernel reads the same bytes from elsewhere.
 //
-// The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K),
-// then one panel per chunk of kI8ChunkRows weight rows, panel_chunk_bytes each
-// (the packed size: q8_0's codes as bytes, 4-bit codes as nibbles, plus the
-// scales). Only builds with a layout have panels (today "avx512", which the
+// The tensor: a 64-byte header (magic, the build's layout name, qtype, N, K,
+// the scales' PanelScales form), then one panel per chunk of kI8ChunkRows
+// weight rows, panel_chunk_bytes each (the packed size: q8_0's codes as
+// bytes, 4-bit codes as nibbles, the scales as fp16, compact or float32:
+// the most compact form that holds them exactly). Only builds with a layout have panels (today "avx512", which the
 // amx builds read too, a 4-bit chunk's nibbles widened to bytes per item);
 // quant_linear refuses a tensor whose header names another layout, qtype or
 // shape, so a cache built under one layout is never read by another
@@ -31,8 +32,8 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
                          const Array& out);
 // Whether `panels` (a tensor of any content) carries the active build's layout.
 bool weight_panels_match_build(const Array& panels);
-// The panel bytes past the header for the weight in `a` (qtype, N, K filled);
-// ValueError "panels: expected ..., got ..." when they do not fit it or the build.
-const uint8_t* check_panels(const LinearArgs& a, const Array& panels);
+// The panel bytes past the header for the weight in `a` (qtype, N, K filled),
+// a.panel_scales set to the form their header names; ValueError "panels: expected ..., got ..." when they do not fit it or the build.
+const uint8_t* check_panels(LinearArgs& a, const Array& panels);
 
 }  // namespace paged::cpu::linear

@@ -284,7 +284,7 @@ void check_widened_panels() {
       const X x = random_x(w, 1, isa_scalar::x8_quantize);
       std::vector<float> out;
       LinearArgs a = args(w, x, out);
-      const int64_t nb = K / kBlock, chunk = isa_avx512::panel_chunk_bytes(t, K);
+      const int64_t nb = K / kBlock, chunk = isa_avx512::panel_chunk_bytes(t, K, PanelScales::F32);
       const int64_t chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
       AlignedVector<uint8_t> persistent(size_t(chunks * chunk));
       for (int64_t c = 0; c < chunks; ++c)

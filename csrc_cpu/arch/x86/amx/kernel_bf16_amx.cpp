@@ -128,8 +128,8 @@ void panel_tiles(const isa_avx512::PanelView& p, int64_t nb, uint16_t* tiles) {
   const __m512i byte = _mm512_set1_epi32(0xFF);
   for (int c = 0; c < kCols; ++c)
     for (int64_t b = 0; b < nb; ++b) {
-      const __m512 d = _mm512_load_ps(p.d + b * kPanel + c * kLanes);
-      const __m512 m = T == QType::Q4_1 ? _mm512_load_ps(p.m + b * kPanel + c * kLanes) : _mm512_setzero_ps();
+      const __m512 d = isa_avx512::panel_scale(p, false, b, c);
+      const __m512 m = T == QType::Q4_1 ? isa_avx512::panel_scale(p, true, b, c) : _mm512_setzero_ps();
       uint16_t* dst = tiles + (c * nb + b) * kTileElems;
       for (int s = 0; s < kSteps; ++s) {  // codes 4s .. 4s+3 of 16 rows: tile rows 2s and 2s + 1
         const __m512i v = _mm512_load_si512(p.codes + ((b * kSteps + s) * kCols + c) * 64);

@@ -132,8 +132,8 @@ struct Column {
     const float* const dx = a.x8_bm.scale + at;
     const float* const xs = a.x8_bm.sum + at;
     const int32_t* const corr = a.x8_bm.corr + at;
-    const __m512 d = _mm512_load_ps(p.d + b * kPanel + c * kLanes);
-    const __m512 m = T == QType::Q4_1 ? _mm512_load_ps(p.m + b * kPanel + c * kLanes) : _mm512_setzero_ps();
+    const __m512 d = isa_avx512::panel_scale(p, false, b, c);
+    const __m512 m = T == QType::Q4_1 ? isa_avx512::panel_scale(p, true, b, c) : _mm512_setzero_ps();
     const int32_t* const hi = buf.sums[P][0];
     const int32_t* const lo = buf.sums[P][1];
 #pragma GCC unroll 16

@@ -5,8 +5,11 @@
 // AMX leaves to VNNI. Both builds' arithmetic is int8.h's, bitwise.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
+#include "arch/target.h"
 #include "linear/int8.h"
 
 namespace paged::cpu::linear::isa_avx512 {
@@ -24,23 +27,62 @@ constexpr int64_t kNibbleBlockBytes = kBlockBytes / 2;
 constexpr int64_t nibble_offset(int64_t b, int s, int c) { return ((b * 4 + s) * kCols + c) * 64; }
 
 // Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
-// caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m).
-// A persistent 4-bit panel keeps its codes as nibbles (half the bytes: at
-// decode they stream from memory), which the VNNI build reads in place and
-// chunk_panel widens to bytes for the AMX builds' tiles.
+// caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m,
+// in the panels' scale form, PanelScales). A persistent 4-bit panel keeps
+// its codes as nibbles (half the bytes: at decode they stream from memory),
+// which the VNNI build reads in place and chunk_panel widens to bytes for
+// the AMX builds' tiles. Kernels read the scales through panel_scale.
 struct PanelView {
   // [nb][kSteps][kCols][kLanes][4]: block b's codes 4s .. 4s+3 of column c's
   // row i at ((b * kSteps + s) * kCols + c) * 64 + 4 * i (unsigned: the
   // nibble, or the q8 code + 128); null in a persistent 4-bit view
   uint8_t* codes;
-  float* d;  // [nb][kPanel]
+  float* d;  // [nb][kPanel] (PanelScales::F32)
   float* m;  // [nb][kPanel], q4_1 only
   // A persistent panel streams from memory: while block b is swept, its
   // share (1/nb) of the chunk `ahead` bytes on (the thread's item after
   // next) is prefetched into L2, as the packed rows' reads do.
   int64_t ahead = 0;
   uint8_t* nibbles = nullptr;  // [nb] blocks of kNibbleBlockBytes (nibble_offset), persistent 4-bit panels
+  PanelScales scales = PanelScales::F32;
+  const uint16_t* d16 = nullptr;  // F16: [nb][kPanel] fp16 d, then q4_1's m
+  const uint16_t* m16 = nullptr;
+  const int8_t* d8 = nullptr;     // Compact: [nb][kPanel] bytes of d, then m,
+  const int8_t* m8 = nullptr;
+  const float* d_super = nullptr; // then [nb / 8][kPanel] float32 supers of d, then m
+  const float* m_super = nullptr;
 };
+
+// Blocks per super value of compact scales (compact_scales.h: one per 256 weights).
+constexpr int64_t kBlocksPerSuper = 256 / kBlock;
+
+// Chunk bytes of a panel's scales: per block, kPanel values of d (and q4_1's m).
+constexpr int64_t panel_scale_bytes(QType t, int64_t nb, PanelScales form) {
+  const int64_t per_block = form == PanelScales::F32 ? 4 * kPanel
+                            : form == PanelScales::F16 ? 2 * kPanel
+                                                       : kPanel + 4 * kPanel / kBlocksPerSuper;
+  return (t == QType::Q4_1 ? 2 : 1) * nb * per_block;
+}
+
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+// Block b's d (or, `offsets`, q4_1's m) of column c's 16 rows, as float32:
+// fp16 widened, or compact fl(super * float(byte)) -- the values the
+// F32 form holds, bit for bit.
+inline __attribute__((always_inline)) __m512 panel_scale(const PanelView& p, bool offsets, int64_t b, int c) {
+  const int64_t at = b * kPanel + c * kLanes;
+  switch (p.scales) {
+    case PanelScales::F16:
+      return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>((offsets ? p.m16 : p.d16) + at)));
+    case PanelScales::Compact: {
+      const float* super = (offsets ? p.m_super : p.d_super) + (b / kBlocksPerSuper) * kPanel + c * kLanes;
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>((offsets ? p.m8 : p.d8) + at));
+      return _mm512_mul_ps(_mm512_load_ps(super), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+    }
+    case PanelScales::F32: break;
+  }
+  return _mm512_load_ps((offsets ? p.m : p.d) + at);
+}
+PAGED_TARGET_END()
 
 // Chunk [n0, n1)'s panel for this call: a view of the persistent one
 // (a.panels; with `scales_only` false, a 4-bit one's codes widened to bytes

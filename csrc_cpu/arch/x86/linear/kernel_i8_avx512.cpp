@@ -27,12 +27,15 @@
 // (its panel is as large as its packed weight); 4-bit ones as the
 // transposed nibble dwords (kNibbleBlockBytes a block: as many bytes as the
 // packed codes), read in place by both paths in one sequential stream:
-// calls of <= kDirectRows rows by nibble_column, larger ones by tiles that
+// calls of <= kDirectRows rows by nibble_columns, larger ones by tiles that
 // split each nibble load into two steps' codes (an and and a shift, which
 // run beside vpdpbusd on the other vector pipes). Half the bytes of a panel
 // of one byte per code go through L1 and L2 (0.75 instead of 1.25 bytes per
 // 4-bit weight). The AMX builds, whose tiles load bytes, get a 4-bit item
-// widened once (widen_nibbles).
+// widened once (widen_nibbles). A persistent panel keeps its scales in
+// their most compact exact form (PanelScales: fp16, or compact bytes and
+// supers), which panel_scale widens per block: at decode float32 scales
+// were 0.5-1 bit more per weight streamed from DRAM.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,6 +46,7 @@
 
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
+#include "linear/aligned.h"
 #include "linear/compact_scales.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
@@ -61,7 +65,7 @@ namespace {
 constexpr int kTileRows1 = 6, kTileRows2 = 4;
 // Calls of up to this many rows skip the panel of codes (below it, building
 // the panel costs more than it saves); with persistent 4-bit panels they
-// take nibble_column, faster there than tiles over widened codes.
+// take nibble_columns, faster there than tiles over widened codes.
 constexpr int kDirectRows = 8;
 
 // Transposes a 16 x 16 matrix of dwords held one row per register.
@@ -233,12 +237,19 @@ PAGED_ALWAYS_INLINE __m512i broadcast4(const int8_t* p) {
 }
 
 // One block of 16 outputs: acc = fma(d * dx, float(isum), acc), then q4_1's
-// acc = fma(m, xs, acc); d and m point at the block's 16 panel lanes.
+// acc = fma(m, xs, acc); d and m: the block's 16 panel lanes (panel_scale).
 template <QType T>
-PAGED_ALWAYS_INLINE __m512 block_step(__m512 acc, __m512i isum, const float* d, const float* m, float dx, float xs) {
-  acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_load_ps(d), _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum), acc);
-  if constexpr (T == QType::Q4_1) acc = _mm512_fmadd_ps(_mm512_load_ps(m), _mm512_set1_ps(xs), acc);
+PAGED_ALWAYS_INLINE __m512 block_step(__m512 acc, __m512i isum, __m512 d, __m512 m, float dx, float xs) {
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(dx)), _mm512_cvtepi32_ps(isum), acc);
+  if constexpr (T == QType::Q4_1) acc = _mm512_fmadd_ps(m, _mm512_set1_ps(xs), acc);
   return acc;
+}
+
+// Block b's d and q4_1's m of column c (m unset for the other types).
+template <QType T>
+PAGED_ALWAYS_INLINE void block_scales(const PanelView& p, int64_t b, int c, __m512& d, __m512& m) {
+  d = panel_scale(p, false, b, c);
+  m = T == QType::Q4_1 ? panel_scale(p, true, b, c) : _mm512_setzero_ps();
 }
 
 // A row's int32 start for block b: corr (0 for q4_1, whose codes need no offset).
@@ -318,11 +329,12 @@ void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const
     if (p.ahead && r0 == 0) prefetch_block_share(base, p.ahead / (kAhead / kPanel), nb, b, p.ahead);
     __m512i isum[R][kCols];
     tile_sums<T, R, Two, Nib>(w, a, r0, b, isum);
+    __m512 d[kCols], m[kCols];
+    for (int c = 0; c < kCols; ++c) block_scales<T>(p, b, c, d[c], m[c]);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < kCols; ++c) {
-        const int64_t at = b * kPanel + c * kLanes, xb = (r0 + r) * nb + b;
-        acc[r][c] = block_step<T>(acc[r][c], isum[r][c], p.d + at, p.m + at, a.x8_scale[xb],
-                                  a.x8_sum[xb]);
+        const int64_t xb = (r0 + r) * nb + b;
+        acc[r][c] = block_step<T>(acc[r][c], isum[r][c], d[c], m[c], a.x8_scale[xb], a.x8_sum[xb]);
       }
   }
   for (int r = 0; r < R; ++r)
@@ -355,10 +367,9 @@ PAGED_ALWAYS_INLINE void direct_block(const LinearArgs& a, const PanelView& p, i
     sums(a.x8_lo, a.x8_lo_corr, lo);
     for (int r = 0; r < R; ++r) isum[r] = fold(isum[r], lo[r]);
   }
-  for (int r = 0; r < R; ++r) {
-    const int64_t at = b * kPanel + c * kLanes;
-    acc[r] = block_step<T>(acc[r], isum[r], p.d + at, p.m + at, a.x8_scale[r * nb + b], a.x8_sum[r * nb + b]);
-  }
+  __m512 d, m;
+  block_scales<T>(p, b, c, d, m);
+  for (int r = 0; r < R; ++r) acc[r] = block_step<T>(acc[r], isum[r], d, m, a.x8_scale[r * nb + b], a.x8_sum[r * nb + b]);
 }
 
 // Few rows of x (M = R <= kDirectRows) without persistent panels: out[0 ..
@@ -394,23 +405,28 @@ void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, _
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
 
-// The same for a persistent 4-bit panel: each block's codes are 4 nibble
-// vectors read in place (no transposes, one sequential stream), widened in
-// registers. While column 0 reads a block, the chunk's lines `p.ahead` bytes
-// on are prefetched, its share of them per block.
+// The same for a persistent 4-bit panel, both columns (rows under mask[c])
+// at once: each block's codes are 4 nibble vectors a column, read in place
+// and widened in registers, the chunk's bytes in order (one sequential
+// stream, as the hardware prefetchers like it). While a block is read, the
+// chunk's lines `p.ahead` bytes on are prefetched, its share of them per block.
 template <QType T, int R>
-void nibble_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
+void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
   const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[kCols][R];
+  for (int c = 0; c < kCols; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    if (c == 0) prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
-    __m512i w[8];
-    for (int s = 0; s < 4; ++s)
-      nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
-    direct_block<T, R>(a, p, b, c, w, acc);
+    prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
+    for (int c = 0; c < kCols; ++c) {
+      __m512i w[8];
+      for (int s = 0; s < 4; ++s)
+        nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
+      direct_block<T, R>(a, p, b, c, w, acc[c]);
+    }
   }
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
+  for (int c = 0; c < kCols; ++c)
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0 + c * kLanes, mask[c], acc[c][r]);
 }
 
 using DirectFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, int c, __mmask16 mask);
@@ -418,9 +434,10 @@ template <QType T, int... R>
 constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<int, R...>) {
   return {&direct_column<T, R + 1>...};
 }
+using NibbleFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, const __mmask16 mask[kCols]);
 template <QType T, int... R>
-constexpr std::array<DirectFn, sizeof...(R)> nibble_table(std::integer_sequence<int, R...>) {
-  return {&nibble_column<T, R + 1>...};
+constexpr std::array<NibbleFn, sizeof...(R)> nibble_table(std::integer_sequence<int, R...>) {
+  return {&nibble_columns<T, R + 1>...};
 }
 
 using TileFn = void (*)(const LinearArgs&, const PanelView&, int64_t r0, int64_t n0, const __mmask16 mask[kCols]);
@@ -436,13 +453,32 @@ constexpr std::array<TileFn, sizeof...(R)> tile_table(std::integer_sequence<int,
 PAGED_TARGET_END()
 
 // A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
-// or 4-bit nibbles), d, then q4_1's m.
-PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb) {
+// or 4-bit nibbles), then its scales in the panels' form: d, then q4_1's m
+// (Compact: their bytes, then their supers).
+PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form) {
   auto* base = const_cast<uint8_t*>(chunk);
-  const bool nibbles = t != QType::Q8_0;
-  auto* d = reinterpret_cast<float*>(base + nb * (nibbles ? kNibbleBlockBytes : kBlockBytes));
-  PanelView p{nibbles ? nullptr : base, d, t == QType::Q4_1 ? d + nb * kPanel : nullptr};
+  const bool nibbles = t != QType::Q8_0, q4_1 = t == QType::Q4_1;
+  uint8_t* scales = base + nb * (nibbles ? kNibbleBlockBytes : kBlockBytes);
+  PanelView p{nibbles ? nullptr : base, nullptr, nullptr};
   p.nibbles = nibbles ? base : nullptr;
+  p.scales = form;
+  const int64_t values = nb * kPanel;  // of d, and of m
+  switch (form) {
+    case PanelScales::F32:
+      p.d = reinterpret_cast<float*>(scales);
+      p.m = q4_1 ? p.d + values : nullptr;
+      break;
+    case PanelScales::F16:
+      p.d16 = reinterpret_cast<const uint16_t*>(scales);
+      p.m16 = q4_1 ? p.d16 + values : nullptr;
+      break;
+    case PanelScales::Compact:
+      p.d8 = reinterpret_cast<const int8_t*>(scales);
+      p.m8 = q4_1 ? p.d8 + values : nullptr;
+      p.d_super = reinterpret_cast<const float*>(scales + (q4_1 ? 2 : 1) * values);
+      p.m_super = q4_1 ? p.d_super + values / kBlocksPerSuper : nullptr;
+      break;
+  }
   return p;
 }
 
@@ -518,7 +554,7 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   // Without persistent panels, calls of few rows multiply the packed codes
   // from registers and more rows build the chunk's panel for the tiles. With
   // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
-  // 4-bit ones serve nibble_column up to kDirectRows and the tiles above.
+  // 4-bit ones serve nibble_columns up to kDirectRows and the tiles above.
   constexpr bool q8 = T == QType::Q8_0;
   const bool few = a.M <= kDirectRows && !(a.panels && q8);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
@@ -526,8 +562,8 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  const DirectFn fn = a.panels ? nibble[size_t(a.M - 1)] : direct[size_t(a.M - 1)];
-  for (int c = 0; c < kCols && mask[c]; ++c) fn(a, p, n0 + c * kLanes, c, mask[c]);
+  if (a.panels) return nibble[size_t(a.M - 1)](a, p, n0, mask);
+  for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
 }
 
 }  // namespace
@@ -613,22 +649,70 @@ void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* l
 
 PAGED_TARGET_END()  // baseline: panel_chunk_bytes
 
-int64_t panel_chunk_bytes(QType t, int64_t K) {
+int64_t panel_chunk_bytes(QType t, int64_t K, PanelScales scales) {
   const int64_t nb = K / kBlock;
-  return nb * (t == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) +
-         (t == QType::Q4_1 ? 2 : 1) * nb * kPanel * int64_t(sizeof(float));
+  return nb * (t == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) + panel_scale_bytes(t, nb, scales);
 }
 
-PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
+namespace {
 
-void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
+// Rows n0 .. n0 + kPanel of compact scales c8 (zero past n1) as a Compact
+// panel's bytes [nb][kPanel] and supers [nb / 8][kPanel]: a transpose, once
+// per matrix.
+void transpose_compact_bytes(const uint8_t* c8, int64_t K, int64_t n0, int64_t n1, int8_t* bytes, float* supers) {
+  const int64_t nb = K / kBlock, row_bytes = compact_row_bytes(nb, K);
+  for (int64_t i = 0; i < kPanel; ++i) {
+    const uint8_t* row = n0 + i < n1 ? c8 + (n0 + i) * row_bytes : nullptr;
+    for (int64_t b = 0; b < nb; ++b) bytes[b * kPanel + i] = row ? int8_t(row[b]) : 0;
+    for (int64_t g = 0; g < nb / kBlocksPerSuper; ++g) {
+      float super = 0.f;
+      if (row) std::memcpy(&super, row + nb + 4 * g, sizeof super);
+      supers[g * kPanel + i] = super;
+    }
+  }
+}
+
+}  // namespace
+
+PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
+namespace {
+
+// A chunk's F32 scales as fp16 (exact: the caller checked that they are fp16 values).
+void narrow_scales(const float* f32, int64_t values, uint16_t* f16) {
+  for (int64_t i = 0; i < values; i += kLanes)
+    _mm256_store_si256(reinterpret_cast<__m256i*>(f16 + i),
+                       _mm512_cvtps_ph(_mm512_load_ps(f32 + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <QType T>
+void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
+  const int64_t nb = a.blocks();
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  const PanelView p = chunk_view(dst, a.qtype, a.blocks());
+  PanelView p = chunk_view(dst, T, nb, a.panel_scales);
+  if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, false, p);
+  for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
+  if (p.scales == PanelScales::Compact) {
+    if constexpr (T == QType::Q4_1) {  // only q4_1 has compact scales, always with compact m (checked at the boundary)
+      transpose_compact_bytes(a.d8, a.K, n0, n1, const_cast<int8_t*>(p.d8), const_cast<float*>(p.d_super));
+      transpose_compact_bytes(a.m8, a.K, n0, n1, const_cast<int8_t*>(p.m8), const_cast<float*>(p.m_super));
+    }
+    return;
+  }
+  AlignedVector<float> wide(size_t((T == QType::Q4_1 ? 2 : 1) * nb * kPanel));  // the F32 form, then narrowed
+  p.d = wide.data();
+  p.m = T == QType::Q4_1 ? p.d + nb * kPanel : nullptr;
+  for (int c = 0; c < kCols; ++c) build_scales<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
+  narrow_scales(wide.data(), int64_t(wide.size()), const_cast<uint16_t*>(p.d16));
+}
+
+}  // namespace
+
+void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   switch (a.qtype) {
-    case QType::Q4_0: build<QType::Q4_0>(a, n0, mask, false, p); break;
-    case QType::Q4_1: build<QType::Q4_1>(a, n0, mask, false, p); break;
-    case QType::Q8_0: build<QType::Q8_0>(a, n0, mask, false, p); break;
+    case QType::Q4_0: build_chunk<QType::Q4_0>(a, n0, n1, dst); break;
+    case QType::Q4_1: build_chunk<QType::Q4_1>(a, n0, n1, dst); break;
+    case QType::Q8_0: build_chunk<QType::Q8_0>(a, n0, n1, dst); break;
     case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
   }
 }
@@ -638,8 +722,8 @@ PAGED_TARGET_END()  // baseline: chunk_panel
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
   if (a.panels) {
-    const int64_t chunk = panel_chunk_bytes(a.qtype, a.K);
-    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb);
+    const int64_t chunk = panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales);
     p.ahead = (kAhead / kPanel) * chunk;
     // This build reads the codes where they lie (and prefetches the chunk
     // kAhead rows on as it does); the AMX builds want a 4-bit chunk's codes
