@@ -26,7 +26,6 @@ bytes per step at 16 streams; they say nothing about accuracy
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from quant_types import (_value_type, copy_bandwidth, measure_llama, parse_arguments,  # noqa: E402
+from quant_types import (_value_type, copy_bandwidth, in_fresh_process, measure_llama, parse_arguments,  # noqa: E402
                          quantize_files, serve_streams)
 from timing import emit_json  # noqa: E402
 
@@ -187,21 +186,13 @@ def measure_paged(path: str, args) -> dict:
     return out
 
 
-def measure_paged_fresh(path: str, args) -> dict:
-    """measure_paged in a fresh process: an engine leaves its thread
-    binding and OpenMP pool in the process, and a second file measured after
-    it ran at about half speed (decode 30 vs 60 tok/s for the same file)."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(measure_paged, (path, args))
-
-
 def run(args) -> int:
     report = {"cpu": _cpu_name(), "threads": args.threads, "copy_gb_s": copy_bandwidth(),
               "shape": SHAPE, "prompt_len": args.prompt_len, "decode_tokens": args.decode_tokens,
               "streams": args.streams, "files": {}}
     print(f"{report['cpu']}; copy {report['copy_gb_s']:.1f} GB/s; {args.threads} threads; shape {SHAPE}")
     for path in args.files:
-        p = measure_paged_fresh(path, args)
+        p = in_fresh_process(measure_paged, path, args)
         lc = measure_llama(path, args)
         ratios = {k: p[k] / lc[k] for k in ("prefill_tok_s", "decode_tok_s") if lc and lc.get(k)}
         report["files"][os.path.basename(path)] = {"paged": p, "llama.cpp": lc, "ratios": ratios}

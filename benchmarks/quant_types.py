@@ -161,7 +161,7 @@ def copy_bandwidth() -> float:
 
 
 def weight_bytes(model) -> int | None:
-    """Bytes of the matrices a decode token reads (each packed weight once);
+    """Bytes of the matrices a decode token reads (each packed weight or its panel once);
     None for a mixture of experts, whose token reads only its routed
     experts (benchmarks/moe.py measures those models)."""
     if any(layer.gate_up is None for layer in model.layers):
@@ -175,9 +175,17 @@ def weight_bytes(model) -> int | None:
         if isinstance(mod, torch.Tensor):
             total += mod.numel() * mod.element_size()
         else:  # a fused matrix of row parts (CpuPackedLinear.parts) holds its bytes in its parts
-            total += sum(t.numel() * t.element_size() for part in (getattr(mod, "parts", None) or [mod])
-                         for t in (part.qs, part.d, part.m) if t is not None)
+            total += sum(read_bytes(part) for part in (getattr(mod, "parts", None) or [mod]))
     return total
+
+
+def read_bytes(w) -> int:
+    """What the kernels stream of one packed matrix: its persistent panel where
+    it has one (read instead of the packed arrays), else its packed arrays."""
+    panels = w.weight_panels() if hasattr(w, "weight_panels") else None
+    if panels is not None:
+        return panels.numel()
+    return sum(t.numel() * t.element_size() for t in (w.qs, w.d, w.m) if t is not None)
 
 
 def measure_paged(path: str, args) -> dict:
@@ -287,6 +295,17 @@ def serve_streams(path: str, args) -> dict:
     return got
 
 
+def in_fresh_process(fn, *args):
+    """fn(*args) in a spawned process: an engine leaves its thread binding,
+    OpenMP pool and freed heap in the process, so a second file measured
+    after it ran at about half speed (benchmarks/moe.py) and its RSS delta
+    started from the first one's heap (0.1-0.2x the file for 1B s16 files)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
 def run(args) -> int:
     bw = copy_bandwidth()
     report = {"copy_gb_s": bw, "threads": args.threads, "prompt_len": args.prompt_len,
@@ -296,7 +315,7 @@ def run(args) -> int:
     print(f"{'file':<34}{'MiB':>6}{'prefill':>9}{'lcpp':>8}{'ratio':>7}{'decode':>8}{'lcpp':>7}{'ratio':>7}"
           f"{'GB/s':>6}{'RSS-KV/file':>12}")
     for path in args.files:
-        p = measure_paged(path, args)
+        p = in_fresh_process(measure_paged, path, args)
         lc = measure_llama(path, args)
         report["files"][os.path.basename(path)] = {"paged": p, "llama.cpp": lc}
         ratio = lambda k: f"{p[k] / lc[k]:.2f}x" if lc and lc.get(k) else "-"  # noqa: E731
