@@ -91,3 +91,19 @@ def test_bad_input_is_a_clear_error():
         unpack(Q.IQ2_XXS, torch.zeros(1, 66, dtype=torch.uint8), (1, 256))
     with pytest.raises(ValueError, match=r"blocks: expected uint8 \[2, 420\] of Q6_K for shape \(2, 512\), got \[2, 200\]"):
         unpack(Q.Q6_K, torch.zeros(2, 200, dtype=torch.uint8), (2, 256 + 256))
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda q: q.name)
+def test_packed_embedding_rows_are_ggufs(qtype):
+    """A packed matrix looked up as an embedding (the kernels' dequantizer on
+    the picked rows, every layout and scale form) gives gguf's values, bit for bit."""
+    from paged.backends.cpu.quant_linear import CpuPackedLinear
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    rows, cols = 40, 512
+    raw = random_blocks(qtype, rows, cols, seed=21)
+    lin = CpuPackedLinear(PackedBlocks(qtype, torch.from_numpy(raw), (rows, cols)), "int8x2")
+    want = torch.from_numpy(quants.dequantize(raw, qtype).reshape(rows, cols).astype(np.float32))
+    ids = torch.tensor([[39, 0, 7], [7, 12, 39]])
+    got = lin.embedding(ids)
+    assert got.shape == (2, 3, cols) and torch.equal(got.view(torch.int32), want[ids].view(torch.int32))
