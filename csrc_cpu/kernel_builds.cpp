@@ -187,6 +187,7 @@ std::vector<LinearBuild> linear_builds() {
     k.panel_layout = "avx512";
     k.panel_chunk_bytes = isa_avx512::panel_chunk_bytes;
     k.build_panel_chunk = isa_avx512::build_panel_chunk;
+    k.unpack_panel_chunk = isa_avx512::unpack_panel_chunk;
     k = with_s16(k);
     k.s16_rows = isa_avx512::s16_rows;
     k.s16_byte_tiles = true;

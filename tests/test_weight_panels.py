@@ -167,16 +167,37 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     assert w.weight_panels() is first  # the same build's layout: kept
 
 
+def test_panels_replace_the_packed_arrays(avx512, monkeypatch):
+    """Planned panels hold the only copy of each matrix (release_packed): the
+    model's steps are bitwise those of a model without panels under the
+    panels' build, through the stack and the Python layers; under a build
+    without panels the stack declines and the Python layers unpack the
+    arrays again, bitwise what that build computes without panels."""
+    on, ob = tiny_model("int8x2", "1", monkeypatch)
+    off, fb = tiny_model("int8x2", "0", monkeypatch)
+    mats = [w for layer in on.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down) if not w.parts]
+    assert mats and all(w.packed_released for w in mats) and not off.layers[0].down.packed_released
+    ids, pos, meta = step([list(range(20))], [(0, 0, 20)], 0)
+    others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
+    for name in ["avx512"] + others:
+        C.set_linear_isa(name)
+        assert on.layer_stack.handles(20) == (name == "avx512")
+        for stack in ("1", "0"):
+            monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+            got = on(ids, pos, ob.allocate_kv_cache(len(on.layers), MAX_BLOCKS), meta)
+            want = off(ids, pos, fb.allocate_kv_cache(len(off.layers), MAX_BLOCKS), meta)
+            assert torch.equal(got, want), (name, stack)
+    assert others == [] or not on.layers[0].down.packed_released  # unpacked for the other build, kept
+
+
 def test_plan_policy(avx512, monkeypatch):
     model, _ = tiny_model("int8", "0", monkeypatch)
     mats = [layer.down for layer in model.layers]
-    packed = sum(w.nbytes for w in mats)
-    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")
-    monkeypatch.setattr(ql, "PANEL_MAX_PACKED_BYTES", packed - 1)
-    assert ql.plan_weight_panels(mats) == 0 and not any(w.use_panels for w in mats)
-    monkeypatch.setattr(ql, "PANEL_MAX_PACKED_BYTES", packed)
-    total = ql.plan_weight_panels(mats)
-    assert total == sum(C.weight_panel_bytes(w.qtype, w.qs, w.d, w.m) for w in mats) and all(w.use_panels for w in mats)
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "0")
+    assert ql.plan_weight_panels(mats) == 0 and not any(w.use_panels or w.packed_released for w in mats)
+    want = sum(C.weight_panel_bytes(w.qtype, w.qs, w.d, w.m) for w in mats)
+    monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "auto")  # at any size: they replace the packed arrays
+    assert ql.plan_weight_panels(mats) == want and all(w.use_panels and w.packed_released for w in mats)
     exact, _ = tiny_model("float32", "1", monkeypatch)  # the float32 paths have no panels
     assert ql.plan_weight_panels([layer.down for layer in exact.layers]) == 0
     assert not exact.layers[0].down.use_panels and exact.layers[0].down.weight_panels() is None
@@ -227,3 +248,48 @@ def test_auto_gives_compact_scales_panels_of_their_packed_size(avx512, monkeypat
     held = sum(t.numel() * t.element_size() for t in (compact.qs, compact.d, compact.m))  # codes, compact scales
     assert compact.weight_panels().numel() == held + 64  # and the header
     assert torch.equal(compact.linear(x), before)  # same bits with the panel
+
+
+def packed_like(qs, d, m):
+    return torch.empty_like(qs), torch.empty_like(d), None if m is None else torch.empty_like(m)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("fp16_scales", [True, False], ids=["fp16-scales", "float32-scales"])
+def test_unpack_gives_back_the_weight_under_any_build(avx512, qtype, fp16_scales):
+    """unpack_weight_panels is build_weight_panels' inverse, bit for bit (codes,
+    scales in either form, a partial last chunk), also after a switch to a
+    build without panels (a matrix that keeps only its panels needs its
+    arrays back there)."""
+    gen = torch.Generator().manual_seed(8)
+    qs, d, m = random_weight(qtype, 72, 8 * 32 + 64, gen)
+    if not fp16_scales:
+        d = d * (1 + 2**-20)
+    panels = build(qtype, qs, d, m)
+    for isa in ("avx512", "avx2"):
+        C.set_linear_isa(isa)
+        got = packed_like(qs, d, m)
+        C.unpack_weight_panels(qtype, panels, *got)
+        for a, b in zip(got, (qs, d, m)):
+            assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8)), isa
+    C.set_linear_isa("avx512")
+    with pytest.raises(ValueError, match="panels: expected panels built for this weight"):
+        C.unpack_weight_panels(qtype, panels, *packed_like(*random_weight(qtype, 40, 8 * 32 + 64, gen)))
+
+
+def test_unpack_gives_back_compact_scales():
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.quant_layouts import unpack
+
+    C.set_linear_isa("avx512")
+    try:
+        layout, qs, d, m = unpack(Q.Q4_K, torch.from_numpy(random_blocks(Q.Q4_K, 40, 512, 5)), (40, 512))
+        assert d.dtype == torch.uint8
+        panels = build(layout, qs, d, m)
+        got = packed_like(qs, d, m)
+        C.unpack_weight_panels(layout, panels, *got)
+        assert all(torch.equal(a, b) for a, b in zip(got, (qs, d, m)))
+    finally:
+        C.set_linear_isa("auto")

@@ -54,7 +54,16 @@ def enabled() -> bool:
 
 
 def _matrix(w: CpuPackedLinear):
-    return (w.kernel_qtype, dl(w.qs), dl(w.d), None if w.m is None else dl(w.m))
+    """add_layer's (qtype, qs, d, m): beside the matrix's panels, what its own
+    calls pass (CpuPackedLinear.kernel_arrays: stand-ins once released)."""
+    qs, d, m = w.kernel_arrays(w.weight_panels())
+    return (w.kernel_qtype, dl(qs), dl(d), None if m is None else dl(m))
+
+
+def native_layout() -> str:
+    from paged import _C_cpu
+
+    return _C_cpu.weight_panel_layout()
 
 
 def _row_parts(w: CpuPackedLinear) -> list:
@@ -170,8 +179,12 @@ def decline_reason(model) -> str | None:
 class LayerStack:
     """Python face of ``_C_cpu.LayerStack`` for one ``DecoderForCausalLM``."""
 
-    def __init__(self, native):
+    def __init__(self, native, released: bool = False):
         self._native = native
+        # matrices that keep only their panels (release_packed) run here only
+        # under the build the panels were made for; else the Python path (which
+        # unpacks their arrays again)
+        self._panel_layout = native_layout() if released else None
         self._bound = None  # the kv_caches list last handed to the C++ object
         self.activations = native.activations  # the packed linear's, as every layer's CpuPackedLinear
 
@@ -189,13 +202,15 @@ class LayerStack:
         native = _C_cpu.LayerStack(spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.hidden_size,
                                    spec.intermediate_size, spec.rms_norm_eps, backend.scale, backend.sliding_window,
                                    dl(spec.final_norm), layers[0].qkv.activations)
+        released = False
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             mats = _layer_matrices(layer)
+            released |= any(isinstance(w, CpuPackedLinear) and w.packed_released for w in mats)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _row_parts(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
                              _matrix(layer.down), _panels(mats), layer.o_proj.one_term, **_layer_shape(layer))
-        return cls(native)
+        return cls(native, released)
 
     @staticmethod
     def accepts(ops) -> bool:
@@ -209,7 +224,8 @@ class LayerStack:
         activations, fewer rows than the Python path's dense GEMM takes)."""
         dense_rows = packed_linear.DENSE_ROWS
         packed_rows = self.activations != "float32" or dense_rows <= 0 or num_tokens < dense_rows
-        return packed_rows and enabled()
+        same_panels = self._panel_layout is None or self._panel_layout == native_layout()
+        return packed_rows and same_panels and enabled()
 
     def run(self, hidden: torch.Tensor, rope_in, kv_caches, meta) -> torch.Tensor:
         """hidden [T, hidden] embedding rows (overwritten: they become the

@@ -35,11 +35,12 @@ Weight panels (int8 paths, avx512 build): calls of more than 8 rows make the
 kernel widen each 32-row chunk's codes and transpose its scales into a panel
 before sweeping it; ``use_panels`` keeps that panel for the whole matrix
 (``_C_cpu.build_weight_panels``, built on first use and again when the linear
-ISA changed) and passes it on every call: the kernel reads it wherever that
-is faster, with the same bits, for as many bytes as the packed matrix
-(the transposed nibbles or q8 codes, the scales kept fp16 or compact).
-``plan_weight_panels`` switches
-it on for a model (docs/kernels.md, "Weight panels").
+ISA changed) and passes it on every call: the kernel reads only it, with the
+same bits, as many bytes as the packed matrix (the transposed nibbles or q8
+codes, the scales kept fp16 or compact), so the matrix drops its packed
+arrays (``release_packed``) and unpacks them again only for a path without
+panels. ``plan_weight_panels`` switches it on for a model (docs/cpu-linear.md,
+"Weight panels").
 """
 
 from __future__ import annotations
@@ -74,11 +75,6 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 #: unpacked per work item, same bits; PAGED_S16_PACKED=0 keeps a byte per
 #: code (for paired timing).
 PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
-
-#: ``plan_weight_panels``' "auto" limit: models whose packed matrices total at
-#: most this many bytes get persistent panels (that memory again: a panel
-#: holds as many bytes as the packed weight).
-PANEL_MAX_PACKED_BYTES = 1 << 30
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +164,13 @@ class CpuPackedLinear:
         # a PackedParts' row groups, each a matrix of its own whose outputs linear() joins
         self.parts = [CpuPackedLinear(p, activations, one_term) for p in packed.parts] \
             if packed.kernel_type == "parts" else None
-        self.qs, self.d, self.m = (None, None, None) if self.parts else packed.fields()
+        qs, d, m = (None, None, None) if self.parts else packed.fields()
         # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) where they fit
         self.kernel_qtype = self.qtype
         if self.qtype == "s16" and PACK_S16_CODES:
-            self.qs, self.kernel_qtype = _packed_codes(self.qs)
+            qs, self.kernel_qtype = _packed_codes(qs)
+        self._arrays: tuple | None = (qs, d, m)  # None while only the panels hold them (release_packed)
+        self._released: list = []  # the released arrays' (shape, dtype)
         self.out_features, self.in_features = packed.shape
         self.nbytes = packed.nbytes
         self.use_panels = False  # persistent weight panels (plan_weight_panels)
@@ -184,6 +182,66 @@ class CpuPackedLinear:
         self.one_term = bool(one_term)
         self._panels: torch.Tensor | None = None
         self._panels_layout = ""  # the linear build _panels were built for
+
+    # The packed arrays (quant_linear's qs, d, m). A matrix whose persistent
+    # panels hold every bit of them may drop them (release_packed); reading
+    # one then unpacks them from the panels again (unpack_weight_panels), for
+    # the paths that do not read panels (another linear build, an embedding
+    # lookup), and keeps them.
+    @property
+    def qs(self) -> torch.Tensor | None:
+        return self._packed_arrays()[0]
+
+    @property
+    def d(self) -> torch.Tensor | None:
+        return self._packed_arrays()[1]
+
+    @property
+    def m(self) -> torch.Tensor | None:
+        return self._packed_arrays()[2]
+
+    def _packed_arrays(self) -> tuple:
+        if self._arrays is None:
+            from paged import _C_cpu
+
+            arrays = tuple(None if spec is None else torch.empty(spec[0], dtype=spec[1]) for spec in self._released)
+            _C_cpu.unpack_weight_panels(self.kernel_qtype, dl(self._panels), *(None if t is None else dl(t)
+                                                                                for t in arrays))
+            self._arrays = arrays
+        return self._arrays
+
+    @property
+    def packed_released(self) -> bool:
+        """Whether only the panels hold the packed arrays now (release_packed)."""
+        return self._arrays is None
+
+    def release_packed(self) -> int:
+        """Drops the packed arrays where the persistent panels hold them (the
+        kernels read only the panels then): at most the matrix's packed bytes
+        less in memory. Returns the bytes dropped."""
+        if self._arrays is None or self.weight_panels() is None:
+            return 0
+        self._released = [None if t is None else (tuple(t.shape), t.dtype) for t in self._arrays]
+        dropped = sum(t.numel() * t.element_size() for t in self._arrays if t is not None)
+        self._arrays = None
+        return dropped
+
+    def kernel_arrays(self, panels: torch.Tensor | None) -> tuple:
+        """quant_linear's qs, d, m beside ``panels``: the packed arrays, or
+        after release_packed stand-ins of their shapes and dtypes over the
+        panels' own bytes (a call given panels reads only them: quant_linear
+        checks the arrays' shapes and nothing reads their memory)."""
+        if self._arrays is not None or panels is None:
+            return self._packed_arrays()
+        out, at = [], 0
+        for spec in self._released:
+            if spec is None:
+                out.append(None)
+                continue
+            shape, dtype = spec
+            size = torch.Size(shape).numel() * dtype.itemsize
+            out.append(panels[at:at + size].view(dtype).view(shape))  # the panels are larger than each array
+        return tuple(out)
 
     def weight_panels(self) -> torch.Tensor | None:
         """The matrix's persistent int8 panels for the active linear build
@@ -255,7 +313,8 @@ class CpuPackedLinear:
         from paged import _C_cpu
 
         panels = self.weight_panels()  # the kernel decides per call whether to read them
-        _C_cpu.quant_linear(dl(x2), self.kernel_qtype, dl(self.qs), dl(self.d), dl(self.m), dl(out), activations,
+        qs, d, m = self.kernel_arrays(panels)
+        _C_cpu.quant_linear(dl(x2), self.kernel_qtype, dl(qs), dl(d), dl(m), dl(out), activations,
                             two_term_rows, None if panels is None else dl(panels), prompt_rows)
 
     def _dequantized(self) -> torch.Tensor:
@@ -310,7 +369,8 @@ PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0")
 
 def panels_setting() -> str:
     """PAGED_CPU_WEIGHT_PANELS: "0" (off), "1" (on whatever the size) or
-    "auto" (the default: on up to PANEL_MAX_PACKED_BYTES of packed weights)."""
+    "auto" (the default: on, as "1"; panels replace the packed arrays, so
+    they cost no memory and are kept at any model size)."""
     value = os.environ.get("PAGED_CPU_WEIGHT_PANELS", "auto")
     if value not in ("0", "1", "auto"):
         raise ValueError(f"PAGED_CPU_WEIGHT_PANELS: expected '0', '1' or 'auto', got {value!r}")
@@ -328,8 +388,10 @@ def plan_weight_panels(linears) -> int:
     panels_setting(), builds their panels for the active linear build (the
     layer stack takes them at construction) and logs once what they take.
     Returns the panel bytes (0 when off or the build has none). A panel
-    holds as many bytes as the packed matrix: its scales stay fp16 values
-    or compact (Q4_K's bytes and supers) as the kernels widen them."""
+    holds as many bytes as the packed matrix (its scales stay fp16 values
+    or compact, Q4_K's bytes and supers, as the kernels widen them) and
+    every bit of it, so the matrix then drops its packed arrays
+    (release_packed): one copy of the weights in memory."""
     from paged import _C_cpu
 
     setting = panels_setting()
@@ -337,18 +399,18 @@ def plan_weight_panels(linears) -> int:
             if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS]
     if not mats:
         return 0
-    packed = sum(w.nbytes for w in mats)
-    on = setting == "1" or (setting == "auto" and packed <= PANEL_MAX_PACKED_BYTES)
+    on = setting != "0"
     layout = _C_cpu.weight_panel_layout()
     for w in mats:
         w.use_panels = on
     if not on or not layout:
-        why = (f"linear ISA {_C_cpu.linear_isa()!r} has none" if on else
-               "PAGED_CPU_WEIGHT_PANELS=0" if setting == "0" else
-               f"packed weights {packed / 2**20:.0f} MiB > {PANEL_MAX_PACKED_BYTES / 2**20:.0f} MiB")
+        why = f"linear ISA {_C_cpu.linear_isa()!r} has none" if on else "PAGED_CPU_WEIGHT_PANELS=0"
         log.info("cpu weight panels: off (%s)", why)
         return 0
-    total = sum(w.weight_panels().numel() for w in mats)
-    log.info("cpu weight panels: %.0f MiB for %d matrices (%s; packed %.0f MiB; PAGED_CPU_WEIGHT_PANELS=0 turns "
-             "them off)", total / 2**20, len(mats), layout, packed / 2**20)
+    total = dropped = 0
+    for w in mats:  # each matrix's panels, then its packed arrays dropped: memory peaks at one matrix over
+        total += w.weight_panels().numel()
+        dropped += w.release_packed()
+    log.info("cpu weight panels: %.0f MiB for %d matrices, in place of their packed arrays (%.0f MiB; %s; "
+             "PAGED_CPU_WEIGHT_PANELS=0 turns them off)", total / 2**20, len(mats), dropped / 2**20, layout)
     return total

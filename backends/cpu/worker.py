@@ -11,8 +11,8 @@ paths chosen here, not in the model.
   factory (each matrix made with its arithmetic), to the attention backend
   as it is made (its prompt kernel) and to the stack; nothing is changed
   after the build;
-- weight panels: the int8 kernel's panels kept per matrix where the model is
-  small enough (backends/cpu/quant_linear.py plan_weight_panels), built
+- weight panels: the int8 kernel's panels kept per matrix in place of its
+  packed arrays (backends/cpu/quant_linear.py plan_weight_panels), built
   before the stack, which takes them ("mixed-bf16" makes its prompt rows'
   bfloat16 tiles from them);
 - profiling: none. The KV budget is a share of the host memory available
@@ -123,7 +123,7 @@ class CpuWorker(Worker):
         return stack_for(model)
 
     def prepare_model(self, model) -> None:
-        plan_weight_panels(packed_matrices(model))  # memory before the KV budget; the stack takes them
+        plan_weight_panels(panel_matrices(model))  # memory before the KV budget; the stack takes them
         super().prepare_model(model)
         model.ops = ops_for(model)
 
@@ -161,9 +161,18 @@ def decoder_matrices(model) -> list:
     return [w for layer in model.decoder_stack().layers for _, w in layer.matrices()]
 
 
-def packed_matrices(model) -> list:
-    """Every matrix of the model's decoder layers and its LM head."""
-    return decoder_matrices(model) + [model.lm_head]
+def panel_matrices(model) -> list:
+    """The matrices that get persistent weight panels: the decoder layers'
+    and the LM head, but not a mixture's routed experts (the one-call
+    experts read their packed arrays, so panels would be a second copy)."""
+    out = []
+    for layer in model.decoder_stack().layers:
+        out += [layer.qkv, layer.o_proj]
+        if layer.moe is None:
+            out += [layer.gate_up, layer.down]
+        elif layer.moe.shared is not None:
+            out += list(layer.moe.shared)
+    return out + [model.lm_head]
 
 
 def prepare_model(model) -> None:
@@ -171,6 +180,6 @@ def prepare_model(model) -> None:
     precision plan (read from its matrices' activations: ``apply_plan``),
     the CPU worker's layer ops and stack runner."""
     apply_plan(model, plan_of(model))
-    plan_weight_panels(packed_matrices(model))
+    plan_weight_panels(panel_matrices(model))
     model.ops = ops_for(model)
     model.layer_stack = stack_for(model)

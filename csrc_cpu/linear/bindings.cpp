@@ -39,6 +39,9 @@ void register_linear(nb::module_& m) {
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),
         "Bytes of build_weight_panels' tensor for this weight under the active linear ISA.");
+  m.def("unpack_weight_panels", &l::unpack_weight_panels, "qtype"_a, "panels"_a, "qs"_a, "d"_a, "m"_a.none(),
+        "build_weight_panels' inverse: writes the weight's qs, d and m (compact where the panels' are) back from "
+        "its panels, bit for bit, under any linear ISA of this CPU.");
   m.def("build_weight_panels", &l::build_weight_panels, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "Builds the weight's int8 panels (the int8 kernel's per-call layout, once) into out, a 64-byte aligned "
         "uint8 tensor of weight_panel_bytes bytes, for quant_linear's panels.");

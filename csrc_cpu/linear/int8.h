@@ -118,6 +118,7 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 // exactly what int8_rows builds into its scratch per call.
 int64_t panel_chunk_bytes(QType t, int64_t K, PanelScales scales);
 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst);
+void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);
 void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* lo, float* dx, int32_t* lo_corr,
                  float* xs);

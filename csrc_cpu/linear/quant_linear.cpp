@@ -376,7 +376,14 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
     nb::gil_scoped_release no_gil;
     return s16_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)));
   }
-  if (panels && act != Activations::Float32) a.panels = check_panels(a, *panels);  // float32 ignores them
+  if (panels && act != Activations::Float32) {  // float32 ignores them
+    a.panels = check_panels(a, *panels);
+    // the int8 kernels read only the panels then: the packed arrays may be
+    // stand-ins of their shape (a matrix that keeps only its panels), never read
+    a.qs = nullptr;
+    a.d = a.m = nullptr;
+    a.d8 = a.m8 = nullptr;
+  }
   nb::gil_scoped_release no_gil;
   if (act != Activations::Float32)
     return int8_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)),

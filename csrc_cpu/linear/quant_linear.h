@@ -177,6 +177,9 @@ struct Kernels {
   const char* panel_layout = nullptr;
   int64_t (*panel_chunk_bytes)(QType t, int64_t K, PanelScales scales) = nullptr;
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
+  // its inverse: rows [n0, n1) of the chunk at src back into a's qs, d / d8 and m / m8
+  // (the weight's own arrays, bit for bit; any build of this layout may read it)
+  void (*unpack_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) = nullptr;
   // int8_rows widens compact scales itself (LinearArgs::d8 / m8): the driver leaves them compact
   bool int8_reads_compact_scales = false;
   // the s16 layout's int8 paths (null: the scalar definition, isa_scalar::s16_rows)

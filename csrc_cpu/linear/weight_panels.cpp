@@ -67,10 +67,9 @@ int64_t total_bytes(const LinearArgs& a, PanelScales form) {
   return kHeaderBytes + chunks(a) * per_chunk;
 }
 
-Header header_for(const LinearArgs& a, PanelScales form) {
+Header header_for(const LinearArgs& a, PanelScales form, const std::string& layout = weight_panel_layout()) {
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
-  const std::string layout = weight_panel_layout();
   std::memcpy(h.layout, layout.data(), std::min(layout.size(), sizeof h.layout - 1));
   h.qtype = int64_t(a.qtype);
   h.n = a.N;
@@ -93,11 +92,30 @@ uint8_t* panel_data(const Array& panels, int64_t bytes, Header* header = nullptr
   return static_cast<uint8_t*>(t.data);
 }
 
+// A build's layout name as headers carry it: the version counts layout changes.
+std::string versioned(const char* layout) { return layout + std::string("/3"); }
+
 }  // namespace
 
 std::string weight_panel_layout() {
-  return chunk_bytes(QType::Q4_0, kBlock, PanelScales::F32) ? layout_name() + std::string("/3") : "";
+  return chunk_bytes(QType::Q4_0, kBlock, PanelScales::F32) ? versioned(layout_name()) : "";
 }
+
+namespace {
+
+// The kernels of a build this CPU runs whose layout a header names (active or
+// not: panels outlive a switch of builds), or null.
+const Kernels* layout_kernels(const Header& h) {
+  static const std::vector<LinearBuild> builds = linear_builds();
+  const std::string layout(h.layout, strnlen(h.layout, sizeof h.layout));
+  for (const LinearBuild& b : builds)
+    if (b.kernel.panel_layout && b.kernel.unpack_panel_chunk && b.supported() &&
+        versioned(b.kernel.panel_layout) == layout)
+      return &b.kernel;
+  return nullptr;
+}
+
+}  // namespace
 
 int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m) {
   LinearArgs a;
@@ -143,6 +161,31 @@ const uint8_t* check_panels(LinearArgs& a, const Array& panels) {
     fail("panels", "panels built for this weight under linear ISA '" + std::string(current_isa()) + "'",
          "panels of another weight or build ('" + std::string(h.layout, strnlen(h.layout, sizeof h.layout)) + "')");
   return panel_data(panels, bytes) + kHeaderBytes;
+}
+
+void unpack_weight_panels(const std::string& qtype, const Array& panels, const Array& qs, const Array& d,
+                          const std::optional<Array>& m) {
+  LinearArgs a;
+  check_weight(a, qtype, qs, d, m);  // the weight's arrays to fill: their shapes and scale form
+  if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
+  Header h{};
+  panel_data(panels, 0, &h);
+  const Kernels* k = layout_kernels(h);
+  const std::string layout(h.layout, strnlen(h.layout, sizeof h.layout));
+  if (!k || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
+    fail("panels", "build_weight_panels' tensor of a layout this CPU runs", "'" + layout + "'");
+  a.panel_scales = a.d8 ? PanelScales::Compact
+                   : h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+  const Header want = header_for(a, a.panel_scales, layout);
+  if (std::memcmp(&h, &want, sizeof h) != 0)
+    fail("panels", "panels built for this weight", "panels of another weight (or of the other scale form)");
+  const int64_t per_chunk = k->panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+  const uint8_t* src = panel_data(panels, kHeaderBytes + chunks(a) * per_chunk) + kHeaderBytes;
+  nb::gil_scoped_release no_gil;
+  parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
+    const int64_t n0 = c * kI8ChunkRows;
+    k->unpack_panel_chunk(a, n0, std::min(a.N, n0 + kI8ChunkRows), src + c * per_chunk);
+  });
 }
 
 }  // namespace paged::cpu::linear

@@ -30,6 +30,12 @@ int64_t weight_panel_bytes(const std::string& qtype, const Array& qs, const Arra
 // Builds them into `out` (uint8, 1-D, weight_panel_bytes long, 64-byte aligned).
 void build_weight_panels(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                          const Array& out);
+// build_weight_panels' inverse: the weight's arrays (qs, d, m as
+// quant_linear takes them, compact d / m where the panels hold compact
+// scales) written back from its panels, bit for bit, under any build of this
+// CPU (a matrix may keep only its panels: backends/cpu/quant_linear.py).
+void unpack_weight_panels(const std::string& qtype, const Array& panels, const Array& qs, const Array& d,
+                          const std::optional<Array>& m);
 // Whether `panels` (a tensor of any content) carries the active build's layout.
 bool weight_panels_match_build(const Array& panels);
 // The panel bytes past the header for the weight in `a` (qtype, N, K filled),

@@ -46,6 +46,7 @@
 
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
+#include "attention/kernel_common.h"
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
 
@@ -672,7 +673,48 @@ void transpose_compact_bytes(const uint8_t* c8, int64_t K, int64_t n0, int64_t n
   }
 }
 
+// Row i of column c of a Compact panel's bytes and supers back into its compact scales row.
+void compact_row(const int8_t* bytes, const float* supers, int64_t nb, int64_t lane, uint8_t* row) {
+  for (int64_t b = 0; b < nb; ++b) row[b] = uint8_t(bytes[b * kPanel + lane]);
+  for (int64_t g = 0; g < nb / kBlocksPerSuper; ++g) std::memcpy(row + nb + 4 * g, supers + g * kPanel + lane, 4);
+}
+
+// Block b's scale of panel lane `lane` as the float32 the weight holds.
+float scale_value(const PanelView& p, bool offsets, int64_t b, int64_t lane) {
+  const int64_t at = b * kPanel + lane;
+  if (p.scales == PanelScales::F16) return attn::f16_to_float((offsets ? p.m16 : p.d16)[at]);
+  return (offsets ? p.m : p.d)[at];  // Compact scales go back as they are (compact_row)
+}
+
 }  // namespace
+
+// build_panel_chunk's inverse, index by index (once per matrix, off the hot path).
+void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
+  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales);
+  const bool q8 = a.qtype == QType::Q8_0, q4_1 = a.qtype == QType::Q4_1;
+  auto* qs = const_cast<uint8_t*>(a.qs);
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t lane = n - n0, c = lane / kLanes, i = lane % kLanes;
+    uint8_t* row = qs + n * row_bytes;
+    for (int64_t b = 0; b < nb; ++b)
+      for (int s = 0; s < (q8 ? kSteps : 4); ++s)
+        for (int e = 0; e < 4; ++e)
+          row[b * (q8 ? kBlock : kBlock / 2) + 4 * s + e] =
+              q8 ? uint8_t(p.codes[b * kBlockBytes + (s * kCols + c) * 64 + 4 * i + e] ^ 0x80)
+                 : p.nibbles[nibble_offset(b, s, int(c)) + 4 * i + e];
+    if (p.scales == PanelScales::Compact) {
+      const int64_t scale_bytes = compact_row_bytes(nb, a.K);
+      compact_row(p.d8, p.d_super, nb, lane, const_cast<uint8_t*>(a.d8) + n * scale_bytes);
+      compact_row(p.m8, p.m_super, nb, lane, const_cast<uint8_t*>(a.m8) + n * scale_bytes);
+      continue;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const_cast<float*>(a.d)[n * nb + b] = scale_value(p, false, b, lane);
+      if (q4_1) const_cast<float*>(a.m)[n * nb + b] = scale_value(p, true, b, lane);
+    }
+  }
+}
 
 PAGED_TARGET_BEGIN(PAGED_VNNI512_ISA)
 namespace {
