@@ -548,6 +548,26 @@ PanelView scratch_nibble_panel(const LinearArgs& a, int64_t n0, int64_t n1, Int8
   return p;
 }
 
+// A persistent panel's fp16 or compact scales widened once into the
+// thread's scratch as float32, for the tiles: they read each block's scales
+// once per tile of x rows, and the widening (compact's multiply) would repeat
+// with every tile.
+PanelView float_scales(PanelView p, QType t, int64_t nb, Int8Panel& scratch) {
+  if (p.scales == PanelScales::F32) return p;
+  const bool q4_1 = t == QType::Q4_1;
+  scratch.d.resize(size_t(nb * kPanel));
+  if (q4_1) scratch.m.resize(size_t(nb * kPanel));
+  for (int64_t b = 0; b < nb; ++b)
+    for (int c = 0; c < kCols; ++c) {
+      _mm512_store_ps(scratch.d.data() + b * kPanel + c * kLanes, panel_scale(p, false, b, c));
+      if (q4_1) _mm512_store_ps(scratch.m.data() + b * kPanel + c * kLanes, panel_scale(p, true, b, c));
+    }
+  p.d = scratch.d.data();
+  p.m = q4_1 ? scratch.m.data() : nullptr;
+  p.scales = PanelScales::F32;
+  return p;
+}
+
 template <QType T>
 void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   static constexpr auto direct = direct_table<T>(std::make_integer_sequence<int, kDirectRows>());
@@ -560,7 +580,7 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   const bool few = a.M <= kDirectRows && !(a.panels && q8);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
   const PanelView p = chunk_panel(a, n0, n1, few || a.panels, scratch);  // persistent: read in place
-  if (!few) return tiles<T>(a, p, 0, a.M, n0, n1);
+  if (!few) return tiles<T>(a, float_scales(p, T, a.blocks(), scratch), 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
   if (a.panels) return nibble[size_t(a.M - 1)](a, p, n0, mask);
