@@ -274,7 +274,7 @@ def test_unpack_gives_back_the_weight_under_any_build(avx512, qtype, fp16_scales
             assert (a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8)), isa
     C.set_linear_isa("avx512")
     with pytest.raises(ValueError, match="panels: expected panels built for this weight"):
-        C.unpack_weight_panels(qtype, panels, *packed_like(*random_weight(qtype, 40, 8 * 32 + 64, gen)))
+        C.unpack_weight_panels(qtype, panels, *packed_like(*random_weight(qtype, 40, 8 * 32, gen)))  # another K
 
 
 def test_unpack_gives_back_compact_scales():
@@ -293,3 +293,29 @@ def test_unpack_gives_back_compact_scales():
         assert all(torch.equal(a, b) for a, b in zip(got, (qs, d, m)))
     finally:
         C.set_linear_isa("auto")
+
+
+def test_unpack_rows_and_lookups_from_panels(avx512, monkeypatch):
+    """unpack_weight_panels' first_row gives a chunk's rows alone, and an
+    embedding lookup of a matrix that keeps only its panels unpacks just its
+    rows' chunks: gguf's values (the unreleased twin's), still released after."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    for qtype in (Q.Q8_0, Q.Q4_K):
+        blocks = PackedBlocks(qtype, torch.from_numpy(random_blocks(qtype, 72, 512, 6)), (72, 512))
+        kept, released = (ql.CpuPackedLinear(blocks, "int8x2") for _ in range(2))
+        released.use_panels = True
+        assert released.release_packed() > 0 and released.packed_released
+        qs, d, m = kept.qs, kept.d, kept.m
+        for first, n in ((32, 32), (64, 8)):
+            got = [None if t is None else torch.empty((n, *t.shape[1:]), dtype=t.dtype) for t in (qs, d, m)]
+            C.unpack_weight_panels(kept.qtype, released._panels, *got, first)
+            assert all(g is None or torch.equal(g, t[first:first + n]) for g, t in zip(got, (qs, d, m)))
+        with pytest.raises(ValueError, match="first_row: expected a multiple of 32"):
+            C.unpack_weight_panels(kept.qtype, released._panels, *(None if t is None else t[:8].clone()
+                                                                   for t in (qs, d, m)), 16)
+        ids = torch.tensor([[71, 0, 33], [5, 71, 40]])
+        assert torch.equal(released.embedding(ids), kept.embedding(ids)) and released.packed_released

@@ -336,15 +336,40 @@ class CpuPackedLinear:
         if self.parts:
             raise ValueError("embedding: expected a matrix of one layout, got a fused matrix of row parts")
         flat = ids.reshape(-1)
+        if self.packed_released:  # a tied LM head whose panels hold it: only the looked-up rows' chunks
+            return self._rows_from_panels(flat).to(dtype).view(*ids.shape, self.in_features)
         picked = [None if t is None else t[flat] for t in (self.qs, self.d, self.m)]
         if self.qtype in HALF_LAYOUTS:
             rows = dequantize_layout(self.qtype, *picked)
         else:  # the kernels' dequantizer on the picked rows (torch's ops took ~0.35 ms a decode step at 1B)
-            from paged import _C_cpu
-
-            rows = torch.empty((flat.numel(), self.in_features), dtype=torch.float32)
-            _C_cpu.quant_dequantize(self.kernel_qtype, *(None if t is None else dl(t) for t in picked), dl(rows))
+            rows = self._dequantize_rows(picked)
         return rows.to(dtype).view(*ids.shape, self.in_features)
+
+    def _dequantize_rows(self, arrays) -> torch.Tensor:
+        from paged import _C_cpu
+
+        rows = torch.empty((arrays[0].shape[0], self.in_features), dtype=torch.float32)
+        _C_cpu.quant_dequantize(self.kernel_qtype, *(None if t is None else dl(t) for t in arrays), dl(rows))
+        return rows
+
+    def _rows_from_panels(self, flat: torch.Tensor) -> torch.Tensor:
+        """Rows ``flat`` of a matrix that keeps only its panels, unpacked one
+        32-row chunk at a time (unpack_weight_panels' first_row), so a lookup
+        leaves the matrix without its packed arrays."""
+        from paged import _C_cpu
+
+        out = torch.empty((flat.numel(), self.in_features), dtype=torch.float32)
+        chunk = flat // PANEL_ROWS
+        for c in torch.unique(chunk).tolist():
+            first = c * PANEL_ROWS
+            n = min(PANEL_ROWS, self.out_features - first)
+            arrays = [None if spec is None else torch.empty((n, *spec[0][1:]), dtype=spec[1])
+                      for spec in self._released]
+            _C_cpu.unpack_weight_panels(self.kernel_qtype, dl(self._panels),
+                                        *(None if t is None else dl(t) for t in arrays), first)
+            at = chunk == c
+            out[at] = self._dequantize_rows(arrays)[flat[at] - first]
+        return out
 
 
 def _packed_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -365,6 +390,8 @@ def _packed_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
 #: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles)
 PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0")
+#: weight rows per panel chunk (csrc_cpu/linear/int8.h kI8ChunkRows)
+PANEL_ROWS = 32
 
 
 def panels_setting() -> str:

@@ -40,8 +40,10 @@ void register_linear(nb::module_& m) {
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),
         "Bytes of build_weight_panels' tensor for this weight under the active linear ISA.");
   m.def("unpack_weight_panels", &l::unpack_weight_panels, "qtype"_a, "panels"_a, "qs"_a, "d"_a, "m"_a.none(),
+        "first_row"_a = 0,
         "build_weight_panels' inverse: writes the weight's qs, d and m (compact where the panels' are) back from "
-        "its panels, bit for bit, under any linear ISA of this CPU.");
+        "its panels, bit for bit, under any linear ISA of this CPU; the arrays hold its rows from first_row on "
+        "(a multiple of 32).");
   m.def("build_weight_panels", &l::build_weight_panels, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "Builds the weight's int8 panels (the int8 kernel's per-call layout, once) into out, a 64-byte aligned "
         "uint8 tensor of weight_panel_bytes bytes, for quant_linear's panels.");

@@ -164,9 +164,9 @@ const uint8_t* check_panels(LinearArgs& a, const Array& panels) {
 }
 
 void unpack_weight_panels(const std::string& qtype, const Array& panels, const Array& qs, const Array& d,
-                          const std::optional<Array>& m) {
+                          const std::optional<Array>& m, int64_t first_row) {
   LinearArgs a;
-  check_weight(a, qtype, qs, d, m);  // the weight's arrays to fill: their shapes and scale form
+  check_weight(a, qtype, qs, d, m);  // the rows to fill: their shapes and scale form
   if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
   Header h{};
   panel_data(panels, 0, &h);
@@ -174,16 +174,22 @@ void unpack_weight_panels(const std::string& qtype, const Array& panels, const A
   const std::string layout(h.layout, strnlen(h.layout, sizeof h.layout));
   if (!k || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
     fail("panels", "build_weight_panels' tensor of a layout this CPU runs", "'" + layout + "'");
+  if (first_row < 0 || first_row % kI8ChunkRows != 0 || first_row + a.N > h.n)
+    fail("first_row", "a multiple of " + std::to_string(kI8ChunkRows) + " with the rows to fill inside the weight's " +
+                          std::to_string(h.n), std::to_string(first_row) + " for " + std::to_string(a.N) + " rows");
   a.panel_scales = a.d8 ? PanelScales::Compact
                    : h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
-  const Header want = header_for(a, a.panel_scales, layout);
+  LinearArgs whole = a;  // the weight the panels were built for: rows [first_row, first_row + N) of it
+  whole.N = h.n;
+  const Header want = header_for(whole, a.panel_scales, layout);
   if (std::memcmp(&h, &want, sizeof h) != 0)
     fail("panels", "panels built for this weight", "panels of another weight (or of the other scale form)");
   const int64_t per_chunk = k->panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
-  const uint8_t* src = panel_data(panels, kHeaderBytes + chunks(a) * per_chunk) + kHeaderBytes;
+  const uint8_t* src = panel_data(panels, kHeaderBytes + chunks(whole) * per_chunk) + kHeaderBytes +
+                       first_row / kI8ChunkRows * per_chunk;
   nb::gil_scoped_release no_gil;
-  parallel_for(chunks(a), true, Schedule::Static, 1, [&](int64_t c) {
-    const int64_t n0 = c * kI8ChunkRows;
+  parallel_for(chunks(a), chunks(a) > 1, Schedule::Static, 1, [&](int64_t c) {
+    const int64_t n0 = c * kI8ChunkRows;  // rows of the arrays filled, from the chunk at first_row + n0
     k->unpack_panel_chunk(a, n0, std::min(a.N, n0 + kI8ChunkRows), src + c * per_chunk);
   });
 }

@@ -33,9 +33,11 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
 // build_weight_panels' inverse: the weight's arrays (qs, d, m as
 // quant_linear takes them, compact d / m where the panels hold compact
 // scales) written back from its panels, bit for bit, under any build of this
-// CPU (a matrix may keep only its panels: backends/cpu/quant_linear.py).
+// CPU (a matrix may keep only its panels: backends/cpu/quant_linear.py);
+// the arrays' rows are the weight's from first_row on (a multiple of
+// kI8ChunkRows: an embedding lookup unpacks only its rows' chunks).
 void unpack_weight_panels(const std::string& qtype, const Array& panels, const Array& qs, const Array& d,
-                          const std::optional<Array>& m);
+                          const std::optional<Array>& m, int64_t first_row = 0);
 // Whether `panels` (a tensor of any content) carries the active build's layout.
 bool weight_panels_match_build(const Array& panels);
 // The panel bytes past the header for the weight in `a` (qtype, N, K filled),
