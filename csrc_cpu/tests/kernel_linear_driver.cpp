@@ -3,7 +3,8 @@
 // one order of operations per output in every build): the int16 path
 // (M <= kInt16MaxRows), the fp32 path, and the int8 path with its quantizer
 // of x, for q4_0 / q4_1 / q8_0, output counts that leave partial tiles;
-// and the s16 layout's kernel on int8 and on packed codes (check_s16).
+// and the s16 layout's kernel on int8 and on packed codes (check_s16);
+// on x86-64, the persistent panels in every scale form (check_panel_forms).
 // The int16 inputs are random valid codes and scales rather than a
 // quantization of x: the kernels must agree on any such input.
 // Built natively by tests/test_kernel_drivers.py, cross-built and run under
@@ -14,6 +15,7 @@
 
 #include "kernel_builds.h"
 #include "linear/aligned.h"
+#include "linear/compact_scales.h"
 #include "linear/int8.h"
 #include "linear/s16.h"
 #if defined(PAGED_ISA_X86)
@@ -159,7 +161,7 @@ std::vector<float> run(const Kernels& k, Path p, const Weight& w, const X& x) {
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // The build's quantizer of x against the scalar one on rows with zero and tiny blocks.
@@ -306,6 +308,90 @@ void check_widened_panels() {
       }
     }
 }
+
+// Persistent panels in every scale form (PanelScales: float32, fp16 and
+// q4_1's compact bytes and supers): the avx512 int8 kernel reading them,
+// with the weight's own pointers nulled as quant_linear.cpp does, is bitwise
+// the kernel building its panels per call, and unpack_panel_chunk gives the
+// weight's arrays back byte for byte. (Under the sanitizer build too: the
+// forms' build, reads and unpacking touch only their own bytes.)
+void check_panel_forms() {
+  const std::vector<LinearBuild> builds = linear_builds();
+  const auto avx512 = std::find_if(builds.begin(), builds.end(),
+                                   [](const LinearBuild& b) { return std::string(b.name) == "avx512"; });
+  if (avx512 == builds.end() || !avx512->supported()) {
+    std::printf("linear avx512: panel scale forms not checked (no AVX512-VNNI)\n");
+    return;
+  }
+  const Kernels& k = avx512->kernel;
+  const auto fp16 = [](float v) { return attn::f16_to_float(attn::float_to_f16(v)); };
+  constexpr int64_t N = 72, K = 512, nb = K / kBlock, chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
+  for (QType t : {QType::Q4_0, QType::Q4_1, QType::Q8_0})
+    for (PanelScales form : {PanelScales::F32, PanelScales::F16, PanelScales::Compact}) {
+      if (form == PanelScales::Compact && t != QType::Q4_1) continue;  // only q4_1 has compact scales
+      Weight w = random_weight(t, N, K);
+      std::vector<uint8_t> d8, m8;  // compact rows: a byte per block, then a float32 per 256 weights
+      if (form == PanelScales::F16)
+        for (auto* v : {&w.d, &w.m}) std::transform(v->begin(), v->end(), v->begin(), fp16);
+      if (form == PanelScales::Compact)
+        for (auto* c : {&d8, &m8}) {
+          c->resize(size_t(N * compact_row_bytes(nb, K)));
+          for (int64_t n = 0; n < N; ++n) {
+            uint8_t* row = c->data() + n * compact_row_bytes(nb, K);
+            for (int64_t b = 0; b < nb; ++b) row[b] = uint8_t(uniform_int(-63, 63));
+            for (int64_t g = 0; g < K / kCompactWeights; ++g) {
+              const float super = fp16(uniform(-0.01f, 0.01f));
+              std::memcpy(row + nb + 4 * g, &super, 4);
+            }
+          }
+        }
+      for (int64_t M : {1, 9}) {
+        const X x = random_x(w, M, isa_scalar::x8_quantize);
+        std::vector<float> want, got;
+        LinearArgs a = args(w, x, want);
+        a.x8_lo = x.x8_lo.data();
+        a.x8_lo_corr = x.x8_lo_corr.data();
+        if (form == PanelScales::Compact) {
+          a.d = a.m = nullptr;
+          a.d8 = d8.data();
+          a.m8 = m8.data();
+        }
+        a.panel_scales = form;
+        const int64_t chunk = k.panel_chunk_bytes(t, K, form);
+        AlignedVector<uint8_t> panels(size_t(chunks * chunk));
+        for (int64_t c = 0; c < chunks; ++c)
+          k.build_panel_chunk(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
+        LinearArgs cached = a;
+        got.assign(want.size(), NAN);
+        cached.out = got.data();
+        cached.panels = panels.data();
+        cached.qs = nullptr;
+        cached.d = cached.m = nullptr;
+        cached.d8 = cached.m8 = nullptr;
+        Int8Panel scratch;
+        for (int64_t n0 = 0; n0 < N; n0 += kI8ChunkRows) {
+          k.int8_rows(a, n0, std::min(N, n0 + kI8ChunkRows), scratch);
+          k.int8_rows(cached, n0, std::min(N, n0 + kI8ChunkRows), scratch);
+        }
+        DRIVER_CHECK(same_bits(got, want), "panels of qtype %d, scale form %d, M=%lld: not the per-call panels' bits",
+                     int(t), int(form), (long long)M);
+        // unpacked into fresh arrays: the weight's own bytes
+        std::vector<uint8_t> qs(w.qs.size()), ud8(d8.size()), um8(m8.size());
+        std::vector<float> ud(w.d.size()), um(w.m.size());
+        LinearArgs back = a;
+        back.qs = qs.data();
+        back.d = form == PanelScales::Compact ? nullptr : ud.data();
+        back.m = form == PanelScales::Compact || um.empty() ? nullptr : um.data();
+        back.d8 = form == PanelScales::Compact ? ud8.data() : nullptr;
+        back.m8 = form == PanelScales::Compact ? um8.data() : nullptr;
+        for (int64_t c = 0; c < chunks; ++c)
+          k.unpack_panel_chunk(back, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
+        const bool same = qs == w.qs && (form == PanelScales::Compact ? ud8 == d8 && um8 == m8
+                                                                       : same_bits(ud, w.d) && same_bits(um, w.m));
+        DRIVER_CHECK(same, "unpacked panels of qtype %d, scale form %d differ from the weight", int(t), int(form));
+      }
+    }
+}
 #endif
 
 }  // namespace
@@ -338,6 +424,7 @@ int main(int argc, char** argv) {
   });
 #if defined(PAGED_ISA_X86)
   check_widened_panels();
+  check_panel_forms();
 #endif
   return finish("kernel_linear_driver");
 }
