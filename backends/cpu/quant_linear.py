@@ -202,13 +202,17 @@ class CpuPackedLinear:
 
     def _packed_arrays(self) -> tuple:
         if self._arrays is None:
-            from paged import _C_cpu
-
-            arrays = tuple(None if spec is None else torch.empty(spec[0], dtype=spec[1]) for spec in self._released)
-            _C_cpu.unpack_weight_panels(self.kernel_qtype, dl(self._panels), *(None if t is None else dl(t)
-                                                                                for t in arrays))
-            self._arrays = arrays
+            self._arrays = self._unpacked(0, self.out_features)
         return self._arrays
+
+    def _unpacked(self, first: int, rows: int) -> tuple:
+        """Rows [first, first + rows) of the released arrays, unpacked from the panels."""
+        from paged import _C_cpu
+
+        arrays = tuple(None if spec is None else torch.empty((rows, *spec[0][1:]), dtype=spec[1])
+                       for spec in self._released)
+        _C_cpu.unpack_weight_panels(self.kernel_qtype, dl(self._panels), *map(dl, arrays), first)
+        return arrays
 
     @property
     def packed_released(self) -> bool:
@@ -233,15 +237,9 @@ class CpuPackedLinear:
         checks the arrays' shapes and nothing reads their memory)."""
         if self._arrays is not None or panels is None:
             return self._packed_arrays()
-        out, at = [], 0
-        for spec in self._released:
-            if spec is None:
-                out.append(None)
-                continue
-            shape, dtype = spec
-            size = torch.Size(shape).numel() * dtype.itemsize
-            out.append(panels[at:at + size].view(dtype).view(shape))  # the panels are larger than each array
-        return tuple(out)
+        # the panels are larger than each array
+        return tuple(None if spec is None else panels[:torch.Size(spec[0]).numel() * spec[1].itemsize]
+                     .view(spec[1]).view(spec[0]) for spec in self._released)
 
     def weight_panels(self) -> torch.Tensor | None:
         """The matrix's persistent int8 panels for the active linear build
@@ -349,24 +347,18 @@ class CpuPackedLinear:
         from paged import _C_cpu
 
         rows = torch.empty((arrays[0].shape[0], self.in_features), dtype=torch.float32)
-        _C_cpu.quant_dequantize(self.kernel_qtype, *(None if t is None else dl(t) for t in arrays), dl(rows))
+        _C_cpu.quant_dequantize(self.kernel_qtype, *map(dl, arrays), dl(rows))
         return rows
 
     def _rows_from_panels(self, flat: torch.Tensor) -> torch.Tensor:
         """Rows ``flat`` of a matrix that keeps only its panels, unpacked one
         32-row chunk at a time (unpack_weight_panels' first_row), so a lookup
         leaves the matrix without its packed arrays."""
-        from paged import _C_cpu
-
         out = torch.empty((flat.numel(), self.in_features), dtype=torch.float32)
         chunk = flat // PANEL_ROWS
         for c in torch.unique(chunk).tolist():
             first = c * PANEL_ROWS
-            n = min(PANEL_ROWS, self.out_features - first)
-            arrays = [None if spec is None else torch.empty((n, *spec[0][1:]), dtype=spec[1])
-                      for spec in self._released]
-            _C_cpu.unpack_weight_panels(self.kernel_qtype, dl(self._panels),
-                                        *(None if t is None else dl(t) for t in arrays), first)
+            arrays = self._unpacked(first, min(PANEL_ROWS, self.out_features - first))
             at = chunk == c
             out[at] = self._dequantize_rows(arrays)[flat[at] - first]
         return out
@@ -402,11 +394,6 @@ def panels_setting() -> str:
     if value not in ("0", "1", "auto"):
         raise ValueError(f"PAGED_CPU_WEIGHT_PANELS: expected '0', '1' or 'auto', got {value!r}")
     return value
-
-
-def has_compact_scales(w: CpuPackedLinear) -> bool:
-    """Its d is compact (uint8 scales with a float32 per 256 weights), not float32."""
-    return w.d is not None and w.d.dtype == torch.uint8
 
 
 def plan_weight_panels(linears) -> int:

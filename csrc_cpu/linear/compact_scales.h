@@ -83,8 +83,8 @@ struct ItemWidener {
 inline ItemWidener item_widener(WidenCompact fn) { return {fn ? fn : widen_compact_rows}; }
 
 // All rows of a's compact scales into the calling thread's [N, scales]
-// scratch, a.d / a.m pointed at it (the whole-matrix users: dequantization,
-// building weight panels). No-op without compact scales.
+// scratch, a.d / a.m pointed at it (the whole-matrix user: dequantization).
+// No-op without compact scales.
 inline void widen_all_rows(LinearArgs& a, WidenCompact fn) {
   if (!a.d8) return;
   static thread_local std::vector<float> d, m;

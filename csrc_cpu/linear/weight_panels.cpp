@@ -59,8 +59,13 @@ PanelScales scales_form(const LinearArgs& a) {
 
 int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8ChunkRows; }
 
-int64_t total_bytes(const LinearArgs& a, PanelScales form) {
+// Panels are q4_0 / q4_1 / q8_0's.
+void require_panel_qtype(const LinearArgs& a) {
   if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
+}
+
+int64_t total_bytes(const LinearArgs& a, PanelScales form) {
+  require_panel_qtype(a);
   const int64_t per_chunk = chunk_bytes(a.qtype, a.K, form);
   if (per_chunk == 0)
     fail("linear ISA", "a build with weight panels ('avx512', 'amx')", "'" + std::string(current_isa()) + "'");
@@ -92,6 +97,17 @@ uint8_t* panel_data(const Array& panels, int64_t bytes, Header* header = nullptr
   return static_cast<uint8_t*>(t.data);
 }
 
+// The layout a header names.
+std::string layout_of(const Header& h) { return std::string(h.layout, strnlen(h.layout, sizeof h.layout)); }
+
+// The scale form of panels with header h for a's scales: compact scales have
+// one form; else the header's (fp16 or float32). The caller checks the whole
+// header against it.
+PanelScales header_form(const LinearArgs& a, const Header& h) {
+  if (a.d8) return PanelScales::Compact;
+  return h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+}
+
 // A build's layout name as headers carry it: the version counts layout changes.
 std::string versioned(const char* layout) { return layout + std::string("/3"); }
 
@@ -107,10 +123,9 @@ namespace {
 // not: panels outlive a switch of builds), or null.
 const Kernels* layout_kernels(const Header& h) {
   static const std::vector<LinearBuild> builds = linear_builds();
-  const std::string layout(h.layout, strnlen(h.layout, sizeof h.layout));
   for (const LinearBuild& b : builds)
     if (b.kernel.panel_layout && b.kernel.unpack_panel_chunk && b.supported() &&
-        versioned(b.kernel.panel_layout) == layout)
+        versioned(b.kernel.panel_layout) == layout_of(h))
       return &b.kernel;
   return nullptr;
 }
@@ -145,21 +160,18 @@ bool weight_panels_match_build(const Array& panels) {
     return false;
   Header h;
   std::memcpy(&h, panels.data(), sizeof h);
-  return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && weight_panel_layout() == std::string(h.layout);
+  return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && weight_panel_layout() == layout_of(h);
 }
 
 const uint8_t* check_panels(LinearArgs& a, const Array& panels) {
-  // the header's scale form where it fits a's scales (compact ones have one
-  // form); the whole header, then the size are checked against it
-  Header h{};
+  Header h{};  // the whole header, then the size are checked against a and its form
   panel_data(panels, 0, &h);
-  a.panel_scales = a.d8 ? PanelScales::Compact
-                   : h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+  a.panel_scales = header_form(a, h);
   const int64_t bytes = total_bytes(a, a.panel_scales);  // fails under a build without panels
   const Header want = header_for(a, a.panel_scales);
   if (std::memcmp(&h, &want, sizeof h) != 0)
     fail("panels", "panels built for this weight under linear ISA '" + std::string(current_isa()) + "'",
-         "panels of another weight or build ('" + std::string(h.layout, strnlen(h.layout, sizeof h.layout)) + "')");
+         "panels of another weight or build ('" + layout_of(h) + "')");
   return panel_data(panels, bytes) + kHeaderBytes;
 }
 
@@ -167,18 +179,17 @@ void unpack_weight_panels(const std::string& qtype, const Array& panels, const A
                           const std::optional<Array>& m, int64_t first_row) {
   LinearArgs a;
   check_weight(a, qtype, qs, d, m);  // the rows to fill: their shapes and scale form
-  if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
+  require_panel_qtype(a);
   Header h{};
   panel_data(panels, 0, &h);
   const Kernels* k = layout_kernels(h);
-  const std::string layout(h.layout, strnlen(h.layout, sizeof h.layout));
+  const std::string layout = layout_of(h);
   if (!k || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0)
     fail("panels", "build_weight_panels' tensor of a layout this CPU runs", "'" + layout + "'");
   if (first_row < 0 || first_row % kI8ChunkRows != 0 || first_row + a.N > h.n)
     fail("first_row", "a multiple of " + std::to_string(kI8ChunkRows) + " with the rows to fill inside the weight's " +
                           std::to_string(h.n), std::to_string(first_row) + " for " + std::to_string(a.N) + " rows");
-  a.panel_scales = a.d8 ? PanelScales::Compact
-                   : h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+  a.panel_scales = header_form(a, h);
   LinearArgs whole = a;  // the weight the panels were built for: rows [first_row, first_row + N) of it
   whole.N = h.n;
   const Header want = header_for(whole, a.panel_scales, layout);

@@ -267,31 +267,43 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
 }
 
 #if defined(PAGED_ISA_X86)
+// The avx512 build where this CPU runs it (the panels' layout), else null
+// with a line saying what `what` leaves unchecked.
+const LinearBuild* avx512_build(const char* what) {
+  static const std::vector<LinearBuild> builds = linear_builds();
+  const auto b = std::find_if(builds.begin(), builds.end(),
+                              [](const LinearBuild& l) { return std::string(l.name) == "avx512"; });
+  if (b != builds.end() && b->supported()) return &*b;
+  std::printf("linear avx512: %s not checked (no AVX512-VNNI)\n", what);
+  return nullptr;
+}
+
+// The weight in a's persistent panels (its a.panel_scales form), built chunk by chunk by k.
+AlignedVector<uint8_t> persistent_panels(const Kernels& k, const LinearArgs& a) {
+  const int64_t chunk = k.panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+  const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
+  AlignedVector<uint8_t> panels(size_t(chunks * chunk));
+  for (int64_t c = 0; c < chunks; ++c)
+    k.build_panel_chunk(a, c * kI8ChunkRows, std::min(a.N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
+  return panels;
+}
+
 // The AMX builds read a persistent 4-bit panel's codes widened from its
 // nibbles (chunk_panel): they must be the byte panel built per call for the
 // same chunk, byte for byte, and the scales the same floats. (The VNNI
 // build's reads of the nibbles in place are checked through quant_linear by
 // tests/test_weight_panels.py; AMX itself runs only where the CPU has it.)
 void check_widened_panels() {
-  const std::vector<LinearBuild> builds = linear_builds();
-  const auto avx512 = std::find_if(builds.begin(), builds.end(),
-                                   [](const LinearBuild& b) { return std::string(b.name) == "avx512"; });
-  if (avx512 == builds.end() || !avx512->supported()) {
-    std::printf("linear avx512: widened panels not checked (no AVX512-VNNI)\n");
-    return;
-  }
+  const LinearBuild* avx512 = avx512_build("widened panels");
+  if (!avx512) return;
   for (QType t : {QType::Q4_0, QType::Q4_1})
     for (int64_t K : {96, 576}) {
       const Weight w = random_weight(t, 72, K);
       const X x = random_x(w, 1, isa_scalar::x8_quantize);
       std::vector<float> out;
       LinearArgs a = args(w, x, out);
-      const int64_t nb = K / kBlock, chunk = isa_avx512::panel_chunk_bytes(t, K, PanelScales::F32);
-      const int64_t chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
-      AlignedVector<uint8_t> persistent(size_t(chunks * chunk));
-      for (int64_t c = 0; c < chunks; ++c)
-        isa_avx512::build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
-                                      persistent.data() + c * chunk);
+      const int64_t nb = K / kBlock;
+      const AlignedVector<uint8_t> persistent = persistent_panels(avx512->kernel, a);  // float32 scales
       LinearArgs cached = a;
       cached.panels = persistent.data();
       for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
@@ -316,13 +328,8 @@ void check_widened_panels() {
 // weight's arrays back byte for byte. (Under the sanitizer build too: the
 // forms' build, reads and unpacking touch only their own bytes.)
 void check_panel_forms() {
-  const std::vector<LinearBuild> builds = linear_builds();
-  const auto avx512 = std::find_if(builds.begin(), builds.end(),
-                                   [](const LinearBuild& b) { return std::string(b.name) == "avx512"; });
-  if (avx512 == builds.end() || !avx512->supported()) {
-    std::printf("linear avx512: panel scale forms not checked (no AVX512-VNNI)\n");
-    return;
-  }
+  const LinearBuild* avx512 = avx512_build("panel scale forms");
+  if (!avx512) return;
   const Kernels& k = avx512->kernel;
   const auto fp16 = [](float v) { return attn::f16_to_float(attn::float_to_f16(v)); };
   constexpr int64_t N = 72, K = 512, nb = K / kBlock, chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
@@ -357,10 +364,8 @@ void check_panel_forms() {
           a.m8 = m8.data();
         }
         a.panel_scales = form;
+        const AlignedVector<uint8_t> panels = persistent_panels(k, a);
         const int64_t chunk = k.panel_chunk_bytes(t, K, form);
-        AlignedVector<uint8_t> panels(size_t(chunks * chunk));
-        for (int64_t c = 0; c < chunks; ++c)
-          k.build_panel_chunk(a, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
         LinearArgs cached = a;
         got.assign(want.size(), NAN);
         cached.out = got.data();

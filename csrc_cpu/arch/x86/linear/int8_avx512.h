@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "arch/target.h"
+#include "linear/compact_scales.h"
 #include "linear/int8.h"
 
 namespace paged::cpu::linear::isa_avx512 {
@@ -53,8 +54,8 @@ struct PanelView {
   const float* m_super = nullptr;
 };
 
-// Blocks per super value of compact scales (compact_scales.h: one per 256 weights).
-constexpr int64_t kBlocksPerSuper = 256 / kBlock;
+// Blocks per super value of compact scales (compact_scales.h).
+constexpr int64_t kBlocksPerSuper = kCompactWeights / kBlock;
 
 // Chunk bytes of a panel's scales: per block, kPanel values of d (and q4_1's m).
 constexpr int64_t panel_scale_bytes(QType t, int64_t nb, PanelScales form) {

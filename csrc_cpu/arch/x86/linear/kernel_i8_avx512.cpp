@@ -191,7 +191,7 @@ void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelV
 // fl(super * float(byte)), the widened floats bit for bit, without writing
 // and re-reading them (at decode that was a fifth of a Q4_K token).
 void transpose_compact_scales(const uint8_t* c8, int64_t K, int64_t n0, int rows, int c, float* dst) {
-  const int64_t nb = K / kBlock, row_bytes = compact_row_bytes(nb, K), per_super = kCompactWeights / kBlock;
+  const int64_t nb = K / kBlock, row_bytes = compact_row_bytes(nb, K);
   const uint8_t* base = c8 + n0 * row_bytes;
   const auto live = __mmask16((1u << rows) - 1);
   const __m512i row_at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -208,9 +208,9 @@ void transpose_compact_scales(const uint8_t* c8, int64_t K, int64_t n0, int rows
     transpose16(v);  // v[j]: block b0 + j's codes of the 16 rows
     for (int64_t j = 0; j < count; ++j) {
       const int64_t b = b0 + j;
-      if (b % per_super == 0)
+      if (b % kBlocksPerSuper == 0)
         super = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live,
-                                         _mm512_add_epi32(row_at, _mm512_set1_epi32(int32_t(nb + 4 * (b / per_super)))),
+                                         _mm512_add_epi32(row_at, _mm512_set1_epi32(int32_t(nb + 4 * (b / kBlocksPerSuper)))),
                                          base, 1);
       _mm512_store_ps(dst + b * kPanel + c * kLanes, _mm512_mul_ps(super, _mm512_cvtepi32_ps(v[j])));
     }
