@@ -57,13 +57,63 @@ def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n, fp16_sc
         arrays = 2 if qtype == "q4_1" else 1  # d, and q4_1's m (float32 too: one form per panel)
         assert C.weight_panel_bytes(qtype, qs, d, m) == fp16_bytes + arrays * ((n + 31) // 32) * 32 * 10 * 2
     panels = build(qtype, qs, d, m)
-    assert C.weight_panel_layout() == "avx512/3"
+    assert C.weight_panel_layout() == "avx512/4"
     for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to 8 rows, widened above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
             want = call(x, qtype, qs, d, m, act, split)
             got = call(x, qtype, qs, d, m, act, split, panels)
             assert torch.equal(got, want), (rows, act, split)
+
+
+def s16_weights():
+    """Packed s16 matrices as the K-quants load (compact scales; Q6_K without
+    offsets), the same with float32 scales and offsets, and with fp16 ones."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.quant_layouts import pack_s16_codes, unpack, widen_scales
+
+    n, k = 72, 512  # a partial last chunk of 32 rows
+    for seed, qtype in enumerate((Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K)):
+        layout, codes, d, m = unpack(qtype, torch.from_numpy(random_blocks(qtype, n, k, seed)), (n, k))
+        qs, form = pack_s16_codes(codes)
+        yield f"{qtype.name}-compact", form, qs, d, m
+        wd, wm = widen_scales(d, layout), widen_scales(m, layout)
+        yield f"{qtype.name}-float32", form, qs, wd, wm
+        half = wd.to(torch.float16).float()
+        yield f"{qtype.name}-fp16", form, qs, half, torch.randn_like(half).to(torch.float16).float() * 0.01
+
+
+@pytest.mark.parametrize("case", list(s16_weights()), ids=lambda c: c[0])
+def test_s16_panels_are_bitwise_the_packed_codes(avx512, case):
+    """s16's packed codes in persistent panels (16 weight rows a vector, read in
+    place up to 8 rows and turned into the tiles' panels above): bitwise the
+    calls on the packed arrays, and unpack_weight_panels gives those arrays
+    back byte for byte from a panel of their size."""
+    _, qtype, qs, d, m = case
+    panels = build(qtype, qs, d, m)
+    arrays = sum(t.numel() * t.element_size() for t in (qs, d, m) if t is not None)
+    if d.dtype == torch.uint8 or torch.equal(d, d.half().float()):  # compact or fp16 values: as packed
+        assert arrays <= panels.numel() - 64 <= arrays + (32 - 72 % 32) * arrays // 72
+    gen = torch.Generator().manual_seed(6)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 16, 33):
+        x = torch.randn(rows, 512, generator=gen) * 2
+        for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
+            want = call(x, qtype, qs, d, m, act, split)
+            got = call(x, qtype, qs, d, m, act, split, panels)
+            assert torch.equal(got, want), (rows, act, split)
+    back = [torch.empty_like(t) if t is not None else None for t in (qs, d, m)]
+    C.unpack_weight_panels(qtype, panels, *back)
+    for t, u in zip((qs, d, m), back):
+        assert (t is None and u is None) or torch.equal(t.view(torch.uint8), u.view(torch.uint8))
+
+
+def test_s16_byte_codes_have_no_panels(avx512):
+    gen = torch.Generator().manual_seed(2)
+    codes = torch.randint(-100, 100, (32, 256), generator=gen, dtype=torch.int8)
+    with pytest.raises(ValueError, match="byte codes have no panel layout"):
+        C.weight_panel_bytes("s16", codes, torch.rand(32, 16), None)
 
 
 def test_refused_under_another_build_weight_or_size(avx512):
@@ -144,14 +194,14 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     w = model.layers[0].gate_up
     x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
     first = w.weight_panels()
-    assert w._panels_layout == "avx512/3"
+    assert w._panels_layout == "avx512/4"
     with_panels = w.linear(x)
     w.use_panels = False
     assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
     w.use_panels = True
     if "amx" in C.supported_linear_isas():  # reads avx512's panels as they lie: the same tensor
         C.set_linear_isa("amx")
-        assert C.weight_panel_layout() == "avx512/3" and w.weight_panels() is first
+        assert C.weight_panel_layout() == "avx512/4" and w.weight_panels() is first
         assert torch.equal(w.linear(x), with_panels)
     others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
     for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused

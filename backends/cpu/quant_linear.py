@@ -248,15 +248,15 @@ class CpuPackedLinear:
         no panel layout."""
         from paged import _C_cpu
 
-        if not self.use_panels or self.activations == "float32" or self.qtype not in PANEL_LAYOUTS:
+        if not self.use_panels or self.activations == "float32" or not has_panel_layout(self.kernel_qtype):
             return None
         layout = _C_cpu.weight_panel_layout()
         if not layout:
             return None
         if layout != self._panels_layout:
-            panels = torch.empty(_C_cpu.weight_panel_bytes(self.qtype, dl(self.qs), dl(self.d), dl(self.m)),
+            panels = torch.empty(_C_cpu.weight_panel_bytes(self.kernel_qtype, dl(self.qs), dl(self.d), dl(self.m)),
                                  dtype=torch.uint8)
-            _C_cpu.build_weight_panels(self.qtype, dl(self.qs), dl(self.d), dl(self.m), dl(panels))
+            _C_cpu.build_weight_panels(self.kernel_qtype, dl(self.qs), dl(self.d), dl(self.m), dl(panels))
             self._panels, self._panels_layout = panels, layout
         return self._panels
 
@@ -380,8 +380,14 @@ def _packed_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
-#: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles)
+#: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles),
+#: and s16's codes packed into 4-6 bits ("s16.u5", ...: has_panel_layout)
 PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0")
+
+
+def has_panel_layout(kernel_qtype: str) -> bool:
+    """Whether a matrix of this kernel qtype can keep persistent panels."""
+    return kernel_qtype in PANEL_LAYOUTS or kernel_qtype.startswith("s16.")
 #: weight rows per panel chunk (csrc_cpu/linear/int8.h kI8ChunkRows)
 PANEL_ROWS = 32
 
@@ -410,7 +416,7 @@ def plan_weight_panels(linears) -> int:
 
     setting = panels_setting()
     mats = [w for w in linears
-            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and w.qtype in PANEL_LAYOUTS]
+            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and has_panel_layout(w.kernel_qtype)]
     if not mats:
         return 0
     on = setting != "0"

@@ -116,7 +116,7 @@ void int8_rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& panel);
 // The persistent panel (weight_panels.h): bytes per chunk of kI8ChunkRows
 // weight rows, and chunk [n0, n1)'s panel built into dst (64-byte aligned),
 // exactly what int8_rows builds into its scratch per call.
-int64_t panel_chunk_bytes(QType t, int64_t K, PanelScales scales);
+int64_t panel_chunk_bytes(const LinearArgs& a, PanelScales scales);  // s16's: s16.h
 void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst);
 void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src);
 void x8_quantize(const float* x, int64_t K, QType t, int8_t* codes, float* dx, int32_t* corr, float* xs);

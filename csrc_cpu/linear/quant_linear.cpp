@@ -343,6 +343,21 @@ const char* current_isa() { return linear_selector().active().name; }
 void set_isa(const std::string& name) { linear_selector().set(name); }
 std::vector<std::string> supported_isas() { return linear_selector().supported(); }
 
+namespace {
+
+// a reads the weight from `panels` (checked against it): the packed arrays
+// may be stand-ins of their shape (a matrix that keeps only its panels),
+// never read, so their pointers are nulled.
+void use_panels(LinearArgs& a, const Array& panels) {
+  a.panels = check_panels(a, panels);
+  a.panel_offsets = a.has_offsets();
+  a.qs = nullptr;
+  a.d = a.m = nullptr;
+  a.d8 = a.m8 = nullptr;
+}
+
+}  // namespace
+
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations,
                   int64_t two_term_rows, const std::optional<Array>& panels, const std::string& prompt_rows) {
@@ -372,18 +387,11 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
       fail("activations", "'int8' or 'int8x2' for qtype 's16' (float32 activations dequantize it: quant_dequantize)",
            "'float32'");
     if (bf16_rest) fail("prompt_rows", "'int8' for qtype 's16' (its bfloat16 tiles come from q4/q8 panels)", "'bf16'");
-    if (panels && panels->size()) fail("panels", "None for qtype 's16' (it has no panel layout)", "a tensor");
+    if (panels) use_panels(a, *panels);
     nb::gil_scoped_release no_gil;
     return s16_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)));
   }
-  if (panels && act != Activations::Float32) {  // float32 ignores them
-    a.panels = check_panels(a, *panels);
-    // the int8 kernels read only the panels then: the packed arrays may be
-    // stand-ins of their shape (a matrix that keeps only its panels), never read
-    a.qs = nullptr;
-    a.d = a.m = nullptr;
-    a.d8 = a.m8 = nullptr;
-  }
+  if (panels && act != Activations::Float32) use_panels(a, *panels);  // float32 ignores them
   nb::gil_scoped_release no_gil;
   if (act != Activations::Float32)
     return int8_linear(a, act == Activations::Int8 ? 0 : (two_term_rows < 0 ? a.M : std::min(two_term_rows, a.M)),
@@ -422,26 +430,16 @@ void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& o
   require_shape(to, a.N, a.row_bytes(), "the packed rows of qtype '" + qtype + "'");
   const auto* c = static_cast<const int8_t*>(tc.data);
   auto* dst = static_cast<uint8_t*>(to.data);
-  const int bits = a.code_bits, bias = a.code_bias, h = bits - 4, lo = -bias, hi = (1 << bits) - 1 - bias;
-  const int64_t group_bytes = s16_packed_group_bytes(bits), groups = a.K / kS16PackedGroup;
+  const int bits = a.code_bits, bias = a.code_bias, lo = -bias, hi = (1 << bits) - 1 - bias;
   int64_t bad = -1;
   {
     nb::gil_scoped_release no_gil;
-    std::fill(dst, dst + a.N * a.row_bytes(), uint8_t(0));
 #pragma omp parallel for schedule(static) reduction(max : bad)
-    for (int64_t n = 0; n < a.N; ++n)
-      for (int64_t g = 0; g < groups; ++g) {
-        uint8_t* group = dst + (n * groups + g) * group_bytes;
-        for (int j = 0; j < 8; ++j)
-          for (int l = 0; l < kBlock; ++l) {
-            const int64_t k = g * kS16PackedGroup + j * kBlock + l;
-            const int q = c[n * a.K + k];
-            if (q < lo || q > hi) bad = std::max(bad, n * a.K + k);
-            const int u = (q + bias) & ((1 << bits) - 1);
-            group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
-            if (h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
-          }
-      }
+    for (int64_t n = 0; n < a.N; ++n) {
+      for (int64_t k = 0; k < a.K; ++k)
+        if (c[n * a.K + k] < lo || c[n * a.K + k] > hi) bad = std::max(bad, n * a.K + k);
+      pack_s16_row(c + n * a.K, a.K, bits, bias, dst + n * a.row_bytes());
+    }
   }
   if (bad >= 0)
     fail("codes", "codes in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] for qtype '" + qtype + "'",

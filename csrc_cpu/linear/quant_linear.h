@@ -124,8 +124,12 @@ struct LinearArgs {
   // and the form their scales are kept in (from the panels' header).
   const uint8_t* panels = nullptr;
   PanelScales panel_scales = PanelScales::F32;
+  // whether the weight has offsets (m / m8) once panels stand for its
+  // arrays (quant_linear nulls the weight's pointers then)
+  bool panel_offsets = false;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
+  bool has_offsets() const { return m || m8 || panel_offsets; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
     if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
@@ -175,7 +179,7 @@ struct Kernels {
   // (int8.h) with its scales in that form, and chunk [n0, n1)'s panel built
   // into dst (64-byte aligned), its scales in a.panel_scales' form.
   const char* panel_layout = nullptr;
-  int64_t (*panel_chunk_bytes)(QType t, int64_t K, PanelScales scales) = nullptr;
+  int64_t (*panel_chunk_bytes)(const LinearArgs& a, PanelScales scales) = nullptr;  // of a's qtype, K, code form
   void (*build_panel_chunk)(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) = nullptr;
   // its inverse: rows [n0, n1) of the chunk at src back into a's qs, d / d8 and m / m8
   // (the weight's own arrays, bit for bit; any build of this layout may read it)

@@ -92,7 +92,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
   const ItemWidener widen = item_widener(kernels.widen_compact);
-  float* const half = a.m || a.m8 ? grow(scratch.half, M * nh) : nullptr;  // offsets (compact: widened per item)
+  float* const half = a.has_offsets() ? grow(scratch.half, M * nh) : nullptr;  // offsets (compact: widened per item)
   const bool parallel = M * a.N * K >= kSerialMacs;
   // per row group (s16.h): packed codes read in place, the bias of its half sums, c16
   const auto reads_packed = [&](int64_t rows) { return s16_reads_packed(kernels, a, rows); };
@@ -132,6 +132,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
     parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
+      if (a.panels) return kernel(s, n0, n1);  // persistent panels: the build's kernel reads them itself
       // compact scales widened here, or by the few-rows kernel in registers
       const LinearArgs item = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows ? g : widen.item(g, n0, n1);
       S16Args si = s;

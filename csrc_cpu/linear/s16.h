@@ -106,6 +106,23 @@ inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias
     }
 }
 
+// Row `codes` [K] (each inside the form's range) packed as above into out
+// (row_bytes; the definition, as unpack_s16_rows).
+inline void pack_s16_row(const int8_t* codes, int64_t K, int bits, int bias, uint8_t* out) {
+  const int h = bits - 4;
+  const int64_t group_bytes = s16_packed_group_bytes(bits);
+  for (int64_t i = 0; i < K / kS16PackedGroup * group_bytes; ++i) out[i] = 0;
+  for (int64_t g = 0; g < K / kS16PackedGroup; ++g) {
+    uint8_t* group = out + g * group_bytes;
+    for (int j = 0; j < 8; ++j)
+      for (int l = 0; l < kBlock; ++l) {
+        const int u = (codes[g * kS16PackedGroup + j * kBlock + l] + bias) & ((1 << bits) - 1);
+        group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
+        if (h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
+      }
+  }
+}
+
 // One-term calls of more than kS16FewRows rows on a build whose table says
 // s16_byte_tiles (the AVX-512 VNNI kernel) take no c16: the kernel
 // multiplies unsigned bytes u = q + kS16ByteBias (any int8 code fits) by
@@ -157,6 +174,14 @@ void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t ro
 }
 namespace isa_avx512 {  // arch/x86/linear/kernel_s16_avx512.cpp (VNNI)
 void s16_rows(const S16Args& s, int64_t n0, int64_t n1);
+// Persistent panels of packed codes (arch/x86/linear/s16_panels_avx512.cpp;
+// Kernels::panel_chunk_bytes and the like for qtype s16): a chunk's bytes,
+// its build and its inverse (back into a's packed codes and scales), and
+// the few-rows kernel on them (a.panels).
+int64_t s16_panel_chunk_bytes(const LinearArgs& a, PanelScales form);
+void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst);
+void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src);
+void s16_panel_few_rows(const S16Args& s, int64_t n0, int64_t n1);
 }
 
 // The int8 / int8x2 linear on an s16 weight: rows [0, two_rows) with the low term.

@@ -35,9 +35,9 @@ static_assert(sizeof(Header) == kHeaderBytes, "the header is one cache line");
 const char* layout_name() { return active_kernels().panel_layout; }
 
 // Bytes per chunk of the active build's layout, 0 when it has none.
-int64_t chunk_bytes(QType t, int64_t K, PanelScales form) {
+int64_t chunk_bytes(const LinearArgs& a, PanelScales form) {
   const Kernels k = active_kernels();
-  return k.panel_chunk_bytes ? k.panel_chunk_bytes(t, K, form) : 0;
+  return k.panel_chunk_bytes ? k.panel_chunk_bytes(a, form) : 0;
 }
 
 // v's bits survive a round trip through fp16 (NaNs other than the one fp16 widens to do not)
@@ -51,7 +51,7 @@ bool is_fp16_value(float v) {
 // at load), else float32. One pass over the scales, per build of the panels.
 PanelScales scales_form(const LinearArgs& a) {
   if (a.d8) return PanelScales::Compact;
-  const int64_t count = a.N * a.blocks();
+  const int64_t count = a.N * a.scales();
   for (const float* s : {a.d, a.m})
     if (s && !std::all_of(s, s + count, is_fp16_value)) return PanelScales::F32;
   return PanelScales::F16;
@@ -59,14 +59,16 @@ PanelScales scales_form(const LinearArgs& a) {
 
 int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8ChunkRows; }
 
-// Panels are q4_0 / q4_1 / q8_0's.
+// Panels are q4_0 / q4_1 / q8_0's and s16's packed codes'.
 void require_panel_qtype(const LinearArgs& a) {
-  if (a.qtype == QType::S16) fail("qtype", "'q4_0', 'q4_1' or 'q8_0' (s16 has no panel layout)", "'s16'");
+  if (a.qtype == QType::S16 && a.code_bits == 8)
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0' or packed s16 codes ('s16.u4' .. 's16.s6'; byte codes have no panel layout)",
+         "'s16'");
 }
 
 int64_t total_bytes(const LinearArgs& a, PanelScales form) {
   require_panel_qtype(a);
-  const int64_t per_chunk = chunk_bytes(a.qtype, a.K, form);
+  const int64_t per_chunk = chunk_bytes(a, form);
   if (per_chunk == 0)
     fail("linear ISA", "a build with weight panels ('avx512', 'amx')", "'" + std::string(current_isa()) + "'");
   return kHeaderBytes + chunks(a) * per_chunk;
@@ -76,7 +78,8 @@ Header header_for(const LinearArgs& a, PanelScales form, const std::string& layo
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
   std::memcpy(h.layout, layout.data(), std::min(layout.size(), sizeof h.layout - 1));
-  h.qtype = int64_t(a.qtype);
+  // the type, its code form and whether it has offsets: each changes the panel
+  h.qtype = int64_t(a.qtype) | int64_t(a.code_bits) << 8 | int64_t(a.code_bias) << 16 | int64_t(a.has_offsets()) << 24;
   h.n = a.N;
   h.k = a.K;
   h.scales = int64_t(form);
@@ -109,12 +112,15 @@ PanelScales header_form(const LinearArgs& a, const Header& h) {
 }
 
 // A build's layout name as headers carry it: the version counts layout changes.
-std::string versioned(const char* layout) { return layout + std::string("/3"); }
+std::string versioned(const char* layout) { return layout + std::string("/4"); }
 
 }  // namespace
 
 std::string weight_panel_layout() {
-  return chunk_bytes(QType::Q4_0, kBlock, PanelScales::F32) ? versioned(layout_name()) : "";
+  LinearArgs probe;
+  probe.qtype = QType::Q4_0;
+  probe.K = kBlock;
+  return chunk_bytes(probe, PanelScales::F32) ? versioned(layout_name()) : "";
 }
 
 namespace {
@@ -145,7 +151,7 @@ void build_weight_panels(const std::string& qtype, const Array& qs, const Array&
   a.panel_scales = scales_form(a);
   uint8_t* dst = panel_data(out, total_bytes(a, a.panel_scales));
   const Header h = header_for(a, a.panel_scales);
-  const int64_t per_chunk = chunk_bytes(a.qtype, a.K, a.panel_scales);
+  const int64_t per_chunk = chunk_bytes(a, a.panel_scales);
   const auto build_chunk = active_kernels().build_panel_chunk;  // total_bytes checked that there is one
   nb::gil_scoped_release no_gil;
   std::memcpy(dst, &h, sizeof h);
@@ -195,7 +201,7 @@ void unpack_weight_panels(const std::string& qtype, const Array& panels, const A
   const Header want = header_for(whole, a.panel_scales, layout);
   if (std::memcmp(&h, &want, sizeof h) != 0)
     fail("panels", "panels built for this weight", "panels of another weight (or of the other scale form)");
-  const int64_t per_chunk = k->panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+  const int64_t per_chunk = k->panel_chunk_bytes(a, a.panel_scales);
   const uint8_t* src = panel_data(panels, kHeaderBytes + chunks(whole) * per_chunk) + kHeaderBytes +
                        first_row / kI8ChunkRows * per_chunk;
   nb::gil_scoped_release no_gil;

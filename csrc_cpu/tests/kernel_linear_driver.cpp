@@ -183,7 +183,12 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
 // codes (its own unpacking, or its direct reads of calls of few rows, as
 // s16.cpp drives them) against the scalar definition on int8 codes, for
 // int8 and int8x2 x, with and without offsets, 4-6 bit codes.
-std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool two_terms, int bits, int bias) {
+// With `panels` (a build with a panel layout, packed codes), the weight's
+// persistent panels built chunk by chunk, read with the weight's pointers
+// nulled as quant_linear.cpp does; unpack_panel_chunk must give the packed
+// codes and scales back byte for byte.
+std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool two_terms, int bits, int bias,
+                           bool panels = false) {
   const int64_t K = w.K, nh = K / kS16Half, nb = K / kBlock;
   std::vector<float> out;
   LinearArgs a = args(w, x, out);
@@ -224,12 +229,35 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
              s16_reads_c16(k, a, x.M, two_terms) ? c16.data() : nullptr};
   const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
   const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
+  AlignedVector<uint8_t> cache;
+  if (panels) {
+    const int64_t chunk = k.panel_chunk_bytes(a, a.panel_scales), chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
+    cache.resize(size_t(chunks * chunk));
+    for (int64_t c = 0; c < chunks; ++c)
+      k.build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows), cache.data() + c * chunk);
+    std::vector<uint8_t> qs(packed.size());
+    std::vector<float> d(w.d.size()), m(w.m.size());
+    LinearArgs back = a;
+    back.qs = qs.data();
+    back.d = d.data();
+    back.m = m.empty() ? nullptr : m.data();
+    for (int64_t c = 0; c < chunks; ++c)
+      k.unpack_panel_chunk(back, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows), cache.data() + c * chunk);
+    DRIVER_CHECK(qs == packed && same_bits(d, w.d) && same_bits(m, w.m),
+                 "s16 panels of %d-bit codes: unpacked, not the weight's arrays", bits);
+    a.panels = cache.data();
+    a.panel_offsets = a.has_offsets();
+    a.qs = nullptr;
+    a.d = a.m = nullptr;
+  }
   std::vector<int8_t> rows(size_t(kI8ChunkRows * K));
   for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
     const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
     sa.codes = codes.data();
     sa.codes_row0 = 0;
-    if (bits != 8 && !reads_packed) {
+    if (panels) {
+      sa.codes = nullptr;  // the kernel reads the panels
+    } else if (bits != 8 && !reads_packed) {
       unpack(a.qs + n0 * a.row_bytes(), K, bits, bias, n1 - n0, rows.data());
       sa.codes = rows.data();
       sa.codes_row0 = n0;
@@ -262,6 +290,10 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
           DRIVER_CHECK(same_bits(run_s16(b.kernel, w, x, two_terms, f.bits, f.bits == 8 ? 0 : bias), want),
                        "%s s16, %d-bit codes, M=%lld, %s, %s: not bitwise equal to scalar", b.name, f.bits,
                        (long long)M, two_terms ? "int8x2" : "int8", offsets ? "offsets" : "no offsets");
+          if (b.kernel.panel_chunk_bytes && f.bits != 8)
+            DRIVER_CHECK(same_bits(run_s16(b.kernel, w, x, two_terms, f.bits, bias, true), want),
+                         "%s s16 panels, %d-bit codes, M=%lld, %s, %s: not bitwise equal to scalar", b.name, f.bits,
+                         (long long)M, two_terms ? "int8x2" : "int8", offsets ? "offsets" : "no offsets");
         }
       }
 }
@@ -280,7 +312,7 @@ const LinearBuild* avx512_build(const char* what) {
 
 // The weight in a's persistent panels (its a.panel_scales form), built chunk by chunk by k.
 AlignedVector<uint8_t> persistent_panels(const Kernels& k, const LinearArgs& a) {
-  const int64_t chunk = k.panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+  const int64_t chunk = k.panel_chunk_bytes(a, a.panel_scales);
   const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
   AlignedVector<uint8_t> panels(size_t(chunks * chunk));
   for (int64_t c = 0; c < chunks; ++c)
@@ -365,7 +397,7 @@ void check_panel_forms() {
         }
         a.panel_scales = form;
         const AlignedVector<uint8_t> panels = persistent_panels(k, a);
-        const int64_t chunk = k.panel_chunk_bytes(t, K, form);
+        const int64_t chunk = k.panel_chunk_bytes(a, form);
         LinearArgs cached = a;
         got.assign(want.size(), NAN);
         cached.out = got.data();

@@ -49,6 +49,7 @@
 #include "attention/kernel_common.h"
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
+#include "linear/s16.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
 // pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
@@ -670,9 +671,10 @@ void x8_low_term(const float* x, int64_t K, QType t, const int8_t* hi, int8_t* l
 
 PAGED_TARGET_END()  // baseline: panel_chunk_bytes
 
-int64_t panel_chunk_bytes(QType t, int64_t K, PanelScales scales) {
-  const int64_t nb = K / kBlock;
-  return nb * (t == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) + panel_scale_bytes(t, nb, scales);
+int64_t panel_chunk_bytes(const LinearArgs& a, PanelScales scales) {
+  if (a.qtype == QType::S16) return s16_panel_chunk_bytes(a, scales);
+  const int64_t nb = a.blocks();
+  return nb * (a.qtype == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) + panel_scale_bytes(a.qtype, nb, scales);
 }
 
 namespace {
@@ -710,6 +712,7 @@ float scale_value(const PanelView& p, bool offsets, int64_t b, int64_t lane) {
 
 // build_panel_chunk's inverse, index by index (once per matrix, off the hot path).
 void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
+  if (a.qtype == QType::S16) return s16_unpack_panel_chunk(a, n0, n1, src);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales);
   const bool q8 = a.qtype == QType::Q8_0, q4_1 = a.qtype == QType::Q4_1;
@@ -775,7 +778,7 @@ void build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst
     case QType::Q4_0: build_chunk<QType::Q4_0>(a, n0, n1, dst); break;
     case QType::Q4_1: build_chunk<QType::Q4_1>(a, n0, n1, dst); break;
     case QType::Q8_0: build_chunk<QType::Q8_0>(a, n0, n1, dst); break;
-    case QType::S16: break;  // s16 weights take Kernels::s16_rows, never this kernel
+    case QType::S16: s16_build_panel_chunk(a, n0, n1, dst); break;
   }
 }
 
@@ -784,7 +787,7 @@ PAGED_TARGET_END()  // baseline: chunk_panel
 PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_only, Int8Panel& scratch) {
   const int64_t nb = a.blocks();
   if (a.panels) {
-    const int64_t chunk = panel_chunk_bytes(a.qtype, a.K, a.panel_scales);
+    const int64_t chunk = panel_chunk_bytes(a, a.panel_scales);
     PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales);
     p.ahead = (kAhead / kPanel) * chunk;
     // This build reads the codes where they lie (and prefetches the chunk

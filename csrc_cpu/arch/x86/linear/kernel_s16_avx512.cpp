@@ -21,6 +21,7 @@
 
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
+#include "arch/x86/linear/s16_panel_avx512.h"
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
 #include "linear/int8.h"
@@ -103,7 +104,7 @@ __attribute__((always_inline)) inline void half_byte_sums(const uint8_t* w, cons
 }
 
 // A work item's byte panel (codes only; byte_panel_codes).
-void byte_panel(const S16Args& s, int64_t n0, const int valid[kCols], PairPanel& p) {
+inline void byte_panel(const S16Args& s, int64_t n0, const int valid[kCols], PairPanel& p) {
   p.codes.resize(size_t(s.a->K / kBlock * kBlockBytes));
   int rows = 0;
   for (int c = 0; c < kCols; ++c) rows += valid[c];
@@ -161,6 +162,77 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
   }
 }
 
+// ---- Prompt rows on persistent panels (s16_panel_avx512.h) ----
+
+// Chunk [n0, n1)'s tile panel from its persistent panel: per block and zmm
+// column (16 rows) each step's codes u, as the byte panel's q + 128 (Bytes)
+// or the pair panel's int16 pairs of q (its two 8-row columns); the scales
+// widened into lanes; the offsets' sums by the scalar order in lanes
+// (chunk_offsets' chains, 16 outputs a vector).
+template <int H, bool Bytes>
+void persistent_codes(const S16Column& col, int zc, int64_t nb, int bias, PairPanel& p) {
+  const __m512i to_byte = _mm512_set1_epi8(char(128 - bias)), to_code = _mm512_set1_epi8(char(bias));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = col.codes + b * (4 + H) * 64;
+    __m512i nib[4], high[H > 0 ? H : 1];
+    for (int i = 0; i < 4; ++i) nib[i] = _mm512_load_si512(w + i * 64);
+    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (4 + i) * 64);
+    const auto half = [&](auto hc) {
+      constexpr int h = decltype(hc)::value;
+      const auto step = [&](auto sc) {
+        constexpr int st = decltype(sc)::value;
+        const __m512i u = step_codes<H, h, st>(nib[st], high);
+        if constexpr (Bytes) {
+          _mm512_store_si512(p.codes.data() + b * kBlockBytes + ((4 * h + st) * kZmmCols + zc) * 64,
+                             _mm512_add_epi8(u, to_byte));
+        } else {
+          const __m512i q = _mm512_sub_epi8(u, to_code);
+          uint8_t* block = p.codes.data() + b * kPairBlockBytes;
+          store_pairs(block + (2 * zc) * 32, 4 * h + st, _mm512_castsi512_si256(q));
+          store_pairs(block + (2 * zc + 1) * 32, 4 * h + st, _mm512_extracti64x4_epi64(q, 1));
+        }
+      };
+      step(std::integral_constant<int, 0>{});
+      step(std::integral_constant<int, 1>{});
+      step(std::integral_constant<int, 2>{});
+      step(std::integral_constant<int, 3>{});
+    };
+    half(std::integral_constant<int, 0>{});
+    half(std::integral_constant<int, 1>{});
+  }
+}
+
+template <bool Bytes>
+void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], PairPanel& p) {
+  const LinearArgs& a = *s.a;
+  const S16Shape sh(a, a.panel_scales);
+  const uint8_t* chunk = s16_chunk(a, n0);
+  constexpr int64_t zmm_lanes = isa_avx512::kLanes;
+  p.d.resize(size_t(sh.nh * kPanel));
+  p.codes.resize(size_t(sh.nb * (Bytes ? kBlockBytes : kPairBlockBytes)));
+  if (sh.offsets) p.offsets.resize(size_t(a.M * kPanel));
+  for (int zc = 0; zc < kZmmCols; ++zc) {
+    const S16Column col = sh.column(chunk, zc);
+    for (int64_t g = 0; g < sh.nh; ++g) _mm512_store_ps(p.d.data() + g * kPanel + zc * zmm_lanes, lane_scales(col, 0, g));
+    switch (sh.H) {
+      case 0: persistent_codes<0, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      case 1: persistent_codes<1, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      default: persistent_codes<2, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+    }
+    if (!sh.offsets) continue;
+    for (int64_t r = 0; r < a.M; ++r) {  // eight chains, half g in chain g % 8, then hsum8's order
+      __m512 t[8];
+      for (int j = 0; j < 8; ++j) t[j] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < sh.nh; g += 8)
+        for (int j = 0; j < 8; ++j)
+          t[j] = _mm512_fmadd_ps(lane_scales(col, 1, g + j), _mm512_set1_ps(s.xs[r * sh.nh + g + j]), t[j]);
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[4]), _mm512_add_ps(t[2], t[6])),
+                                       _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
+      _mm512_store_ps(p.offsets.data() + r * kPanel + zc * zmm_lanes, sum);
+    }
+  }
+}
+
 template <bool HasM, bool Bytes, int... R>
 constexpr std::array<PairTileFn, sizeof...(R)> pair_tile_table(std::integer_sequence<int, R...>) {
   return {&pair_tile<R + 1, HasM, Bytes>...};
@@ -174,8 +246,13 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   static constexpr auto offset = pair_tile_table<true, false>(Rows());
   static constexpr auto byte_plain = pair_tile_table<false, true>(Rows());
   static constexpr auto byte_offset = pair_tile_table<true, true>(Rows());
-  if (s.a->M > kFewRows && !s.c16)  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
-    return rows_with_tiles(s, n0, n1, byte_plain, byte_offset, kPairTileCols, byte_panel);
+  const bool bytes = s.a->M > kFewRows && !s.c16;  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
+  if (s.a->panels) {  // persistent panels (s16_panels_avx512.cpp)
+    if (s.a->M <= kFewRows) return s16_panel_few_rows(s, n0, n1);
+    if (bytes) return rows_with_tiles(s, n0, n1, byte_plain, byte_offset, kPairTileCols, persistent_panel<true>);
+    return rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols, persistent_panel<false>);
+  }
+  if (bytes) return rows_with_tiles(s, n0, n1, byte_plain, byte_offset, kPairTileCols, weight_panel<byte_panel>);
   rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols);
 }
 

@@ -1,0 +1,93 @@
+// The persistent panels of s16's packed codes in the AVX-512 VNNI build
+// (layout: s16_panels_avx512.cpp): where a chunk's columns lie, and their
+// codes and scales as the kernels read them, shared by the few-rows kernel
+// there and the prompt rows' tiles (kernel_s16_avx512.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "arch/target.h"
+#include "arch/x86/linear/int8_avx512.h"
+#include "linear/compact_scales.h"
+#include "linear/s16.h"
+
+namespace paged::cpu::linear::isa_avx512 {
+
+constexpr int64_t kHalvesPerSuper = kCompactWeights / kS16Half;
+
+// Where one column's codes and scales lie in a chunk.
+struct S16Column {
+  const uint8_t* codes;     // [nb][4 + H][16 rows][4]
+  const uint8_t* scales[2]; // d, m (null without offsets), each in `form`
+  int64_t nh;
+  PanelScales form;
+};
+
+struct S16Shape {
+  int64_t nb, nh;
+  int H;
+  bool offsets;
+  PanelScales form;
+  explicit S16Shape(const LinearArgs& a, PanelScales f)
+      : nb(a.K / kBlock), nh(a.K / kS16Half), H(a.code_bits - 4), offsets(a.has_offsets()), form(f) {}
+  int64_t block_bytes() const { return (4 + H) * 64; }
+  int64_t scale_bytes() const {  // one of d / m, one column
+    switch (form) {
+      case PanelScales::F16: return nh * kLanes * 2;
+      case PanelScales::Compact: return nh * kLanes + nh / kHalvesPerSuper * kLanes * 4;
+      case PanelScales::F32: break;
+    }
+    return nh * kLanes * 4;
+  }
+  int64_t column_bytes() const { return nb * block_bytes() + (offsets ? 2 : 1) * scale_bytes(); }
+  S16Column column(const uint8_t* chunk, int c) const {
+    const uint8_t* base = chunk + c * column_bytes();
+    const uint8_t* d = base + nb * block_bytes();
+    return {base, {d, offsets ? d + scale_bytes() : nullptr}, nh, form};
+  }
+};
+
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+// Half g's 16 values of a column's scales o, as float32 (scale_at in lanes).
+PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
+  const uint8_t* s = col.scales[o];
+  switch (col.form) {
+    case PanelScales::F16:
+      return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 2 * g * kLanes)));
+    case PanelScales::Compact: {
+      const __m512 super =
+          _mm512_load_ps(reinterpret_cast<const float*>(s + col.nh * kLanes) + (g / kHalvesPerSuper) * kLanes);
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + g * kLanes));
+      return _mm512_mul_ps(super, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+    }
+    case PanelScales::F32: break;
+  }
+  return _mm512_load_ps(reinterpret_cast<const float*>(s) + g * kLanes);
+}
+
+// Step s of half h of a block: u of 16 rows' 4 codes a lane, from its
+// nibble dword and the block's H high dwords (the field moved to bit 4 by an
+// and and an immediate shift; it never leaves its byte).
+template <int H, int h, int s>
+PAGED_ALWAYS_INLINE __m512i step_codes(__m512i nibbles, const __m512i* high) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i u = _mm512_and_si512(h ? _mm512_srli_epi16(nibbles, 4) : nibbles, low);
+  if constexpr (H > 0) {
+    constexpr int f = 4 * h + s, at = H * f % 8;
+    const __m512i field = _mm512_and_si512(high[H * f / 8], _mm512_set1_epi8(char(((1 << H) - 1) << at)));
+    if constexpr (at <= 4) u = _mm512_or_si512(u, _mm512_slli_epi16(field, 4 - at));
+    else u = _mm512_or_si512(u, _mm512_srli_epi16(field, at - 4));
+  }
+  return u;
+}
+
+PAGED_TARGET_END()
+
+// Chunk [n0, ..)'s panel in a call's persistent panels (LinearArgs::panels).
+inline const uint8_t* s16_chunk(const LinearArgs& a, int64_t n0) {
+  return a.panels + (n0 / kPanel) * s16_panel_chunk_bytes(a, a.panel_scales);
+}
+
+}  // namespace paged::cpu::linear::isa_avx512

@@ -1,0 +1,305 @@
+// Persistent weight panels of the s16 layout's packed codes (s16.h,
+// weight_panels.h) for the AVX-512 VNNI build, and the few-rows kernel that
+// reads them; bitwise the scalar definition (kernel_s16_scalar.cpp).
+//
+// Few rows (decode) on packed codes read in place (s16_ymm.inc) spend ~10
+// instructions a 32-block per weight row: unpacking, one dot product per
+// row, then a horizontal reduction to the two half sums. Here the lanes of a
+// zmm are 16 weight rows (as the int8 path's panels): a step of 4 codes is
+// one vpdpbusd for 16 outputs and an x row, a half is 4 steps, and the half
+// sums need no reduction: ~0.1 instructions a weight at one x row.
+//
+// A chunk of 32 weight rows is two columns of 16, each column one stream:
+//   codes: per 32-block b, 4 nibble dwords of each row (dword s: the codes
+//     u = q + bias of step s of the first half, elements 4s .. 4s+3, in the
+//     low nibbles, of the second half, 16 + 4s .., in the high nibbles),
+//     then H = bits - 4 dwords of their high bits (step f = 4h + s's H
+//     bits of element j at bit H*f % 8 of byte j of dword H*f / 8), each
+//     dword index one zmm of the 16 rows: (4 + H) * 64 bytes a block, the
+//     packed codes' size;
+//   scales: d, then m where the weight has offsets, per half g the 16 rows'
+//     values in the panels' form (PanelScales): float32 or fp16 [nh][16],
+//     or compact bytes [nh][16] then supers [nh / 16][16] (a float per 256
+//     weights), widened in registers to the weight's float32 bit for bit.
+// So the panel holds as many bytes as the packed weight, every bit of it
+// (s16_unpack_panel_chunk is the inverse): it replaces the packed arrays.
+// Calls of more rows decode a work item's int8 codes and float32 scales
+// from it and run the tiles as on packed codes (kernel_s16_avx512.cpp).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "arch/target.h"
+#include "arch/x86/linear/s16_panel_avx512.h"
+#include "attention/kernel_common.h"
+#include "linear/compact_scales.h"
+#include "linear/s16.h"
+
+// GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
+// pass-through operand __Y) as (maybe-)uninitialized: GCC bug 105593.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace paged::cpu::linear::isa_avx512 {
+namespace {
+
+// Half g's value of lane i (scales[o]), as the float32 the weight holds.
+float scale_at(const S16Column& col, int o, int64_t g, int i) {
+  const uint8_t* s = col.scales[o];
+  switch (col.form) {
+    case PanelScales::F16: {
+      uint16_t h;
+      std::memcpy(&h, s + 2 * (g * kLanes + i), 2);
+      return attn::f16_to_float(h);
+    }
+    case PanelScales::Compact: {
+      float super;
+      std::memcpy(&super, s + col.nh * kLanes + 4 * ((g / kHalvesPerSuper) * kLanes + i), 4);
+      return super * float(int8_t(s[g * kLanes + i]));
+    }
+    case PanelScales::F32: break;
+  }
+  float v;
+  std::memcpy(&v, s + 4 * (g * kLanes + i), 4);
+  return v;
+}
+
+// Where code k of a row's block b lies (lane i of its column): its nibble's
+// byte and shift, and its high field's byte and shift.
+struct CodePlace {
+  int64_t nibble_byte, high_byte;
+  int nibble_shift, high_shift;
+};
+CodePlace place(const S16Shape& sh, int64_t b, int k, int i) {
+  const int h = k / 16, s = (k % 16) / 4, j = k % 4, f = 4 * h + s;
+  const int64_t block = b * sh.block_bytes();
+  return {block + s * 64 + 4 * i + j, block + (4 + sh.H * f / 8) * 64 + 4 * i + j, 4 * h, sh.H * f % 8};
+}
+
+// Lane `lane`'s codes q [K] in a column of a chunk.
+void column_codes_of(const LinearArgs& a, const uint8_t* column_codes, int lane, int8_t* q) {
+  const S16Shape sh(a, PanelScales::F32);  // the codes' place does not depend on the scales' form
+  for (int64_t b = 0; b < sh.nb; ++b)
+    for (int k = 0; k < kBlock; ++k) {
+      const CodePlace p = place(sh, b, k, lane);
+      int u = (column_codes[p.nibble_byte] >> p.nibble_shift) & 15;
+      if (sh.H) u |= ((column_codes[p.high_byte] >> p.high_shift) & ((1 << sh.H) - 1)) << 4;
+      q[b * kBlock + k] = int8_t(u - a.code_bias);
+    }
+}
+
+}  // namespace
+
+int64_t s16_panel_chunk_bytes(const LinearArgs& a, PanelScales form) {
+  return kCols * S16Shape(a, form).column_bytes();
+}
+
+// Once per matrix, index by index (a load step, off the hot path).
+void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
+  const S16Shape sh(a, a.panel_scales);
+  std::memset(dst, 0, size_t(s16_panel_chunk_bytes(a, a.panel_scales)));
+  std::vector<int8_t> q(size_t(a.K));
+  const int64_t scale_row = a.d8 ? compact_row_bytes(sh.nh, a.K) : 0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int c = int((n - n0) / kLanes), i = int((n - n0) % kLanes);
+    uint8_t* col = dst + c * sh.column_bytes();
+    unpack_s16_rows(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, 1, q.data());
+    for (int64_t b = 0; b < sh.nb; ++b)
+      for (int k = 0; k < kBlock; ++k) {
+        const int u = q[b * kBlock + k] + a.code_bias;
+        const CodePlace p = place(sh, b, k, i);
+        col[p.nibble_byte] |= uint8_t((u & 15) << p.nibble_shift);
+        if (sh.H) col[p.high_byte] |= uint8_t((u >> 4) << p.high_shift);
+      }
+    for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
+      uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
+      if (sh.form == PanelScales::Compact) {
+        const uint8_t* row = (o ? a.m8 : a.d8) + n * scale_row;
+        for (int64_t g = 0; g < sh.nh; ++g) s[g * kLanes + i] = row[g];
+        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
+          std::memcpy(s + sh.nh * kLanes + 4 * (g * kLanes + i), row + sh.nh + 4 * g, 4);
+        continue;
+      }
+      const float* row = (o ? a.m : a.d) + n * sh.nh;
+      for (int64_t g = 0; g < sh.nh; ++g) {
+        if (sh.form == PanelScales::F16) {
+          const uint16_t h = attn::float_to_f16(row[g]);  // exact: the caller checked they are fp16 values
+          std::memcpy(s + 2 * (g * kLanes + i), &h, 2);
+        } else {
+          std::memcpy(s + 4 * (g * kLanes + i), row + g, 4);
+        }
+      }
+    }
+  }
+}
+
+void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
+  const S16Shape sh(a, a.panel_scales);
+  std::vector<int8_t> q(size_t(a.K));
+  const int64_t scale_row = a.d8 ? compact_row_bytes(sh.nh, a.K) : 0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int c = int((n - n0) / kLanes), i = int((n - n0) % kLanes);
+    const S16Column col = sh.column(src, c);
+    column_codes_of(a, col.codes, i, q.data());
+    pack_s16_row(q.data(), a.K, a.code_bits, a.code_bias, const_cast<uint8_t*>(a.qs) + n * a.row_bytes());
+    for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
+      if (sh.form == PanelScales::Compact) {
+        uint8_t* row = const_cast<uint8_t*>(o ? a.m8 : a.d8) + n * scale_row;
+        const uint8_t* s = col.scales[o];
+        for (int64_t g = 0; g < sh.nh; ++g) row[g] = s[g * kLanes + i];
+        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
+          std::memcpy(row + sh.nh + 4 * g, s + sh.nh * kLanes + 4 * (g * kLanes + i), 4);
+        continue;
+      }
+      float* row = const_cast<float*>(o ? a.m : a.d) + n * sh.nh;
+      for (int64_t g = 0; g < sh.nh; ++g) row[g] = scale_at(col, o, g, i);
+    }
+  }
+}
+
+PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+namespace {
+
+PAGED_ALWAYS_INLINE __m512i broadcast_quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
+}
+
+template <class F, int... I>
+PAGED_ALWAYS_INLINE void each_step(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
+// Column c of a chunk for x rows r0 .. r0 + R (R <= 4 with int8x2's two
+// terms, <= 8 with one): per block and half, the 4 steps' exact sums of
+// the 16 rows (vpdpbusd on u, less half_bias = bias * the half's sum of x's
+// codes where the codes carry a bias), then the half's chain step; with
+// offsets, their eight chains over m's halves after. The column streams in
+// order; while block b is read, its share of the same column `ahead` bytes
+// on is prefetched into L2 (the thread's item after next).
+template <int H, int R, bool Two>
+void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, int64_t ahead, int64_t r0,
+                  int64_t n0, __mmask16 mask) {
+  const LinearArgs& a = *s.a;
+  const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
+  constexpr int64_t block_bytes = (4 + H) * 64;
+  const int64_t share = column_bytes / nb;
+  __m512 e[R][2];
+  for (int r = 0; r < R; ++r) e[r][0] = e[r][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* w = col.codes + b * block_bytes;
+    for (int64_t at = b * share; at < (b + 1) * share; at += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(col.codes) + uintptr_t(at + ahead)),
+                   _MM_HINT_T1);
+    __m512i nib[4], high[H > 0 ? H : 1];
+    for (int i = 0; i < 4; ++i) nib[i] = _mm512_load_si512(w + i * 64);
+    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (4 + i) * 64);
+    const auto half = [&](auto hc) PAGED_ALWAYS_INLINE_LAMBDA {
+      constexpr int h = decltype(hc)::value;
+      __m512i hi[R], lo[Two ? R : 1];
+      for (int r = 0; r < R; ++r) {
+        hi[r] = _mm512_setzero_si512();
+        if constexpr (Two) lo[r] = _mm512_setzero_si512();
+      }
+      each_step(
+          [&](auto sc) PAGED_ALWAYS_INLINE_LAMBDA {
+            constexpr int st = decltype(sc)::value;
+            const __m512i u = step_codes<H, h, st>(nib[st], high);
+            for (int r = 0; r < R; ++r) {
+              const int64_t at = (r0 + r) * K + b * kBlock + 16 * h + 4 * st;
+              hi[r] = _mm512_dpbusd_epi32(hi[r], u, broadcast_quad(a.x8 + at));
+              if constexpr (Two) lo[r] = _mm512_dpbusd_epi32(lo[r], u, broadcast_quad(a.x8_lo + at));
+            }
+          },
+          std::make_integer_sequence<int, 4>());
+      const int64_t g = 2 * b + h;
+      const __m512 d = lane_scales(col, 0, g);
+      for (int r = 0; r < R; ++r) {
+        __m512i isum = hi[r];
+        if constexpr (Two) isum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
+        if (s.half_bias) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(s.half_bias[(r0 + r) * nh + g]));
+        const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
+        e[r][h] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), e[r][h]);
+      }
+    };
+    half(std::integral_constant<int, 0>{});
+    half(std::integral_constant<int, 1>{});
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 out = _mm512_add_ps(e[r][0], e[r][1]);
+    if (col.scales[1]) {  // eight chains, half g in chain g % 8 (s16.h), then hsum8's order
+      __m512 t[8];
+      for (int j = 0; j < 8; ++j) t[j] = _mm512_setzero_ps();
+      for (int64_t g = 0; g < nh; g += 8)
+        for (int j = 0; j < 8; ++j)
+          t[j] = _mm512_fmadd_ps(lane_scales(col, 1, g + j), _mm512_set1_ps(s.xs[(r0 + r) * nh + g + j]), t[j]);
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[4]), _mm512_add_ps(t[2], t[6])),
+                                       _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
+      out = _mm512_add_ps(out, sum);
+    }
+    _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0, mask, out);
+  }
+}
+
+using ColumnFn = void (*)(const S16Args&, const S16Column&, int64_t column_bytes, int64_t ahead, int64_t r0,
+                          int64_t n0, __mmask16 mask);
+
+template <int H, bool Two, int... R>
+constexpr std::array<ColumnFn, sizeof...(R)> column_table(std::integer_sequence<int, R...>) {
+  return {&panel_column<H, R + 1, Two>...};
+}
+
+// x rows per pass over a column: all of int8's (up to kS16FewRows), int8x2's in passes of up to 4
+// (its two sums a row and the chains fill the registers); a second pass reads the column from L2.
+constexpr int kTwoTermRows = 4;
+
+template <int H>
+void few_rows(const S16Args& s, const S16Shape& sh, const uint8_t* chunk, int64_t chunk_bytes, int64_t n0,
+              int64_t n1) {
+  static constexpr auto one = column_table<H, false>(std::make_integer_sequence<int, int(kS16FewRows)>());
+  static constexpr auto two = column_table<H, true>(std::make_integer_sequence<int, kTwoTermRows>());
+  const LinearArgs& a = *s.a;
+  const bool two_terms = a.x8_lo != nullptr;
+  const int64_t pass = two_terms ? kTwoTermRows : kS16FewRows;
+  const int64_t passes = (a.M + pass - 1) / pass;
+  for (int c = 0; c < kCols; ++c) {
+    const int rows = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
+    if (!rows) break;
+    const S16Column col = sh.column(chunk, c);
+    for (int64_t p = 0, r0 = 0; p < passes; ++p) {  // rows in passes of as even a size as allowed
+      const int64_t count = a.M / passes + (p < a.M % passes);
+      (two_terms ? two.data() : one.data())[size_t(count - 1)](s, col, sh.column_bytes(), 2 * chunk_bytes, r0, n0 + c * kLanes,
+                                                  __mmask16((1u << rows) - 1));
+      r0 += count;
+    }
+  }
+}
+
+}  // namespace
+
+void s16_panel_few_rows(const S16Args& s, int64_t n0, int64_t n1) {
+  const LinearArgs& a = *s.a;
+  const S16Shape sh(a, a.panel_scales);
+  const int64_t chunk_bytes = s16_panel_chunk_bytes(a, a.panel_scales);
+  for (int64_t n = n0; n < n1; n += kPanel) {
+    const uint8_t* chunk = a.panels + (n / kPanel) * chunk_bytes;
+    const int64_t end = std::min(n1, n + kPanel);
+    switch (sh.H) {
+      case 0: few_rows<0>(s, sh, chunk, chunk_bytes, n, end); break;
+      case 1: few_rows<1>(s, sh, chunk, chunk_bytes, n, end); break;
+      default: few_rows<2>(s, sh, chunk, chunk_bytes, n, end); break;
+    }
+  }
+}
+
+PAGED_TARGET_END()
+
+}  // namespace paged::cpu::linear::isa_avx512
+
+#pragma GCC diagnostic pop
