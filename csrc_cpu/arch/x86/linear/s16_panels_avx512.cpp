@@ -69,28 +69,41 @@ float scale_at(const S16Column& col, int o, int64_t g, int i) {
   return v;
 }
 
-// Where code k of a row's block b lies (lane i of its column): its nibble's
-// byte and shift, and its high field's byte and shift.
-struct CodePlace {
-  int64_t nibble_byte, high_byte;
-  int nibble_shift, high_shift;
-};
-CodePlace place(const S16Shape& sh, int64_t b, int k, int i) {
-  const int h = k / 16, s = (k % 16) / 4, j = k % 4, f = 4 * h + s;
-  const int64_t block = b * sh.block_bytes();
-  return {block + s * 64 + 4 * i + j, block + (4 + sh.H * f / 8) * 64 + 4 * i + j, 4 * h, sh.H * f % 8};
+// A row's block (32 codes q) into lane i of its column's block (block_bytes
+// from `block`), and back. The nibble dwords are the block's bytes 0-15 and
+// 16-31 side by side; the high fields go dword by dword: step f = 4h + s's
+// high bits (u >> 4 of bytes 16h + 4s .. + 3, one byte each) shifted by
+// H*f % 8 into dword H*f / 8 (no field crosses its byte).
+void encode_block(const int8_t* q, int bias, int H, int i, uint8_t* block) {
+  uint8_t u[kBlock];
+  for (int k = 0; k < kBlock; ++k) u[k] = uint8_t(q[k] + bias);
+  for (int k = 0; k < 16; ++k) block[(k / 4) * 64 + 4 * i + k % 4] = uint8_t((u[k] & 15) | (u[16 + k] & 15) << 4);
+  uint32_t high[2] = {};
+  for (int f = 0; f < 8 && H; ++f) {
+    uint32_t field;
+    std::memcpy(&field, u + 4 * f, 4);  // steps 0-3 of the first half, then of the second: bytes 4f .. 4f + 3
+    high[H * f / 8] |= ((field >> 4) & 0x0F0F0F0Fu) << (H * f % 8);
+  }
+  for (int h = 0; h < H; ++h) std::memcpy(block + (4 + h) * 64 + 4 * i, &high[h], 4);
+}
+
+void decode_block(const uint8_t* block, int bias, int H, int i, int8_t* q) {
+  uint32_t high[2] = {};
+  for (int h = 0; h < H; ++h) std::memcpy(&high[h], block + (4 + h) * 64 + 4 * i, 4);
+  for (int f = 0; f < 8; ++f) {
+    uint32_t nib;
+    std::memcpy(&nib, block + (f % 4) * 64 + 4 * i, 4);
+    uint32_t u = (nib >> (4 * (f / 4))) & 0x0F0F0F0Fu;
+    if (H) u |= ((high[H * f / 8] >> (H * f % 8)) & (0x01010101u * ((1u << H) - 1))) << 4;
+    for (int j = 0; j < 4; ++j) q[4 * f + j] = int8_t(int((u >> (8 * j)) & 0xFF) - bias);
+  }
 }
 
 // Lane `lane`'s codes q [K] in a column of a chunk.
 void column_codes_of(const LinearArgs& a, const uint8_t* column_codes, int lane, int8_t* q) {
   const S16Shape sh(a, PanelScales::F32);  // the codes' place does not depend on the scales' form
   for (int64_t b = 0; b < sh.nb; ++b)
-    for (int k = 0; k < kBlock; ++k) {
-      const CodePlace p = place(sh, b, k, lane);
-      int u = (column_codes[p.nibble_byte] >> p.nibble_shift) & 15;
-      if (sh.H) u |= ((column_codes[p.high_byte] >> p.high_shift) & ((1 << sh.H) - 1)) << 4;
-      q[b * kBlock + k] = int8_t(u - a.code_bias);
-    }
+    decode_block(column_codes + b * sh.block_bytes(), a.code_bias, sh.H, lane, q + b * kBlock);
 }
 
 }  // namespace
@@ -99,7 +112,7 @@ int64_t s16_panel_chunk_bytes(const LinearArgs& a, PanelScales form) {
   return kCols * S16Shape(a, form).column_bytes();
 }
 
-// Once per matrix, index by index (a load step, off the hot path).
+// Once per matrix, row by row (a load step).
 void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   const S16Shape sh(a, a.panel_scales);
   std::memset(dst, 0, size_t(s16_panel_chunk_bytes(a, a.panel_scales)));
@@ -108,14 +121,8 @@ void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t*
   for (int64_t n = n0; n < n1; ++n) {
     const int c = int((n - n0) / kLanes), i = int((n - n0) % kLanes);
     uint8_t* col = dst + c * sh.column_bytes();
-    unpack_s16_rows(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, 1, q.data());
-    for (int64_t b = 0; b < sh.nb; ++b)
-      for (int k = 0; k < kBlock; ++k) {
-        const int u = q[b * kBlock + k] + a.code_bias;
-        const CodePlace p = place(sh, b, k, i);
-        col[p.nibble_byte] |= uint8_t((u & 15) << p.nibble_shift);
-        if (sh.H) col[p.high_byte] |= uint8_t((u >> 4) << p.high_shift);
-      }
+    isa_avx2::s16_unpack(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, 1, q.data());
+    for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.H, i, col + b * sh.block_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
       uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
       if (sh.form == PanelScales::Compact) {
