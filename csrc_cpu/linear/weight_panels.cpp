@@ -11,6 +11,7 @@
 #include "attention/kernel_common.h"
 #include "attention/tensor_args.h"
 #include "kernel_builds.h"
+#include "linear/compact_scales.h"
 #include "linear/int8.h"
 #include "runtime/parallel.h"
 
@@ -46,11 +47,22 @@ bool is_fp16_value(float v) {
   return std::memcmp(&back, &v, sizeof v) == 0;
 }
 
+// Whether every half's byte of s16's compact d (and m) equals its pair's:
+// one byte per 32 weights then holds them (PanelScales::CompactPairs).
+bool compact_pairs(const LinearArgs& a) {
+  const int64_t nh = a.scales(), row = compact_row_bytes(nh, a.K);
+  for (const uint8_t* c : {a.d8, a.m8})
+    for (int64_t n = 0; c && n < a.N; ++n)
+      for (int64_t g = 0; g < nh; g += 2)
+        if (c[n * row + g] != c[n * row + g + 1]) return false;
+  return true;
+}
+
 // The most compact exact form of a's scales (PanelScales): compact scales
 // as they are; d (and m) as fp16 when each is an fp16 value (GGUF's, widened
 // at load), else float32. One pass over the scales, per build of the panels.
 PanelScales scales_form(const LinearArgs& a) {
-  if (a.d8) return PanelScales::Compact;
+  if (a.d8) return a.qtype == QType::S16 && compact_pairs(a) ? PanelScales::CompactPairs : PanelScales::Compact;
   const int64_t count = a.N * a.scales();
   for (const float* s : {a.d, a.m})
     if (s && !std::all_of(s, s + count, is_fp16_value)) return PanelScales::F32;
@@ -107,7 +119,7 @@ std::string layout_of(const Header& h) { return std::string(h.layout, strnlen(h.
 // one form; else the header's (fp16 or float32). The caller checks the whole
 // header against it.
 PanelScales header_form(const LinearArgs& a, const Header& h) {
-  if (a.d8) return PanelScales::Compact;
+  if (a.d8) return h.scales == int64_t(PanelScales::CompactPairs) ? PanelScales::CompactPairs : PanelScales::Compact;
   return h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
 }
 

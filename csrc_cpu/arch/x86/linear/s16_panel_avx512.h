@@ -16,6 +16,12 @@
 namespace paged::cpu::linear::isa_avx512 {
 
 constexpr int64_t kHalvesPerSuper = kCompactWeights / kS16Half;
+static_assert(kLanes == 16, "supers_at: 16 lanes a half");
+
+// Halves per byte of compact scales in a panel of this form.
+constexpr int64_t halves_per_byte(PanelScales form) { return form == PanelScales::CompactPairs ? 2 : 1; }
+// Where compact scales' supers start: after their bytes.
+constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_per_byte(form) * 16; }
 
 // Where one column's codes and scales lie in a chunk.
 struct S16Column {
@@ -37,6 +43,7 @@ struct S16Shape {
     switch (form) {
       case PanelScales::F16: return nh * kLanes * 2;
       case PanelScales::Compact: return nh * kLanes + nh / kHalvesPerSuper * kLanes * 4;
+      case PanelScales::CompactPairs: return nh / 2 * kLanes + nh / kHalvesPerSuper * kLanes * 4;
       case PanelScales::F32: break;
     }
     return nh * kLanes * 4;
@@ -56,10 +63,12 @@ PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
   switch (col.form) {
     case PanelScales::F16:
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 2 * g * kLanes)));
-    case PanelScales::Compact: {
-      const __m512 super =
-          _mm512_load_ps(reinterpret_cast<const float*>(s + col.nh * kLanes) + (g / kHalvesPerSuper) * kLanes);
-      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + g * kLanes));
+    case PanelScales::Compact:
+    case PanelScales::CompactPairs: {
+      const int64_t per = halves_per_byte(col.form);
+      const __m512 super = _mm512_load_ps(reinterpret_cast<const float*>(s + supers_at(col.form, col.nh)) +
+                                          (g / kHalvesPerSuper) * kLanes);
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + g / per * kLanes));
       return _mm512_mul_ps(super, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
     }
     case PanelScales::F32: break;

@@ -57,10 +57,11 @@ float scale_at(const S16Column& col, int o, int64_t g, int i) {
       std::memcpy(&h, s + 2 * (g * kLanes + i), 2);
       return attn::f16_to_float(h);
     }
-    case PanelScales::Compact: {
+    case PanelScales::Compact:
+    case PanelScales::CompactPairs: {
       float super;
-      std::memcpy(&super, s + col.nh * kLanes + 4 * ((g / kHalvesPerSuper) * kLanes + i), 4);
-      return super * float(int8_t(s[g * kLanes + i]));
+      std::memcpy(&super, s + supers_at(col.form, col.nh) + 4 * ((g / kHalvesPerSuper) * kLanes + i), 4);
+      return super * float(int8_t(s[g / halves_per_byte(col.form) * kLanes + i]));
     }
     case PanelScales::F32: break;
   }
@@ -125,11 +126,12 @@ void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t*
     for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.H, i, col + b * sh.block_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
       uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
-      if (sh.form == PanelScales::Compact) {
+      if (a.d8) {  // Compact or CompactPairs (every half's byte its pair's: one kept)
         const uint8_t* row = (o ? a.m8 : a.d8) + n * scale_row;
-        for (int64_t g = 0; g < sh.nh; ++g) s[g * kLanes + i] = row[g];
+        const int64_t per = halves_per_byte(sh.form);
+        for (int64_t g = 0; g < sh.nh; g += per) s[g / per * kLanes + i] = row[g];
         for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
-          std::memcpy(s + sh.nh * kLanes + 4 * (g * kLanes + i), row + sh.nh + 4 * g, 4);
+          std::memcpy(s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), row + sh.nh + 4 * g, 4);
         continue;
       }
       const float* row = (o ? a.m : a.d) + n * sh.nh;
@@ -155,12 +157,12 @@ void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const u
     column_codes_of(a, col.codes, i, q.data());
     pack_s16_row(q.data(), a.K, a.code_bits, a.code_bias, const_cast<uint8_t*>(a.qs) + n * a.row_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
-      if (sh.form == PanelScales::Compact) {
+      if (a.d8) {
         uint8_t* row = const_cast<uint8_t*>(o ? a.m8 : a.d8) + n * scale_row;
         const uint8_t* s = col.scales[o];
-        for (int64_t g = 0; g < sh.nh; ++g) row[g] = s[g * kLanes + i];
+        for (int64_t g = 0; g < sh.nh; ++g) row[g] = s[g / halves_per_byte(sh.form) * kLanes + i];
         for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
-          std::memcpy(row + sh.nh + 4 * g, s + sh.nh * kLanes + 4 * (g * kLanes + i), 4);
+          std::memcpy(row + sh.nh + 4 * g, s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), 4);
         continue;
       }
       float* row = const_cast<float*>(o ? a.m : a.d) + n * sh.nh;
