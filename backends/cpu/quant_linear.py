@@ -40,7 +40,7 @@ same bits, as many bytes as the packed matrix (the transposed nibbles or q8
 codes, the scales kept fp16 or compact), so the matrix drops its packed
 arrays (``release_packed``) and unpacks them again only for a path without
 panels. ``plan_weight_panels`` switches it on for a model (docs/cpu-linear.md,
-"Weight panels").
+"Weight panels"; docs/weight-panels.md).
 """
 
 from __future__ import annotations

@@ -65,10 +65,10 @@ PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 2 * g * kLanes)));
     case PanelScales::Compact:
     case PanelScales::CompactPairs: {
-      const int64_t per = halves_per_byte(col.form);
+      const int pairs = col.form == PanelScales::CompactPairs;  // a shift, not a division: per half
       const __m512 super = _mm512_load_ps(reinterpret_cast<const float*>(s + supers_at(col.form, col.nh)) +
                                           (g / kHalvesPerSuper) * kLanes);
-      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + g / per * kLanes));
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + (g >> pairs) * kLanes));
       return _mm512_mul_ps(super, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
     }
     case PanelScales::F32: break;
