@@ -2,7 +2,7 @@
 same shapes (docs/cpu-linear.md, "GGUF types and the s16 layout"):
 
     python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--activations int8x2|int8] [--threads 2]
-                                  [--rounds 5] [--json PATH]
+                                  [--rounds 5] [--panels] [--json PATH]
 
 quant_linear with int8x2 activations (what "mixed" gives most matrices;
 --activations int8: its one-term layers' O, gate/up and down) on
@@ -13,6 +13,9 @@ weights (codes and float32 scales) stream past a 32 MiB last-level cache as
 decode's do. Per row count and layout: the best of --rounds passes over
 every copy, as GFLOP/s (2 M N K / s) and GB/s of weight bytes read. To
 compare two builds, run it under each (the figures are per process).
+--panels (a build with persistent weight panels, docs/weight-panels.md):
+each layout also with its panels, the two passes interleaved round by
+round, and their ratio (GB/s counts the packed bytes for both).
 """
 
 from __future__ import annotations
@@ -53,20 +56,37 @@ def weights(layout: str, seed: int) -> list:
     return mats
 
 
-def rate(mats: list, rows: int, rounds: int, activations: str) -> dict:
+def panels_of(mats: list) -> list:
+    from paged import _C_cpu as C
+
+    out = []
+    for _, _, qtype, qs, d, m in mats:
+        p = torch.empty(C.weight_panel_bytes(qtype, qs, d, m), dtype=torch.uint8)
+        C.build_weight_panels(qtype, qs, d, m, p)
+        out.append(p)
+    return out
+
+
+def rate(mats: list, rows: int, rounds: int, activations: str, panels: list | None = None) -> dict:
+    """Figures of the packed arrays, and with panels (given) of the panels too, passes interleaved."""
     from paged import _C_cpu as C
 
     x = {k: torch.randn(rows, k) for k in {k for _, k, *_ in mats}}
     out = {n: torch.empty(rows, n) for n in {n for n, *_ in mats}}
-    best = float("inf")
+    ways = [None] + ([panels] if panels else [])
+    best = [float("inf")] * len(ways)
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for n, k, qtype, qs, d, m in mats:
-            C.quant_linear(x[k], qtype, qs, d, m, out[n], activations)
-        best = min(best, time.perf_counter() - t0)
+        for i, way in enumerate(ways):
+            t0 = time.perf_counter()
+            for j, (n, k, qtype, qs, d, m) in enumerate(mats):
+                C.quant_linear(x[k], qtype, qs, d, m, out[n], activations, -1, None if way is None else way[j])
+            best[i] = min(best[i], time.perf_counter() - t0)
     flops = sum(2 * rows * n * k for n, k, *_ in mats)
     nbytes = sum(qs.numel() + d.numel() * 4 + (m.numel() * 4 if m is not None else 0) for _, _, _, qs, d, m in mats)
-    return {"gflop_s": flops / best / 1e9, "gb_s": nbytes / best / 1e9}
+    fig = {"gflop_s": flops / best[0] / 1e9, "gb_s": nbytes / best[0] / 1e9}
+    if panels:
+        fig.update(panels_gflop_s=flops / best[1] / 1e9, panels_over_packed=best[0] / best[1])
+    return fig
 
 
 def main() -> int:
@@ -75,6 +95,7 @@ def main() -> int:
     ap.add_argument("--activations", choices=["int8x2", "int8"], default="int8x2")
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--panels", action="store_true", help="also time each layout with its persistent panels")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,14 +103,21 @@ def main() -> int:
 
     print(f"s16 kernel by rows: {C.linear_isa()} build, {args.activations}, {args.threads} threads, "
           f"best of {args.rounds}", flush=True)
+    if args.panels and not C.weight_panel_layout():
+        print(f"--panels: linear ISA {C.linear_isa()!r} has no weight panels", file=sys.stderr)
+        return 2
     figures = {}
     for i, layout in enumerate(LAYOUTS):
         mats = weights(layout, seed=i)
+        panels = panels_of(mats) if args.panels else None
         figures[layout] = {}
         for rows in args.rows:
-            figures[layout][rows] = r = rate(mats, rows, args.rounds, args.activations)
-            print(f"{layout:7s} M={rows:4d}: {r['gflop_s']:6.1f} GFLOP/s  {r['gb_s']:5.1f} GB/s", flush=True)
-        del mats
+            figures[layout][rows] = r = rate(mats, rows, args.rounds, args.activations, panels)
+            line = f"{layout:7s} M={rows:4d}: {r['gflop_s']:6.1f} GFLOP/s  {r['gb_s']:5.1f} GB/s"
+            if panels:
+                line += f"   panels {r['panels_gflop_s']:6.1f} GFLOP/s ({r['panels_over_packed']:.2f}x)"
+            print(line, flush=True)
+        del mats, panels
     emit_json({"threads": args.threads, "isa": C.linear_isa(), "activations": args.activations, "figures": figures},
               args.json)
     return 0
