@@ -157,12 +157,30 @@ def test_refused_under_another_build_weight_or_size(avx512):
 # -- CpuPackedLinear, the layer stack and the engine --------------------------
 
 
-def tiny_model(activations, panels: str, monkeypatch):
+def kquant_weights(config) -> dict:
+    """tiny_weights' model with K-quant matrices (their s16 codes packed: K a
+    multiple of 256): layer 0 Q5_K with V in Q6_K (its fused QKV mixes the
+    two: "s16.s6" with offsets), layer 1 Q6_K."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    w = tiny_weights(config)
+    for i, (name, t) in enumerate(sorted((k, v) for k, v in w.items() if isinstance(v, PackedBlocks))):
+        qtype = Q.Q6_K if ".layers.1." in name or "v_proj" in name else Q.Q5_K
+        rows, cols = t.shape
+        w[name] = PackedBlocks(qtype, torch.from_numpy(random_blocks(qtype, rows, cols, seed=i)), (rows, cols))
+    return w
+
+
+def tiny_model(activations, panels: str, monkeypatch, kquants: bool = False):
     monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", panels)
-    config = tiny_config()
+    config = tiny_config(hidden_size=256, intermediate_size=512, num_heads=8, head_dim=32) if kquants \
+        else tiny_config()
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
-    model = build_model(config, tiny_weights(config), torch.float32, "cpu", backend,
-                        lambda t: ql.CpuPackedLinear(t, activations=activations))
+    model = build_model(config, kquant_weights(config) if kquants else tiny_weights(config), torch.float32, "cpu",
+                        backend, lambda t: ql.CpuPackedLinear(t, activations=activations))
     prepare_model(model)
     return model, backend
 
@@ -172,12 +190,16 @@ def built(model) -> list[bool]:
 
 
 @pytest.mark.parametrize("activations", ["int8", "mixed"])
-def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activations, monkeypatch):
+@pytest.mark.parametrize("kquants", [False, True], ids=["q4-q8", "k-quants"])
+def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activations, kquants, monkeypatch):
     """Prompt and decode steps of more than 8 rows, through the Python layers
     and the layer stack, with panels (planned at load) and without."""
-    on, ob = tiny_model(activations, "1", monkeypatch)
-    off, fb = tiny_model(activations, "0", monkeypatch)
+    on, ob = tiny_model(activations, "1", monkeypatch, kquants)
+    off, fb = tiny_model(activations, "0", monkeypatch, kquants)
     assert all(built(on)) and not any(built(off))
+    if kquants:
+        assert {layer.qkv.kernel_qtype for layer in on.layers} == {"s16.s6"}
+        assert {layer.gate_up.kernel_qtype for layer in on.layers} == {"s16.u5", "s16.s6"}
     assert on.layer_stack is not None
     rng = np.random.default_rng(11)
     tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
@@ -190,7 +212,7 @@ def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activa
             ids, pos, meta = step(tokens, work, nd)
             meta.first_prompt_row = int(meta.query_start_loc[nd])
             got, want = on(ids, pos, caches[0], meta), off(ids, pos, caches[1], meta)
-            assert torch.equal(got, want), (stack, work)
+            assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
         for (k1, v1), (k0, v0) in zip(*caches):
             assert torch.equal(k1, k0) and torch.equal(v1, v0)
 
