@@ -154,15 +154,21 @@ struct S16Args {
 // term) gets from the driver for build k's kernel: whether the kernel reads
 // packed codes in place, the bias its half sums carry in half_bias (0:
 // none), and whether it reads c16.
+// With persistent panels (a.panels, the avx512 build's) calls of up to
+// kS16PanelRows rows read them in place (their few-rows kernel, in passes
+// of x rows over each column; Zen 4, 1B shapes: 1.5-1.8x the tiles at 9-16
+// rows, 1.1-1.25x at 48, even at 64-128), more take the tiles.
+constexpr int64_t kS16PanelRows = 48;
+inline int64_t s16_few_rows_limit(const LinearArgs& a) { return a.panels ? kS16PanelRows : kS16FewRows; }
 inline bool s16_reads_packed(const Kernels& k, const LinearArgs& a, int64_t rows) {
-  return k.s16_packed_few_rows && rows <= kS16FewRows && a.code_bits < 8;
+  return k.s16_packed_few_rows && rows <= s16_few_rows_limit(a) && a.code_bits < 8;
 }
 inline int32_t s16_group_bias(const Kernels& k, const LinearArgs& a, int64_t rows, bool two_terms) {
   if (s16_reads_packed(k, a, rows)) return a.code_bias;
-  return k.s16_byte_tiles && rows > kS16FewRows && !two_terms ? kS16ByteBias : 0;
+  return k.s16_byte_tiles && rows > s16_few_rows_limit(a) && !two_terms ? kS16ByteBias : 0;
 }
 inline bool s16_reads_c16(const Kernels& k, const LinearArgs& a, int64_t rows, bool two_terms) {
-  return rows > kS16FewRows && !s16_group_bias(k, a, rows, two_terms);
+  return rows > s16_few_rows_limit(a) && !s16_group_bias(k, a, rows, two_terms);
 }
 
 namespace isa_scalar {

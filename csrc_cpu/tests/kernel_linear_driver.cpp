@@ -210,27 +210,8 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
       }
     a.qs = packed.data();
   }
-  std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp), and bias times them
-  std::vector<int32_t> half_bias(size_t(x.M * nh));
-  std::vector<int16_t> c16(size_t(x.M * K));
-  for (int64_t r = 0; r < x.M; ++r) {
-    const int8_t* hi = x.x8.data() + r * K;
-    const int8_t* lo = two_terms ? x.x8_lo.data() + r * K : nullptr;
-    for (int64_t h = 0; h < nh; ++h) {
-      int32_t sum = 0;
-      for (int64_t i = h * kS16Half; i < (h + 1) * kS16Half; ++i) sum += lo ? hi[i] * 256 + lo[i] : hi[i];
-      xs[size_t(r * nh + h)] = x.x8_scale[size_t(r * nb + h / 2)] * float(sum);
-      half_bias[size_t(r * nh + h)] = s16_group_bias(k, a, x.M, two_terms) * sum;
-    }
-    pair_codes(hi, lo, K, c16.data() + r * K);
-  }
-  const bool reads_packed = s16_reads_packed(k, a, x.M);
-  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), s16_group_bias(k, a, x.M, two_terms) ? half_bias.data() : nullptr,
-             s16_reads_c16(k, a, x.M, two_terms) ? c16.data() : nullptr};
-  const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
-  const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
   AlignedVector<uint8_t> cache;
-  if (panels) {
+  if (panels) {  // before the half sums: the driver's choices depend on them (s16.h)
     const int64_t chunk = k.panel_chunk_bytes(a, a.panel_scales), chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
     cache.resize(size_t(chunks * chunk));
     for (int64_t c = 0; c < chunks; ++c)
@@ -250,6 +231,25 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
     a.qs = nullptr;
     a.d = a.m = nullptr;
   }
+  std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp), and bias times them
+  std::vector<int32_t> half_bias(size_t(x.M * nh));
+  std::vector<int16_t> c16(size_t(x.M * K));
+  for (int64_t r = 0; r < x.M; ++r) {
+    const int8_t* hi = x.x8.data() + r * K;
+    const int8_t* lo = two_terms ? x.x8_lo.data() + r * K : nullptr;
+    for (int64_t h = 0; h < nh; ++h) {
+      int32_t sum = 0;
+      for (int64_t i = h * kS16Half; i < (h + 1) * kS16Half; ++i) sum += lo ? hi[i] * 256 + lo[i] : hi[i];
+      xs[size_t(r * nh + h)] = x.x8_scale[size_t(r * nb + h / 2)] * float(sum);
+      half_bias[size_t(r * nh + h)] = s16_group_bias(k, a, x.M, two_terms) * sum;
+    }
+    pair_codes(hi, lo, K, c16.data() + r * K);
+  }
+  const bool reads_packed = s16_reads_packed(k, a, x.M);
+  S16Args sa{&a, w.m.empty() ? nullptr : xs.data(), s16_group_bias(k, a, x.M, two_terms) ? half_bias.data() : nullptr,
+             s16_reads_c16(k, a, x.M, two_terms) ? c16.data() : nullptr};
+  const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
+  const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
   std::vector<int8_t> rows(size_t(kI8ChunkRows * K));
   for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
     const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
@@ -276,7 +276,7 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
   const Form forms[] = {{8, -128, 127}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
   for (const Form& f : forms)
     for (bool offsets : {false, true})
-      for (int64_t M : {1, 2, 3, 5, 9, 20}) {  // 20: panel tiles of 4 x rows
+      for (int64_t M : {1, 2, 3, 5, 9, 20, 60}) {  // tiles of 4 x rows from 9 (persistent panels: in place to 48)
         // bytes: K a multiple of 32 only (blocks past whole groups of 8)
         Weight w{QType::Q8_0, 37, f.bits == 8 ? 544 : 512, {}, {}, {}};
         for (int64_t i = 0; i < w.N * w.K; ++i) w.qs.push_back(uint8_t(int8_t(uniform_int(f.lo, f.hi))));
