@@ -11,7 +11,10 @@
 //    of 16 weight rows and an x row: half the instructions of the pairs;
 //  - few rows (decode): the AVX2 kernel with vpdpbusd for vpmaddubsw +
 //    vpmaddwd (256-bit, AVX512VL): int8x2's two terms in 3 instructions
-//    instead of 5.
+//    instead of 5;
+//  - with persistent panels (s16_panels_avx512.cpp): up to kS16PanelRows
+//    rows their own kernel, more rows the tiles above on panels made from
+//    them in registers (persistent_panel).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -223,11 +226,7 @@ void persistent_offsets(const S16Args& s, const S16Column& col, float* out) {
         const __m512 mv = _mm512_load_ps(m.data() + (g + j) * lanes);
         for (int i = 0; i < R; ++i) t[i][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(s.xs[(r + i) * nh + g + j]), t[i][j]);
       }
-    for (int i = 0; i < R; ++i) {
-      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[i][0], t[i][4]), _mm512_add_ps(t[i][2], t[i][6])),
-                                       _mm512_add_ps(_mm512_add_ps(t[i][1], t[i][5]), _mm512_add_ps(t[i][3], t[i][7])));
-      _mm512_store_ps(out + (r + i) * kPanel, sum);
-    }
+    for (int i = 0; i < R; ++i) _mm512_store_ps(out + (r + i) * kPanel, chains_hsum8(t[i]));
   };
   int64_t r = 0;
   for (; r + 2 <= a.M; r += 2) rows(std::integral_constant<int, 2>{}, r);

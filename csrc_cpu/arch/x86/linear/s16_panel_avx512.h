@@ -76,6 +76,13 @@ PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
   return _mm512_load_ps(reinterpret_cast<const float*>(s) + g * kLanes);
 }
 
+// hsum8 (quant_linear.h's order) of the offsets' eight chains t, lane by
+// lane: 16 outputs at once.
+PAGED_ALWAYS_INLINE __m512 chains_hsum8(const __m512 t[8]) {
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[4]), _mm512_add_ps(t[2], t[6])),
+                       _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
+}
+
 // Step s of half h of a block: u of 16 rows' 4 codes a lane, from its
 // nibble dword and the block's H high dwords (the field moved to bit 4 by an
 // and and an immediate shift; it never leaves its byte).

@@ -248,9 +248,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
       for (int64_t g = 0; g < nh; g += 8)
         for (int j = 0; j < 8; ++j)
           t[j] = _mm512_fmadd_ps(lane_scales(col, 1, g + j), _mm512_set1_ps(s.xs[(r0 + r) * nh + g + j]), t[j]);
-      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(t[0], t[4]), _mm512_add_ps(t[2], t[6])),
-                                       _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
-      out = _mm512_add_ps(out, sum);
+      out = _mm512_add_ps(out, chains_hsum8(t));
     }
     _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0, mask, out);
   }
