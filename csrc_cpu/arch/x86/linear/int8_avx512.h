@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "arch/target.h"
 #include "linear/compact_scales.h"
@@ -83,6 +84,12 @@ inline __attribute__((always_inline)) __m512 panel_scale(const PanelView& p, boo
     case PanelScales::F32: break;
   }
   return _mm512_load_ps((offsets ? p.m : p.d) + at);
+}
+// 4 int8 codes at p in every dword lane: a vpdpbusd operand (x's codes of one step).
+PAGED_ALWAYS_INLINE __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm512_set1_epi32(v);
 }
 PAGED_TARGET_END()
 

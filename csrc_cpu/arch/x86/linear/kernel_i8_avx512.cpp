@@ -232,12 +232,6 @@ void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelV
   if constexpr (T == QType::Q4_1) transpose_scales(a.m, a.blocks(), n0, rows, c, p.m);
 }
 
-PAGED_ALWAYS_INLINE __m512i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
-}
-
 // One block of 16 outputs: acc = fma(d * dx, float(isum), acc), then q4_1's
 // acc = fma(m, xs, acc); d and m: the block's 16 panel lanes (panel_scale).
 template <QType T>

@@ -16,12 +16,11 @@
 namespace paged::cpu::linear::isa_avx512 {
 
 constexpr int64_t kHalvesPerSuper = kCompactWeights / kS16Half;
-static_assert(kLanes == 16, "supers_at: 16 lanes a half");
 
 // Halves per byte of compact scales in a panel of this form.
 constexpr int64_t halves_per_byte(PanelScales form) { return form == PanelScales::CompactPairs ? 2 : 1; }
-// Where compact scales' supers start: after their bytes.
-constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_per_byte(form) * 16; }
+// Where compact scales' supers start in a column's d or m: after their bytes.
+constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_per_byte(form) * kLanes; }
 
 // Where one column's codes and scales lie in a chunk.
 struct S16Column {
@@ -42,8 +41,8 @@ struct S16Shape {
   int64_t scale_bytes() const {  // one of d / m, one column
     switch (form) {
       case PanelScales::F16: return nh * kLanes * 2;
-      case PanelScales::Compact: return nh * kLanes + nh / kHalvesPerSuper * kLanes * 4;
-      case PanelScales::CompactPairs: return nh / 2 * kLanes + nh / kHalvesPerSuper * kLanes * 4;
+      case PanelScales::Compact:
+      case PanelScales::CompactPairs: return supers_at(form, nh) + nh / kHalvesPerSuper * kLanes * 4;
       case PanelScales::F32: break;
     }
     return nh * kLanes * 4;

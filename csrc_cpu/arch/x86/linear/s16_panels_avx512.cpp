@@ -7,7 +7,7 @@
 // row, then a horizontal reduction to the two half sums. Here the lanes of a
 // zmm are 16 weight rows (as the int8 path's panels): a step of 4 codes is
 // one vpdpbusd for 16 outputs and an x row, a half is 4 steps, and the half
-// sums need no reduction: ~0.1 instructions a weight at one x row.
+// sums need no reduction: ~0.2 instructions a weight at one x row.
 //
 // A chunk of 32 weight rows is two columns of 16, each column one stream:
 //   codes: per 32-block b, 4 nibble dwords of each row (dword s: the codes
@@ -19,12 +19,14 @@
 //     packed codes' size;
 //   scales: d, then m where the weight has offsets, per half g the 16 rows'
 //     values in the panels' form (PanelScales): float32 or fp16 [nh][16],
-//     or compact bytes [nh][16] then supers [nh / 16][16] (a float per 256
-//     weights), widened in registers to the weight's float32 bit for bit.
-// So the panel holds as many bytes as the packed weight, every bit of it
-// (s16_unpack_panel_chunk is the inverse): it replaces the packed arrays.
-// Calls of more rows decode a work item's int8 codes and float32 scales
-// from it and run the tiles as on packed codes (kernel_s16_avx512.cpp).
+//     or compact bytes [nh][16] (CompactPairs: [nh / 2][16]) then supers
+//     [nh / 16][16] (a float per 256 weights), widened in registers to the
+//     weight's float32 bit for bit.
+// So the panel holds as many bytes as the packed weight (fewer with
+// CompactPairs) and every bit of it (s16_unpack_panel_chunk is the
+// inverse): it replaces the packed arrays. Calls of more than
+// kS16PanelRows rows take the tiles on panels made from it in registers
+// (kernel_s16_avx512.cpp, persistent_panel).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -174,12 +176,6 @@ void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const u
 PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
 namespace {
 
-PAGED_ALWAYS_INLINE __m512i broadcast_quad(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return _mm512_set1_epi32(v);
-}
-
 template <class F, int... I>
 PAGED_ALWAYS_INLINE void each_step(F&& f, std::integer_sequence<int, I...>) {
   (f(std::integral_constant<int, I>{}), ...);
@@ -222,8 +218,8 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
             const __m512i u = step_codes<H, h, st>(nib[st], high);
             for (int r = 0; r < R; ++r) {
               const int64_t at = (r0 + r) * K + b * kBlock + 16 * h + 4 * st;
-              hi[r] = _mm512_dpbusd_epi32(hi[r], u, broadcast_quad(a.x8 + at));
-              if constexpr (Two) lo[r] = _mm512_dpbusd_epi32(lo[r], u, broadcast_quad(a.x8_lo + at));
+              hi[r] = _mm512_dpbusd_epi32(hi[r], u, broadcast4(a.x8 + at));
+              if constexpr (Two) lo[r] = _mm512_dpbusd_epi32(lo[r], u, broadcast4(a.x8_lo + at));
             }
           },
           std::make_integer_sequence<int, 4>());
