@@ -205,34 +205,6 @@ void persistent_codes(const S16Column& col, int zc, int64_t nb, int bias, PairPa
   }
 }
 
-// The offsets' sums of every x row by a column's 16 weight rows into
-// out[r * kPanel ..]: eight chains, half g in chain g % 8, then hsum8's
-// order (chunk_offsets' arithmetic, 16 outputs a vector); m widened once,
-// two x rows at a time.
-void persistent_offsets(const S16Args& s, const S16Column& col, float* out) {
-  const LinearArgs& a = *s.a;
-  const int64_t nh = col.nh;
-  constexpr int64_t lanes = isa_avx512::kLanes;
-  static thread_local AlignedVector<float> m;
-  m.resize(size_t(nh * lanes));
-  for (int64_t g = 0; g < nh; ++g) _mm512_store_ps(m.data() + g * lanes, lane_scales(col, 1, g));
-  const auto rows = [&](auto rc, int64_t r) PAGED_ALWAYS_INLINE_LAMBDA {
-    constexpr int R = decltype(rc)::value;
-    __m512 t[R][8];
-    for (int i = 0; i < R; ++i)
-      for (int j = 0; j < 8; ++j) t[i][j] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < nh; g += 8)
-      for (int j = 0; j < 8; ++j) {
-        const __m512 mv = _mm512_load_ps(m.data() + (g + j) * lanes);
-        for (int i = 0; i < R; ++i) t[i][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(s.xs[(r + i) * nh + g + j]), t[i][j]);
-      }
-    for (int i = 0; i < R; ++i) _mm512_store_ps(out + (r + i) * kPanel, chains_hsum8(t[i]));
-  };
-  int64_t r = 0;
-  for (; r + 2 <= a.M; r += 2) rows(std::integral_constant<int, 2>{}, r);
-  if (r < a.M) rows(std::integral_constant<int, 1>{}, r);
-}
-
 template <bool Bytes>
 void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], PairPanel& p) {
   const LinearArgs& a = *s.a;
@@ -250,7 +222,7 @@ void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], P
       case 1: persistent_codes<1, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
       default: persistent_codes<2, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
     }
-    if (sh.offsets) persistent_offsets(s, col, p.offsets.data() + zc * zmm_lanes);
+    if (sh.offsets) column_offsets(col, s.xs, a.M, {p.offsets.data() + zc * zmm_lanes, kPanel, 0xFFFF, false});
   }
 }
 

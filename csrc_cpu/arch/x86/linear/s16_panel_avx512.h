@@ -10,6 +10,7 @@
 
 #include "arch/target.h"
 #include "arch/x86/linear/int8_avx512.h"
+#include "linear/aligned.h"
 #include "linear/compact_scales.h"
 #include "linear/s16.h"
 
@@ -55,6 +56,11 @@ struct S16Shape {
   }
 };
 
+// GCC 12's AVX-512 intrinsics' undefined pass-through operand (GCC bug
+// 105593), as in the kernels' files: column_offsets is not always inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 PAGED_TARGET_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 // Half g's 16 values of a column's scales o, as float32 (scale_at in lanes).
 PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
@@ -82,6 +88,65 @@ PAGED_ALWAYS_INLINE __m512 chains_hsum8(const __m512 t[8]) {
                        _mm512_add_ps(_mm512_add_ps(t[1], t[5]), _mm512_add_ps(t[3], t[7])));
 }
 
+// Chains c0 .. c0+J of the offsets (s16.h: half g in chain g % 8, fmas in
+// g's order) for x rows xs[i * nh ..], i < R, by a column's m widened into
+// lanes (m[g * kLanes ..]); into t[i][c0 + j]. One load of m serves R rows.
+template <int R, int J>
+PAGED_ALWAYS_INLINE void offset_chains(const float* m, const float* xs, int64_t nh, int c0, __m512 t[][8]) {
+  __m512 acc[R][J];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t g = c0; g < nh; g += 8)
+    for (int j = 0; j < J; ++j) {
+      const __m512 mv = _mm512_load_ps(m + (g + j) * kLanes);
+      for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[i * nh + g + j]), acc[i][j]);
+    }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < J; ++j) t[i][c0 + j] = acc[i][j];
+}
+
+// Where column_offsets puts row r's 16 sums: out + r * stride, masked;
+// added to what is there (the few-rows kernel's outputs) or stored.
+struct OffsetsOut {
+  float* out;
+  int64_t stride;
+  __mmask16 mask;
+  bool add;
+};
+
+// R x rows' offsets by the column (eight chains of J at a time: R * J = 8
+// accumulators keep the fmas' latency covered), then hsum8's order.
+template <int R, int J>
+PAGED_ALWAYS_INLINE void offset_rows(const float* m, const float* xs, int64_t nh, int64_t r, const OffsetsOut& o) {
+  __m512 t[R][8];
+#pragma GCC unroll 8
+  for (int c0 = 0; c0 < 8; c0 += J) offset_chains<R, J>(m, xs + r * nh, nh, c0, t);
+  for (int i = 0; i < R; ++i) {
+    float* at = o.out + (r + i) * o.stride;
+    __m512 v = chains_hsum8(t[i]);
+    if (o.add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(o.mask, at), v);
+    _mm512_mask_storeu_ps(at, o.mask, v);
+  }
+}
+
+// The offsets' sums of x rows [0, M) (their xs, [M, nh]) by a column's 16
+// weight rows: m widened once per column (not per x row), then the chains
+// 8 x rows at a time, the rest 4 / 2 / 1 rows with 2 / 4 / 8 chains at
+// once. Chain-major: each chain's fmas are independent of the others', so
+// the order is s16.h's (Zen 4, 1B Q5_K_M prompts: rows two at a time with
+// all eight chains re-read m for every fma and ran at half the fma rate).
+inline void column_offsets(const S16Column& col, const float* xs, int64_t M, const OffsetsOut& o) {
+  const int64_t nh = col.nh;
+  static thread_local AlignedVector<float> m;
+  m.resize(size_t(nh * kLanes));
+  for (int64_t g = 0; g < nh; ++g) _mm512_store_ps(m.data() + g * kLanes, lane_scales(col, 1, g));
+  int64_t r = 0;
+  for (; r + 8 <= M; r += 8) offset_rows<8, 1>(m.data(), xs, nh, r, o);
+  if (r + 4 <= M) offset_rows<4, 2>(m.data(), xs, nh, r, o), r += 4;
+  if (r + 2 <= M) offset_rows<2, 4>(m.data(), xs, nh, r, o), r += 2;
+  if (r < M) offset_rows<1, 8>(m.data(), xs, nh, r, o);
+}
+
 // Step s of half h of a block: u of 16 rows' 4 codes a lane, from its
 // nibble dword and the block's H high dwords (the field moved to bit 4 by an
 // and and an immediate shift; it never leaves its byte).
@@ -99,6 +164,7 @@ PAGED_ALWAYS_INLINE __m512i step_codes(__m512i nibbles, const __m512i* high) {
 }
 
 PAGED_TARGET_END()
+#pragma GCC diagnostic pop
 
 // Chunk [n0, ..)'s panel in a call's persistent panels (LinearArgs::panels).
 inline const uint8_t* s16_chunk(const LinearArgs& a, int64_t n0) {

@@ -236,18 +236,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
     half(std::integral_constant<int, 0>{});
     half(std::integral_constant<int, 1>{});
   }
-  for (int r = 0; r < R; ++r) {
-    __m512 out = _mm512_add_ps(e[r][0], e[r][1]);
-    if (col.scales[1]) {  // eight chains, half g in chain g % 8 (s16.h), then hsum8's order
-      __m512 t[8];
-      for (int j = 0; j < 8; ++j) t[j] = _mm512_setzero_ps();
-      for (int64_t g = 0; g < nh; g += 8)
-        for (int j = 0; j < 8; ++j)
-          t[j] = _mm512_fmadd_ps(lane_scales(col, 1, g + j), _mm512_set1_ps(s.xs[(r0 + r) * nh + g + j]), t[j]);
-      out = _mm512_add_ps(out, chains_hsum8(t));
-    }
-    _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0, mask, out);
-  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0, mask, _mm512_add_ps(e[r][0], e[r][1]));
 }
 
 using ColumnFn = void (*)(const S16Args&, const S16Column&, int64_t column_bytes, int64_t ahead, int64_t r0,
@@ -282,6 +271,8 @@ void few_rows(const S16Args& s, const S16Shape& sh, const uint8_t* chunk, int64_
                                                   __mmask16((1u << rows) - 1));
       r0 += count;
     }
+    if (sh.offsets)  // every row's offsets added once the passes are done (column_offsets)
+      column_offsets(col, s.xs, a.M, {a.out + n0 + c * kLanes, a.N, __mmask16((1u << rows) - 1), true});
   }
 }
 
