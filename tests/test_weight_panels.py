@@ -175,13 +175,25 @@ def kquant_weights(config) -> dict:
     return w
 
 
-def tiny_model(activations, panels: str, monkeypatch, kquants: bool = False):
+def tiny_model(activations, panels: str, monkeypatch, kquants: bool = False, row_parts: bool = False):
     monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", panels)
-    config = tiny_config(hidden_size=256, intermediate_size=512, num_heads=8, head_dim=32) if kquants \
-        else tiny_config()
+    if row_parts:  # test_row_parts' model: a QKV of Q4_K Q/K rows (q4_1) and Q6_K V rows (s16)
+        import test_row_parts
+
+        config = test_row_parts.tiny_config()
+        weights = test_row_parts.tiny_weights(config)
+    else:
+        config = tiny_config(hidden_size=256, intermediate_size=512, num_heads=8, head_dim=32) if kquants \
+            else tiny_config()
+        weights = kquant_weights(config) if kquants else tiny_weights(config)
     backend = CpuBackend(config.num_heads, config.num_kv_heads, config.head_dim, BLOCK, torch.float32, "cpu")
-    model = build_model(config, kquant_weights(config) if kquants else tiny_weights(config), torch.float32, "cpu",
-                        backend, lambda t: ql.CpuPackedLinear(t, activations=activations))
+    if row_parts:  # a packed linear that says it takes row parts (else the loader joins them as s16)
+        from paged.backends.cpu.precision import PlannedPackedLinear, PrecisionPlan
+
+        linear = PlannedPackedLinear(PrecisionPlan(activations))
+    else:
+        linear = lambda t: ql.CpuPackedLinear(t, activations=activations)  # noqa: E731
+    model = build_model(config, weights, torch.float32, "cpu", backend, linear)
     prepare_model(model)
     return model, backend
 
@@ -216,6 +228,32 @@ def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activa
             assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
         for (k1, v1), (k0, v0) in zip(*caches):
             assert torch.equal(k1, k0) and torch.equal(v1, v0)
+
+
+@pytest.mark.parametrize("activations", ["int8", "mixed"])
+def test_row_parts_have_panels_of_their_own(avx512, activations, monkeypatch):
+    """A fused QKV of row parts (Q4_K_M's: Q/K in q4_1, V in s16) keeps one
+    panel per part in place of its arrays; prompt and decode steps through
+    the layer stack and the Python layers are bitwise those without panels."""
+    on, ob = tiny_model(activations, "1", monkeypatch, row_parts=True)
+    off, fb = tiny_model(activations, "0", monkeypatch, row_parts=True)
+    parts = [p for layer in on.layers for p in layer.qkv.parts]
+    assert {p.kernel_qtype for p in parts} == {"q4_1", "s16.s6"}
+    assert all(p.use_panels and p.packed_released for p in parts)
+    assert not any(p.use_panels for layer in off.layers for p in layer.qkv.parts)
+    rng = np.random.default_rng(12)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
+             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4),
+             ([(0, 4, 1)], 1)]  # one row: the few-rows kernels
+    for stack in ("1", "0"):
+        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+        caches = [b.allocate_kv_cache(len(m.layers), len(LENGTHS) * MAX_BLOCKS) for m, b in ((on, ob), (off, fb))]
+        for work, nd in steps:
+            ids, pos, meta = step(tokens, work, nd)
+            meta.first_prompt_row = int(meta.query_start_loc[nd])
+            got, want = on(ids, pos, caches[0], meta), off(ids, pos, caches[1], meta)
+            assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
 
 
 def test_panels_follow_the_linear_isa(avx512, monkeypatch):

@@ -82,6 +82,11 @@ def _panels(mats) -> list:
     return [] if all(p is None for p in panels) else [None if p is None else dl(p) for p in panels]
 
 
+def _part_panels(w: CpuPackedLinear) -> list:
+    """add_layer's qkv_part_panels: each row part's panels, for a matrix of several parts ([] otherwise)."""
+    return _panels(w.parts) if w.parts else []
+
+
 def _layer_shape(layer) -> dict:
     """add_layer's description of one layer (csrc_cpu/model/layer_stack.h LayerShape)."""
     s, attn = layer.spec, layer.attn_backend
@@ -206,10 +211,12 @@ class LayerStack:
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             mats = _layer_matrices(layer)
-            released |= any(isinstance(w, CpuPackedLinear) and w.packed_released for w in mats)
+            released |= any(isinstance(p, CpuPackedLinear) and p.packed_released
+                            for w in mats for p in (getattr(w, "parts", None) or [w]))
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _row_parts(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term, **_layer_shape(layer))
+                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term,
+                             qkv_part_panels=_part_panels(layer.qkv), **_layer_shape(layer))
         return cls(native, released)
 
     @staticmethod

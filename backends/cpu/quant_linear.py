@@ -415,8 +415,9 @@ def plan_weight_panels(linears) -> int:
     from paged import _C_cpu
 
     setting = panels_setting()
-    mats = [w for w in linears
-            if isinstance(w, CpuPackedLinear) and w.activations != "float32" and has_panel_layout(w.kernel_qtype)]
+    # a fused matrix of row parts (Q4_K_M's QKV: Q/K in q4_1, V in s16): each part has panels of its own
+    flat = [p for w in linears if isinstance(w, CpuPackedLinear) for p in (w.parts or [w])]
+    mats = [w for w in flat if w.activations != "float32" and has_panel_layout(w.kernel_qtype)]
     if not mats:
         return 0
     on = setting != "0"

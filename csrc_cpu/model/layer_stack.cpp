@@ -70,7 +70,8 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                           std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape) {
+                           std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape,
+                           std::vector<std::optional<Array>> qkv_part_panels) {
   const auto& c = cfg_;
   if (one_term && activations_ != "mixed")
     fail("one_term", "false unless the stack's activations are 'mixed'", "true with activations '" + activations_ + "'");
@@ -86,6 +87,11 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
   if (qkv.empty() || rows != qkv_rows)
     fail("qkv", "row parts of " + str(qkv_rows) + " rows in all", str(int64_t(qkv.size())) + " parts of " + str(rows));
   if (qkv.size() > 1 && panels[0]) fail("panels", "None for a qkv of several row parts", "a tensor");
+  if (!qkv_part_panels.empty() && qkv_part_panels.size() != qkv.size())
+    fail("qkv_part_panels", "none or one per qkv row part (" + str(int64_t(qkv.size())) + ")",
+         int64_t(qkv_part_panels.size()));
+  if (qkv.size() == 1) qkv_part_panels = {std::move(panels[0])};
+  qkv_part_panels.resize(qkv.size());
   Activation activation = Activation::SiLU;
   if (shape.activation == "gelu_tanh") activation = Activation::GeluTanh;
   else if (shape.activation != "silu") fail("activation", "'silu' or 'gelu_tanh'", "'" + shape.activation + "'");
@@ -100,9 +106,9 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
   const double eps = shape.eps.value_or(c.eps);
   const int64_t window = shape.sliding_window.value_or(c.sliding_window);
   if (window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", window);
-  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(panels[0])},
-                          {{std::move(o_proj)}, std::move(panels[1])}, {{std::move(gate_up)}, std::move(panels[2])},
-                          {{std::move(down)}, std::move(panels[3])}, std::move(qkv_bias), one_term, eps,
+  layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(qkv_part_panels)},
+                          {{std::move(o_proj)}, {std::move(panels[1])}}, {{std::move(gate_up)}, {std::move(panels[2])}},
+                          {{std::move(down)}, {std::move(panels[3])}}, std::move(qkv_bias), one_term, eps,
                           shape.qk_eps.value_or(eps), shape.scale.value_or(c.scale), window, activation,
                           std::move(shape.attn_out_norm), std::move(shape.mlp_out_norm), std::move(shape.q_norm),
                           std::move(shape.k_norm), std::move(shape.cos_sin)});
@@ -150,12 +156,12 @@ void LayerStack::linear(const StackMatrix& w, float* x, int64_t rows, int64_t in
     linear::quant_linear(f32(x, {size_t(rows), size_t(in)}), qtype, qs, d, m, f32(dst, {size_t(rows), size_t(cols)}),
                          linear_activations_, two_term_rows, cached ? panels : none, prompt_rows_);
   };
-  if (w.parts.size() == 1) return run(w.parts[0], w.panels, out, n);
+  if (w.parts.size() == 1) return run(w.parts[0], w.panels[0], out, n);
   int64_t col = 0;  // row parts: each part's outputs, then copied to its columns of out (checked at add_layer)
-  for (const auto& part : w.parts) {
-    const auto cols = int64_t(std::get<1>(part).shape(0));
+  for (size_t i = 0; i < w.parts.size(); ++i) {
+    const auto cols = int64_t(std::get<1>(w.parts[i]).shape(0));
     part_out_.resize(size_t(rows * cols));
-    run(part, none, part_out_.data(), cols);
+    run(w.parts[i], w.panels[i], part_out_.data(), cols);
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(out + r * n + col, part_out_.data() + r * cols, size_t(cols) * sizeof(float));
     col += cols;

@@ -56,10 +56,10 @@ using PackedMatrix = std::tuple<std::string, Array, Array, std::optional<Array>>
 // active linear build (else the kernel builds its panels per call, same bits).
 // parts: the matrix's row groups in order (one, or a fused QKV whose Q/K and
 // V rows come in different layouts, core/models/loaders/packed.py
-// PackedParts), each run by its own call; panels only for a single part.
+// PackedParts), each run by its own call with its own panels (one per part).
 struct StackMatrix {
   std::vector<PackedMatrix> parts;
-  std::optional<Array> panels;
+  std::vector<std::optional<Array>> panels;
 };
 
 struct StackConfig {
@@ -99,10 +99,13 @@ class LayerStack {
   // build_weight_panels' tensor of that matrix, checked by quant_linear).
   // one_term ("mixed" only): every row takes one int8 term in this layer's
   // O, gate/up and down projections (else two). shape: what the layer adds
-  // to the Llama layer, checked here. qkv: its row parts (StackMatrix).
+  // to the Llama layer, checked here. qkv: its row parts (StackMatrix);
+  // with several, qkv_part_panels: none or one per part (panels' qkv entry
+  // is then None).
   void add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
-                 std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {});
+                 std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {},
+                 std::vector<std::optional<Array>> qkv_part_panels = {});
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
