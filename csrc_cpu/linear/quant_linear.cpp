@@ -203,8 +203,9 @@ QuantizedX prepare_x(const float* x, int64_t M, int64_t K, bool with_codes, bool
 
 // The int8 paths: the rows of x quantized (int8.h; split over the threads by
 // rows), then the weight rows in chunks of kI8ChunkRows split over the
-// threads (static: a thread's chunks are consecutive, which the kernels'
-// prefetch of the chunk after next relies on), each thread building its
+// threads (balanced: a thread's chunks are consecutive, which the kernels'
+// prefetch of the chunk after next relies on, and one done early takes the
+// other's last chunks; parallel.h), each thread building its
 // panels in its own scratch. Splitting N only: every model matrix has >= 18
 // chunks, enough for the threads, and no panel is built twice.
 //
@@ -303,7 +304,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   if (bf16 && a.M > two_rows)
     bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(*bf16, a.x + two_rows * K, a.M - two_rows, K, parallel),
                   nullptr, a.out + two_rows * N};
-  parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
+  parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
     static thread_local Int8Panel panel;
@@ -408,7 +409,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
   // compact scales: each chunk widens its rows
   const ItemWidener widen = item_widener(kernels.widen_compact);
-  parallel_for(chunks, parallel, Schedule::Static, 1, [&](int64_t c) {
+  parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
     kernel(widen.item(a, n0, n1), n0, n1, scratch);

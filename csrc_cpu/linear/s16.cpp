@@ -130,7 +130,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
     S16Args s{&g, half ? half + r0 * nh : nullptr, group_bias(g.M, two_terms) ? half_bias + r0 * nh : nullptr,
               reads_c16(g.M, two_terms) ? c16 + r0 * K : nullptr};
     const int64_t chunks = (a.N + kI8ChunkRows - 1) / kI8ChunkRows;
-    parallel_for(chunks, parallel && chunks > 1, Schedule::Static, 1, [&](int64_t c) {
+    parallel_for(chunks, parallel && chunks > 1, Schedule::Balanced, 1, [&](int64_t c) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (a.panels) return kernel(s, n0, n1);  // persistent panels: the build's kernel reads them itself
       // compact scales widened here, or by the few-rows kernel in registers

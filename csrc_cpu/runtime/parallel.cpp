@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -42,6 +43,8 @@ class Pool {
         const int index = int(workers_.size()) + 1;
         workers_.emplace_back([this, index] { worker(index); });
       }
+      balanced_.reset();
+      if (schedule == Schedule::Balanced) balanced_ = std::make_unique<BalancedRanges>(n, team);
       task_ = Task{n, schedule, std::max<int64_t>(1, chunk), &body, team};
       next_.store(0);
       pending_ = team - 1;
@@ -65,7 +68,9 @@ class Pool {
   void work(int index) {
     t_inside = true;
     const Task& t = task_;
-    if (t.schedule == Schedule::Static) {  // contiguous ranges, as OpenMP's static schedule
+    if (t.schedule == Schedule::Balanced) {
+      balanced_->run(index, *t.body);
+    } else if (t.schedule == Schedule::Static) {  // contiguous ranges, as OpenMP's static schedule
       const int64_t lo = t.n * index / t.team, hi = t.n * (index + 1) / t.team;
       for (int64_t i = lo; i < hi; ++i) (*t.body)(i);
     } else {
@@ -95,6 +100,7 @@ class Pool {
   std::condition_variable wake_, done_;
   std::vector<std::thread> workers_;
   Task task_;
+  std::unique_ptr<BalancedRanges> balanced_;  // Schedule::Balanced's, for the region running
   std::atomic<int64_t> next_{0};
   std::atomic<int> size_{int(std::max(1u, std::thread::hardware_concurrency()))};
   uint64_t generation_ = 0;

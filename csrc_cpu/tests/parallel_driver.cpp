@@ -1,11 +1,13 @@
 // parallel_for (runtime/parallel.h) in whichever build this is: OpenMP, or
 // the std::thread pool of a build without it (tests/test_kernel_drivers.py
-// builds both). Every index runs exactly once under both schedules and any
+// builds both). Every index runs exactly once under every schedule and any
 // team size; a static schedule gives each thread one contiguous range (the
-// int8 linear's prefetch relies on it); a nested loop runs inline; regions
-// from several caller threads queue instead of mixing.
+// int8 linear's prefetch relies on it), a balanced one too where its threads
+// keep pace (else the others take its range's back); a nested loop runs
+// inline; regions from several caller threads queue instead of mixing.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -48,9 +50,26 @@ int main() {
   std::printf("threads: %s\n", kHaveOpenMP ? "OpenMP" : "std::thread pool (no OpenMP)");
   const int hw = int(std::max(2u, std::thread::hardware_concurrency()));
   for (int threads : {1, 2, 3, hw})
-    for (Schedule s : {Schedule::Static, Schedule::Dynamic})
+    for (Schedule s : {Schedule::Static, Schedule::Dynamic, Schedule::Balanced})
       for (int64_t n : {0, 1, 2, 7, 1000})
         for (int64_t chunk : {1, 4}) check_once(threads, s, n, chunk);
+
+  // Balanced: a slow iteration at the front of thread 0's range leaves the
+  // back of that range to the other threads, each index still run once.
+  omp_set_num_threads(2);
+  {
+    const int64_t n = 64;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::vector<std::thread::id> who(static_cast<size_t>(n));
+    parallel_for(n, true, Schedule::Balanced, 1, [&](int64_t i) {
+      if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      hits[size_t(i)].fetch_add(1);
+      who[size_t(i)] = std::this_thread::get_id();
+    });
+    for (int64_t i = 0; i < n; ++i) DRIVER_CHECK(hits[size_t(i)].load() == 1, "balanced: index %lld ran %d times",
+                                                 (long long)i, hits[size_t(i)].load());
+    DRIVER_CHECK(who[size_t(n / 2 - 1)] != who[0], "balanced: the back of a slow thread's range was not taken");
+  }
 
   // A loop inside a loop's body runs (inline in the pool build) and completes.
   omp_set_num_threads(hw);
@@ -67,7 +86,7 @@ int main() {
     callers.emplace_back([&, c] {
       for (int rep = 0; rep < 50; ++rep) {
         std::vector<int> out(64, -1);
-        parallel_for(64, true, rep % 2 ? Schedule::Static : Schedule::Dynamic, 2,
+        parallel_for(64, true, rep % 3 == 2 ? Schedule::Balanced : rep % 2 ? Schedule::Static : Schedule::Dynamic, 2,
                      [&](int64_t i) { out[size_t(i)] = c; });
         if (std::count(out.begin(), out.end(), c) != 64) bad.fetch_add(1);
       }
