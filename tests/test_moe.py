@@ -235,6 +235,43 @@ def test_cpu_experts_spread_over_two_threads_give_the_python_path_bits(packed):
     fused._native.spread_experts = True
 
 
+def test_cpu_experts_read_their_weight_panels(packed, monkeypatch):
+    """Planned by the worker, every expert matrix keeps only its persistent
+    panels (avx512 build); the one-call experts read them, bitwise the same
+    model without panels, and under another linear build make themselves
+    again from that build's arrays (unpacked from the panels)."""
+    from paged.backends.cpu.worker import panel_matrices
+    from paged.backends.cpu.quant_linear import plan_weight_panels
+
+    if "avx512" not in _C.supported_linear_isas():
+        pytest.skip("weight panels need the avx512 linear build, which this CPU cannot run")
+    fam, hf, loaded = packed
+    c = loaded.config
+    _C.set_linear_isa("avx512")
+    try:
+        monkeypatch.setenv("PAGED_CPU_WEIGHT_PANELS", "1")
+        on, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+        plan_weight_panels(panel_matrices(on))
+        off, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+        experts = [w for layer in on.layers for w in layer.moe.gate_up + layer.moe.down]
+        assert all(w.use_panels and w.packed_released for w in experts)
+        gen = torch.Generator().manual_seed(7)
+        for name in ["avx512"] + [n for n in _C.supported_linear_isas() if n not in ("avx512", "amx")][:1]:
+            _C.set_linear_isa(name)
+            for i in (0, len(on.layers) // 2):
+                moe, ref = on.layers[i].moe, off.layers[i].moe
+                fused = moe._fused_experts(on.ops)
+                for rows in (1, 5, 17):
+                    x = torch.randn(rows, c.hidden_size, generator=gen)
+                    weights, ids = route(torch.randn(rows, len(moe.gate_up), generator=gen), moe.spec)
+                    got, _ = fused(x, ids, weights)
+                    want, _ = ref._fused_experts(off.ops)(x, ids, weights)
+                    assert torch.equal(got, want), f"{fam.name}: {name}, layer {i}, {rows} rows"
+                assert fused._native.panels_match_build
+    finally:
+        _C.set_linear_isa("auto")
+
+
 def test_tensor_parallel_two_ranks_compute_one_process_bits(packed):
     fam, hf, loaded = packed
     c, w = loaded.config, loaded.weights

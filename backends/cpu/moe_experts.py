@@ -4,7 +4,9 @@ core/models/moe.py runs on one CPU device when every expert is a packed
 matrix on a batch-invariant int8 path. The grouping, the kernels and the
 summation order are the Python path's, so the bits are too
 (tests/test_moe.py); it saves the per-expert Python calls (2 x top-k
-linears per layer at batch 1)."""
+linears per layer at batch 1). Each expert matrix is read from its
+persistent weight panels where the worker planned them (the routed experts
+are most of a mixture's bytes; docs/weight-panels.md)."""
 
 from __future__ import annotations
 
@@ -22,14 +24,36 @@ FUSED_ACTIVATIONS = ("int8", "int8x2", "mixed")
 class CpuMoeExperts:
     """``(x, ids, weights) -> (out, experts run)`` over one layer's experts."""
 
-    def __init__(self, native):
-        self._native = native
+    def __init__(self, gate_up: list, down: list):
+        self._experts = (gate_up, down)
+        self._native = _native_experts(gate_up, down)
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, int]:
+        if not self._native.panels_match_build:  # the linear build changed (tests, benchmarks): its panels, or none
+            self._native = _native_experts(*self._experts)
         x = x.contiguous()
         out = torch.empty_like(x)
         runs = self._native.run(dl(x), dl(ids.contiguous()), dl(weights.contiguous()), dl(out))
         return out, runs
+
+
+def _native_experts(gate_up: list, down: list):
+    """The C++ experts over each matrix's persistent weight panels for the
+    active linear build (the packed arrays' stand-ins beside them), or its
+    packed arrays where it has none."""
+    from paged import _C_cpu
+
+    def matrix(w: CpuPackedLinear) -> tuple:
+        panels = w.weight_panels()
+        qs, d, m = w.kernel_arrays(panels)
+        return (w.kernel_qtype, dl(qs), dl(d), None if m is None else dl(m)), None if panels is None else dl(panels)
+
+    first = gate_up[0]
+    native = _C_cpu.MoeExperts(first.in_features, first.out_features // 2, first.activations, first.one_term)
+    for g, d in zip(gate_up, down):
+        (gm, gp), (dm, dp) = matrix(g), matrix(d)
+        native.add_expert(gm, dm, gp, dp)
+    return native
 
 
 def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
@@ -48,7 +72,4 @@ def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
     if first.activations not in FUSED_ACTIVATIONS or any(
             (w.activations, w.one_term) != (first.activations, first.one_term) for w in matrices):
         return None
-    native = _C_cpu.MoeExperts(first.in_features, first.out_features // 2, first.activations, first.one_term)
-    for g, d in zip(gate_up, down):
-        native.add_expert((g.kernel_qtype, dl(g.qs), dl(g.d), dl(g.m)), (d.kernel_qtype, dl(d.qs), dl(d.d), dl(d.m)))
-    return CpuMoeExperts(native)
+    return CpuMoeExperts(list(gate_up), list(down))

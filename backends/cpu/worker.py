@@ -163,15 +163,15 @@ def decoder_matrices(model) -> list:
 
 def panel_matrices(model) -> list:
     """The matrices that get persistent weight panels: the decoder layers'
-    and the LM head, but not a mixture's routed experts (the one-call
-    experts read their packed arrays, so panels would be a second copy)."""
+    (a mixture's routed and shared experts included: the one-call experts
+    read the panels too) and the LM head."""
     out = []
     for layer in model.decoder_stack().layers:
         out += [layer.qkv, layer.o_proj]
         if layer.moe is None:
             out += [layer.gate_up, layer.down]
-        elif layer.moe.shared is not None:
-            out += list(layer.moe.shared)
+        else:
+            out += [w for _, w in layer.moe.matrices()]
     return out + [model.lm_head]
 
 

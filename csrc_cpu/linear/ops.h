@@ -36,9 +36,13 @@ attn::TensorArg tensor_of(const char* name, const Array& a, nanobind::dlpack::dt
 // The packed weight: qs, d, m checked against each other; fills a's qtype, N, K and pointers.
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m);
+// a's checked weight read from its persistent panels (checked against it
+// and the active build, ValueError otherwise): its packed arrays may be
+// stand-ins of their shape (a matrix that keeps only its panels), never read.
+void use_panels(LinearArgs& a, const Array& panels);
 // The int8 / int8x2 paths (s16 too) on checked arguments (check_weight's
-// weight, a.M, a.x, a.out set), as quant_linear runs them with two_rows
-// two-term rows (0: int8) and no panels; no Python API, so a C++ caller may
+// weight, a.M, a.x, a.out set, panels where use_panels gave them), as
+// quant_linear runs them with two_rows two-term rows (0: int8); no Python API, so a C++ caller may
 // run several in its own parallel region (model/moe_experts.h), the nested
 // loops then serial on each thread: same bits on any thread count.
 void int8_linear_checked(LinearArgs& a, int64_t two_rows);

@@ -344,11 +344,7 @@ const char* current_isa() { return linear_selector().active().name; }
 void set_isa(const std::string& name) { linear_selector().set(name); }
 std::vector<std::string> supported_isas() { return linear_selector().supported(); }
 
-namespace {
-
-// a reads the weight from `panels` (checked against it): the packed arrays
-// may be stand-ins of their shape (a matrix that keeps only its panels),
-// never read, so their pointers are nulled.
+// The packed arrays' pointers are nulled: with panels they are never read.
 void use_panels(LinearArgs& a, const Array& panels) {
   a.panels = check_panels(a, panels);
   a.panel_offsets = a.has_offsets();
@@ -356,8 +352,6 @@ void use_panels(LinearArgs& a, const Array& panels) {
   a.d = a.m = nullptr;
   a.d8 = a.m8 = nullptr;
 }
-
-}  // namespace
 
 void quant_linear(const Array& x, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m, const Array& out, const std::string& activations,

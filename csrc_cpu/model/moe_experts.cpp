@@ -11,6 +11,7 @@
 
 #include "attention/tensor_args.h"
 #include "linear/ops.h"
+#include "linear/weight_panels.h"
 #include "module.h"
 #include "ops/ops.h"
 #include "runtime/parallel.h"
@@ -63,11 +64,23 @@ MoeExperts::MoeExperts(int64_t hidden_size, int64_t intermediate_size, std::stri
   }
 }
 
-void MoeExperts::add_expert(PackedMatrix gate_up, PackedMatrix down) {
-  gate_up_args_.push_back(require_matrix("gate_up", gate_up, 2 * inter_, hidden_));
-  down_args_.push_back(require_matrix("down", down, hidden_, inter_));
+void MoeExperts::add_expert(PackedMatrix gate_up, PackedMatrix down, std::optional<Array> gate_up_panels,
+                            std::optional<Array> down_panels) {
+  linear::LinearArgs g = require_matrix("gate_up", gate_up, 2 * inter_, hidden_);
+  linear::LinearArgs d = require_matrix("down", down, hidden_, inter_);
+  if (gate_up_panels) linear::use_panels(g, *gate_up_panels);
+  if (down_panels) linear::use_panels(d, *down_panels);
+  gate_up_args_.push_back(g);
+  down_args_.push_back(d);
   gate_up_.push_back(std::move(gate_up));
   down_.push_back(std::move(down));
+  for (auto* p : {&gate_up_panels, &down_panels})
+    if (*p) panels_.push_back(std::move(**p));
+}
+
+bool MoeExperts::panels_match_build() const {
+  return std::all_of(panels_.begin(), panels_.end(),
+                     [](const Array& p) { return linear::weight_panels_match_build(p); });
 }
 
 void MoeExperts::run_groups(const std::vector<linear::LinearArgs>& w, const std::vector<int64_t>& experts,
@@ -90,6 +103,9 @@ void MoeExperts::run_groups(const std::vector<linear::LinearArgs>& w, const std:
 }
 
 int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, const Array& out) {
+  if (!panels_match_build())  // another build's kernels cannot read them (and the arrays may be stand-ins)
+    fail("experts", "weight panels of the active linear build '" + std::string(linear::current_isa()) + "'",
+         "panels of another build (make the experts again under this build)");
   const int64_t H = hidden_, I = inter_, E = num_experts();
   const attn::TensorArg tx = f32_tensor("x", x, {-1, H});
   const int64_t T = tx.dim(0);
@@ -173,9 +189,13 @@ void register_moe_experts(nb::module_& m) {
                          "in one call, bitwise as core/models/moe.py's Python path (float32, one device).")
       .def(nb::init<int64_t, int64_t, std::string, bool>(), "hidden_size"_a, "intermediate_size"_a,
            "activations"_a, "one_term"_a = false)
-      .def("add_expert", &MoeExperts::add_expert, "gate_up"_a, "down"_a,
+      .def("add_expert", &MoeExperts::add_expert, "gate_up"_a, "down"_a, "gate_up_panels"_a.none() = nb::none(),
+           "down_panels"_a.none() = nb::none(),
            "Append an expert: gate_up [2 * intermediate, hidden] and down [hidden, intermediate], each "
-           "(qtype, qs, d, m or None) as quant_linear takes it.")
+           "(qtype, qs, d, m or None) as quant_linear takes it, and each matrix's build_weight_panels tensor "
+           "or None (panels of the active linear build; its kernels then read only them).")
+      .def_prop_ro("panels_match_build", &MoeExperts::panels_match_build,
+                   "Whether every expert's panels carry the active linear build's layout (run() refuses otherwise).")
       .def("run", &MoeExperts::run, "x"_a, "ids"_a, "weights"_a, "out"_a,
            "out [T, hidden] = each row's top-k experts (ids int64 [T, k], weights float32 [T, k]) on x [T, hidden], "
            "summed in choice order; returns the number of distinct experts run.")

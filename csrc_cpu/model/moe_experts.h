@@ -39,8 +39,14 @@ class MoeExperts {
   // CpuPackedLinear's "mixed" for the layers of one_term_layers).
   MoeExperts(int64_t hidden_size, int64_t intermediate_size, std::string activations, bool one_term);
   // Appends expert num_experts(): gate_up [2 * intermediate, hidden] (gate
-  // rows then up rows), down [hidden, intermediate].
-  void add_expert(PackedMatrix gate_up, PackedMatrix down);
+  // rows then up rows), down [hidden, intermediate]; each with its
+  // persistent weight panels or none (checked against the matrix and the
+  // active linear build, whose kernels then read only them).
+  void add_expert(PackedMatrix gate_up, PackedMatrix down, std::optional<Array> gate_up_panels = std::nullopt,
+                  std::optional<Array> down_panels = std::nullopt);
+  // Whether every expert's panels carry the active linear build's layout
+  // (true without panels): run() refuses otherwise.
+  bool panels_match_build() const;
   // out [T, hidden] = sum over j of weights[r, j] * expert ids[r, j] (x[r]),
   // float32 throughout; returns the number of distinct experts run.
   int64_t run(const Array& x, const Array& ids, const Array& weights, const Array& out);
@@ -54,6 +60,7 @@ class MoeExperts {
   int64_t hidden_, inter_;
   int64_t two_term_rows_;  // rows on two int8 terms: -1 (every row) or 0 (one term)
   std::vector<PackedMatrix> gate_up_, down_;  // keep the arrays alive
+  std::vector<Array> panels_;                 // and the panels
   std::vector<linear::LinearArgs> gate_up_args_, down_args_;  // their checked weights
   // Each group's rows [starts[g], starts[g + 1]) of `in` through its
   // expert's matrix into `out` (one parallel region over the groups when
