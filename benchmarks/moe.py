@@ -110,10 +110,14 @@ def write_f16_model(path: Path, seed: int = 0) -> None:
 
 
 def make(args) -> int:
-    # the tied embedding / LM head at the file's type too (the preset's Q6_K would run as the s16
-    # layout, 2 bytes a weight, and swamp the experts' bytes per token: docs/cpu-linear.md)
-    return quantize_files(args, "qwen3moe-1b", write_f16_model,
-                          lambda t: ["--token-embedding-type", t.lower(), "--output-tensor-type", t.lower()])
+    # a plain type (Q4_0, Q8_0) quantizes the tied embedding / LM head to it too, as the earlier
+    # figures did; a preset (Q4_K_M: its own mix, a Q6_K head) keeps llama.cpp's choices, the files
+    # users download (llama-quantize takes only ggml types for these flags)
+    def flags(t: str) -> list[str]:
+        if "_K_" in t.upper():
+            return []
+        return ["--token-embedding-type", t.lower(), "--output-tensor-type", t.lower()]
+    return quantize_files(args, "qwen3moe-1b", write_f16_model, flags)
 
 
 def _nbytes(w) -> int:
