@@ -60,7 +60,8 @@ class MoeExperts {
   int64_t hidden_, inter_;
   int64_t two_term_rows_;  // rows on two int8 terms: -1 (every row) or 0 (one term)
   std::vector<PackedMatrix> gate_up_, down_;  // keep the arrays alive
-  std::vector<Array> panels_;                 // and the panels
+  std::vector<Array> panels_;                 // and the panels,
+  std::string panels_layout_;                 // made for this layout (weight_panel_layout)
   std::vector<linear::LinearArgs> gate_up_args_, down_args_;  // their checked weights
   // Each group's rows [starts[g], starts[g + 1]) of `in` through its
   // expert's matrix into `out` (one parallel region over the groups when
