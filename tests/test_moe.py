@@ -41,7 +41,6 @@ from moe_models import FAMILIES, build, hf_on, write_gguf  # noqa: E402
 from test_families import (NEW, assert_matches_hf, cpu_model, hf_logits, prompts, reference_model,  # noqa: E402
                            scenario)
 
-from paged.backends.cpu.worker import stack_for  # noqa: E402
 from paged.core.engine.distributed.local_group import ThreadRanks  # noqa: E402
 from paged.core.engine.distributed.parallel_ops import TensorParallelOps  # noqa: E402
 from paged.core.engine.distributed.sharding import local_config, plan_shards, shard_weights  # noqa: E402
@@ -141,7 +140,7 @@ def test_cpu_default_plan_is_batch_invariant_and_chunk_invariant(packed, attenti
 def check_default_plan_invariance(fam, hf, loaded):
     c = loaded.config
     model, backend = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
-    assert model.layer_stack is None and stack_for(model) is None  # experts run on the Python layers
+    assert model.layer_stack is not None  # the C++ stack, each layer's experts called back in Python
     ps = prompts(c.vocab_size) + [[5, 9, 17, 3, 44, 61, 2]]
     batched, gen = greedy_run(model, backend, c.num_layers, ps, NEW)
     for i, p in enumerate(ps):
@@ -233,6 +232,23 @@ def test_cpu_experts_spread_over_two_threads_give_the_python_path_bits(packed):
             got, _ = fused(x, ids, weights)
             assert torch.equal(got, want), f"{fam.name}: spread {spread}, {x.shape[0]} rows"
     fused._native.spread_experts = True
+
+
+@pytest.mark.parametrize("activations", ["mixed", "int8x2"])
+def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activations, monkeypatch):
+    """The C++ layer stack takes a mixture of experts: attention, norms and
+    projections in C++, each layer's MoeMlp called back in Python for the
+    MLP; prompt, decode and mixed steps bitwise the Python layers (hidden
+    states and KV caches), and every layer's experts still run."""
+    from test_layer_stack import check_scenario
+
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, backend = cpu_model(c, loaded.weights, activations)
+    assert model.layer_stack is not None, fam.name
+    runs = [layer.moe.expert_runs for layer in model.layers]
+    check_scenario(model, backend, monkeypatch, c.vocab_size)
+    assert all(layer.moe.expert_runs > r for layer, r in zip(model.layers, runs))
 
 
 def test_cpu_experts_read_their_weight_panels(packed, monkeypatch):
@@ -466,4 +482,4 @@ def test_worker_sees_every_expert_matrix(packed):
     per_layer = 2 + 2 * moe.num_experts + (2 if moe.shared_intermediate_size else 0)
     mats = decoder_matrices(model)
     assert len(mats) == c.num_layers * per_layer and all(isinstance(w, CpuPackedLinear) for w in mats)
-    assert model.layer_stack is None
+    assert model.layer_stack is None  # the reference backend's attention: the Python layers

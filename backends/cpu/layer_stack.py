@@ -14,9 +14,12 @@ RMSNorm (Qwen3, Gemma 3), a Q/K/V bias (Qwen2), a SiLU- or GELU-tanh-gated
 MLP, the layer's own rotary table (Gemma 3's local and global bases,
 LongRoPE, partial rotary: the table's width), window and attention scale.
 What it has no kernels for it declines, naming it (``decline_reason``):
-LayerNorm, an ungated MLP, a mixture of experts, f16 / bf16 matrices
-(half_linear has no call from the stack yet); the model then runs on the
-Python layers.
+LayerNorm, an ungated MLP, f16 / bf16 matrices (half_linear has no call
+from the stack yet); the model then runs on the Python layers. A mixture of
+experts runs its layers' attention here and calls back into Python for the
+MLP (``add_layer(mlp=...)``: the layer's own ``MoeMlp``, whose router and
+top-k are torch's and whose experts are one extension call), so its bits are
+the Python layers' too.
 
 The CPU worker attaches it to the model (backends/cpu/worker.py), which
 describes itself through ``decoder_stack()``. Eligible models besides their
@@ -37,6 +40,7 @@ Single-threaded: a stack belongs to the engine thread that runs the model.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
@@ -111,7 +115,25 @@ def _own_backend(attn):
 
 
 def _layer_matrices(layer) -> tuple:
+    """The packed matrices the stack calls: a mixture-of-experts layer's MLP
+    is its Python callable's (``_python_mlp``)."""
+    if getattr(layer, "moe", None) is not None:
+        return (layer.qkv, layer.o_proj)
     return (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+
+
+def _python_mlp(model, layer):
+    """add_layer's mlp for a mixture-of-experts layer: the Python layer's own
+    call (DecoderLayer.forward's ``self.moe(x, ops, first_prompt_row)``), on
+    the model's current layer ops. The model by a weak reference: the native
+    stack, which the model holds, keeps the callable, and a cycle through it
+    is one Python's collector cannot see (the model would never be freed)."""
+    moe, owner = layer.moe, weakref.ref(model)
+
+    def mlp(x: torch.Tensor, first_prompt_row):
+        return moe(x, owner().ops, first_prompt_row).contiguous()
+
+    return mlp
 
 
 def shape_decline(stack) -> str | None:
@@ -121,8 +143,6 @@ def shape_decline(stack) -> str | None:
         return "a LayerNorm final norm"
     for i, layer in enumerate(stack.layers):
         s = layer.spec
-        if getattr(layer, "moe", None) is not None:
-            return f"layer {i}: a mixture of experts"
         if s is None:
             continue
         norms = [n for n in (s.attn_norm, s.mlp_norm, s.attn_post_norm, s.mlp_post_norm) if n is not None]
@@ -213,10 +233,14 @@ class LayerStack:
             mats = _layer_matrices(layer)
             released |= any(isinstance(p, CpuPackedLinear) and p.packed_released
                             for w in mats for p in (getattr(w, "parts", None) or [w]))
+            moe = getattr(layer, "moe", None) is not None
+            mlp = (None, None) if moe else (_matrix(layer.gate_up), _matrix(layer.down))
+            panels = _panels(mats)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
-                             _row_parts(layer.qkv), bias, _matrix(layer.o_proj), _matrix(layer.gate_up),
-                             _matrix(layer.down), _panels(mats), layer.o_proj.one_term,
-                             qkv_part_panels=_part_panels(layer.qkv), **_layer_shape(layer))
+                             _row_parts(layer.qkv), bias, _matrix(layer.o_proj), *mlp,
+                             panels + [None] * (4 - len(panels)) if panels else [], layer.o_proj.one_term,
+                             qkv_part_panels=_part_panels(layer.qkv), mlp=_python_mlp(model, layer) if moe else None,
+                             **_layer_shape(layer))
         return cls(native, released)
 
     @staticmethod

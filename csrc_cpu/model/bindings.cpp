@@ -27,30 +27,34 @@ void register_model(nb::module_& m) {
       .def(
           "add_layer",
           [](LayerStack& self, model::Array input_norm, model::Array post_norm, std::vector<model::PackedMatrix> qkv,
-             std::optional<model::Array> qkv_bias, model::PackedMatrix o_proj, model::PackedMatrix gate_up,
-             model::PackedMatrix down, std::vector<std::optional<model::Array>> panels, bool one_term,
+             std::optional<model::Array> qkv_bias, model::PackedMatrix o_proj,
+             std::optional<model::PackedMatrix> gate_up, std::optional<model::PackedMatrix> down,
+             std::vector<std::optional<model::Array>> panels, bool one_term,
              std::optional<double> eps, std::optional<double> qk_eps, std::optional<double> scale,
              std::optional<int64_t> sliding_window, std::string activation, std::optional<model::Array> attn_out_norm,
              std::optional<model::Array> mlp_out_norm, std::optional<model::Array> q_norm,
              std::optional<model::Array> k_norm, std::optional<model::Array> cos_sin,
-             std::vector<std::optional<model::Array>> qkv_part_panels) {
+             std::vector<std::optional<model::Array>> qkv_part_panels, std::optional<nb::callable> mlp) {
             self.add_layer(std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(qkv_bias),
                            std::move(o_proj), std::move(gate_up), std::move(down), std::move(panels), one_term,
                            model::LayerShape{eps, qk_eps, scale, sliding_window, std::move(activation),
                                              std::move(attn_out_norm), std::move(mlp_out_norm), std::move(q_norm),
                                              std::move(k_norm), std::move(cos_sin)},
-                           std::move(qkv_part_panels));
+                           std::move(qkv_part_panels), std::move(mlp));
           },
-          "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(), "o_proj"_a, "gate_up"_a, "down"_a,
+          "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(), "o_proj"_a, "gate_up"_a.none(), "down"_a.none(),
           "panels"_a = std::vector<std::optional<model::Array>>{}, "one_term"_a = false, nb::kw_only(),
           "eps"_a.none() = nb::none(), "qk_eps"_a.none() = nb::none(), "scale"_a.none() = nb::none(),
           "sliding_window"_a.none() = nb::none(), "activation"_a = "silu", "attn_out_norm"_a.none() = nb::none(),
           "mlp_out_norm"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(),
           "cos_sin"_a.none() = nb::none(), "qkv_part_panels"_a = std::vector<std::optional<model::Array>>{},
+          "mlp"_a.none() = nb::none(),
           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
           "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
           "it matches the active linear ISA); a qkv of several row parts takes its parts' panels as "
-          "qkv_part_panels ([] or one None / tensor per part; its panels entry None). one_term ('mixed' only): every row takes one int8 term in "
+          "qkv_part_panels ([] or one None / tensor per part; its panels entry None). mlp: in place of "
+          "gate_up and down (None), a callable mlp(x, first_prompt_row) -> float32 [T, hidden] for the layer's "
+          "MLP (a mixture of experts), called with x [T, hidden] over the stack's scratch. one_term ('mixed' only): every row takes one int8 term in "
           "this layer's O, gate/up and down projections. The layer's description (None: the stack's): eps of "
           "its norms, qk_eps of the per-head q_norm / k_norm [head_dim] (Qwen3, Gemma 3), attention scale and "
           "sliding_window, activation of the gate ('silu' or 'gelu_tanh'), attn_out_norm / mlp_out_norm "

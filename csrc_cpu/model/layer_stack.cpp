@@ -28,6 +28,12 @@ Array view(const void* data, std::initializer_list<size_t> shape, nb::dlpack::dt
 
 Array f32(const float* data, std::initializer_list<size_t> shape) { return view(data, shape, nb::dtype<float>()); }
 
+// One matrix of a layer, or none (a layer whose MLP runs in Python).
+StackMatrix matrix_of(std::optional<PackedMatrix> w, std::optional<Array> panels) {
+  if (!w) return {};
+  return {{std::move(*w)}, {std::move(panels)}};
+}
+
 std::string str(int64_t v) { return std::to_string(v); }
 
 // A float32 tensor of `shape` (entries < 0 free): the stack runs float32 models only.
@@ -69,9 +75,9 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 }
 
 void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
-                           PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
+                           PackedMatrix o_proj, std::optional<PackedMatrix> gate_up, std::optional<PackedMatrix> down,
                            std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape,
-                           std::vector<std::optional<Array>> qkv_part_panels) {
+                           std::vector<std::optional<Array>> qkv_part_panels, std::optional<nb::callable> mlp) {
   const auto& c = cfg_;
   if (one_term && activations_ != "mixed")
     fail("one_term", "false unless the stack's activations are 'mixed'", "true with activations '" + activations_ + "'");
@@ -87,6 +93,10 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
   if (qkv.empty() || rows != qkv_rows)
     fail("qkv", "row parts of " + str(qkv_rows) + " rows in all", str(int64_t(qkv.size())) + " parts of " + str(rows));
   if (qkv.size() > 1 && panels[0]) fail("panels", "None for a qkv of several row parts", "a tensor");
+  if (mlp ? gate_up || down || panels[2] || panels[3] : !gate_up || !down)
+    fail("gate_up, down", mlp ? "None (with mlp: the layer's MLP runs in Python), their panels None"
+                              : "packed matrices (or mlp given)",
+         mlp ? "matrices or panels" : "None");
   if (!qkv_part_panels.empty() && qkv_part_panels.size() != qkv.size())
     fail("qkv_part_panels", "none or one per qkv row part (" + str(int64_t(qkv.size())) + ")",
          int64_t(qkv_part_panels.size()));
@@ -107,11 +117,11 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
   const int64_t window = shape.sliding_window.value_or(c.sliding_window);
   if (window < 0) fail("sliding_window", ">= 0 (0 = unlimited)", window);
   layers_.push_back(Layer{std::move(input_norm), std::move(post_norm), {std::move(qkv), std::move(qkv_part_panels)},
-                          {{std::move(o_proj)}, {std::move(panels[1])}}, {{std::move(gate_up)}, {std::move(panels[2])}},
-                          {{std::move(down)}, {std::move(panels[3])}}, std::move(qkv_bias), one_term, eps,
+                          {{std::move(o_proj)}, {std::move(panels[1])}}, matrix_of(std::move(gate_up), std::move(panels[2])),
+                          matrix_of(std::move(down), std::move(panels[3])), std::move(qkv_bias), one_term, eps,
                           shape.qk_eps.value_or(eps), shape.scale.value_or(c.scale), window, activation,
                           std::move(shape.attn_out_norm), std::move(shape.mlp_out_norm), std::move(shape.q_norm),
-                          std::move(shape.k_norm), std::move(shape.cos_sin)});
+                          std::move(shape.k_norm), std::move(shape.cos_sin), std::move(mlp)});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -257,11 +267,24 @@ void LayerStack::run(Array hidden, Array out, Array positions, Array cos_sin, Ar
     while (prompt_seq_ < ns && starts[prompt_seq_] < first_prompt_row) ++prompt_seq_;
   }
   reserve(tokens);
+  first_prompt_row_ = first_prompt_row;
 
   auto* x = static_cast<float*>(out.data());  // each layer's normed rows and output
   for (size_t i = 0; i < layers_.size(); ++i)
     layer(i, hidden, x, tokens, positions, cos_sin, slot_mapping, seq_lens, block_tables, num_decodes, bf16_split);
   ops::fused_add_rms_norm(f32(x, {size_t(tokens), size_t(c.hidden_size)}), hidden, final_norm_, c.eps);
+}
+
+void LayerStack::python_mlp(const nb::callable& mlp, float* x, int64_t tokens) const {
+  const int64_t hid = cfg_.hidden_size;
+  const size_t shape[2] = {size_t(tokens), size_t(hid)};
+  nb::object rows = nb::cast(nb::ndarray<nb::pytorch, float, nb::ndim<2>>(x, 2, shape, nb::handle()));
+  const nb::object prompt = first_prompt_row_ < 0 ? nb::object(nb::none()) : nb::object(nb::int_(first_prompt_row_));
+  nb::object result = mlp(rows, prompt);
+  Array out;
+  if (!nb::try_cast(result, out)) fail("mlp", "a float32 [T, hidden] tensor", "another object");
+  const attn::TensorArg t = f32_tensor("mlp result", out, {tokens, hid});
+  if (t.data != x) std::memcpy(x, t.data, size_t(tokens * hid) * sizeof(float));
 }
 
 // One layer (DecoderLayer.forward): hidden holds the residual, x [T, hidden]
@@ -300,6 +323,11 @@ void LayerStack::layer(size_t i, Array& hidden, float* x, int64_t tokens, Array&
   if (l.attn_out_norm) ops::rms_norm(x_rows, x_rows, *l.attn_out_norm, l.eps);  // in place: a row at a time
 
   ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, l.eps);
+  if (l.mlp) {
+    python_mlp(*l.mlp, x, tokens);
+    if (l.mlp_out_norm) ops::rms_norm(x_rows, x_rows, *l.mlp_out_norm, l.eps);
+    return;
+  }
   linear(l.gate_up, x, tokens, c.hidden_size, gate_up_.data(), 2 * c.intermediate_size, rest_split);
   const Array act = f32(act_.data(), {t, size_t(c.intermediate_size)});
   const Array gate_up = f32(gate_up_.data(), {t, size_t(2 * c.intermediate_size)});

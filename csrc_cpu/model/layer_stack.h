@@ -101,11 +101,16 @@ class LayerStack {
   // O, gate/up and down projections (else two). shape: what the layer adds
   // to the Llama layer, checked here. qkv: its row parts (StackMatrix);
   // with several, qkv_part_panels: none or one per part (panels' qkv entry
-  // is then None).
+  // is then None). mlp: in place of gate_up and down (both None), a Python
+  // callable mlp(x, first_prompt_row) -> [T, hidden] float32 for the
+  // layer's MLP (a mixture of experts: its router and top-k are torch's),
+  // called with the GIL on x [T, hidden], a tensor over the stack's scratch
+  // valid for the call (first_prompt_row: run()'s, None for -1).
   void add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
-                 PackedMatrix o_proj, PackedMatrix gate_up, PackedMatrix down,
+                 PackedMatrix o_proj, std::optional<PackedMatrix> gate_up, std::optional<PackedMatrix> down,
                  std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {},
-                 std::vector<std::optional<Array>> qkv_part_panels = {});
+                 std::vector<std::optional<Array>> qkv_part_panels = {},
+                 std::optional<nanobind::callable> mlp = std::nullopt);
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -132,7 +137,10 @@ class LayerStack {
     int64_t sliding_window;
     Activation activation;
     std::optional<Array> attn_out_norm, mlp_out_norm, q_norm, k_norm, cos_sin;
+    std::optional<nanobind::callable> mlp;  // the layer's MLP in Python, in place of gate_up / down
   };
+  // x [T, hidden] = mlp(x) (Layer::mlp), the result checked and copied back.
+  void python_mlp(const nanobind::callable& mlp, float* x, int64_t tokens) const;
 
   void linear(const StackMatrix& w, float* x, int64_t rows, int64_t in, float* out, int64_t n,
               int64_t two_term_rows = -1) const;
@@ -158,6 +166,7 @@ class LayerStack {
   int64_t prompt_seq_ = 0;             // this run's first sequence on prompt_op_ (ns: none)
   PrefillOp prompt_op_ = nullptr;
   int64_t capacity_ = 0;               // token rows the scratch holds
+  int64_t first_prompt_row_ = -1;      // this run's (Layer::mlp's argument)
   Scratch qkv_, q_, k_, v_, attn_, gate_up_, act_;
   mutable Scratch part_out_;  // one row part's output before it joins the matrix's (StackMatrix)
   std::vector<int32_t> prefill_starts_;  // query_start_loc[nd:] - nd
