@@ -139,7 +139,11 @@ inline void column_offsets(const S16Column& col, const float* xs, int64_t M, con
   const int64_t nh = col.nh;
   static thread_local AlignedVector<float> m;
   m.resize(size_t(nh * kLanes));
-  for (int64_t g = 0; g < nh; ++g) _mm512_store_ps(m.data() + g * kLanes, lane_scales(col, 1, g));
+  const int64_t step = halves_per_byte(col.form);  // compact pairs: one widening for both halves
+  for (int64_t g = 0; g < nh; g += step) {
+    const __m512 v = lane_scales(col, 1, g);
+    for (int64_t i = 0; i < step; ++i) _mm512_store_ps(m.data() + (g + i) * kLanes, v);
+  }
   int64_t r = 0;
   for (; r + 8 <= M; r += 8) offset_rows<8, 1>(m.data(), xs, nh, r, o);
   if (r + 4 <= M) offset_rows<4, 2>(m.data(), xs, nh, r, o), r += 4;

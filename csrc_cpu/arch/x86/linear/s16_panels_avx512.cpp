@@ -195,6 +195,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
   constexpr int64_t block_bytes = (4 + H) * 64;
   const int64_t share = column_bytes / nb;
+  const bool pairs = col.form == PanelScales::CompactPairs;
   __m512 e[R][2];
   for (int r = 0; r < R; ++r) e[r][0] = e[r][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -205,6 +206,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
     __m512i nib[4], high[H > 0 ? H : 1];
     for (int i = 0; i < 4; ++i) nib[i] = _mm512_load_si512(w + i * 64);
     for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (4 + i) * 64);
+    __m512 d;  // the half's scales
     const auto half = [&](auto hc) PAGED_ALWAYS_INLINE_LAMBDA {
       constexpr int h = decltype(hc)::value;
       __m512i hi[R], lo[Two ? R : 1];
@@ -224,7 +226,8 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
           },
           std::make_integer_sequence<int, 4>());
       const int64_t g = 2 * b + h;
-      const __m512 d = lane_scales(col, 0, g);
+      // compact pairs (Q5_K): the second half's scales are the first's, widened once
+      if (h == 0 || !pairs) d = lane_scales(col, 0, g);
       for (int r = 0; r < R; ++r) {
         __m512i isum = hi[r];
         if constexpr (Two) isum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
