@@ -202,6 +202,29 @@ def built(model) -> list[bool]:
     return [layer.gate_up._panels is not None for layer in model.layers]
 
 
+# a prompt step, then decodes beside a prompt chunk: calls of more than 8 rows
+PANEL_STEPS = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
+               ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4)]
+
+
+def assert_steps_match(on, off, seed: int, steps, monkeypatch):
+    """(model, backend) pairs `on` and `off` run `steps` (step_inputs' work
+    lists) through the layer stack and the Python layers: the same hidden
+    states and KV caches, bit for bit."""
+    rng = np.random.default_rng(seed)
+    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
+    for stack in ("1", "0"):
+        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
+        caches = [b.allocate_kv_cache(len(m.layers), len(LENGTHS) * MAX_BLOCKS) for m, b in (on, off)]
+        for work, nd in steps:
+            ids, pos, meta = step(tokens, work, nd)
+            meta.first_prompt_row = int(meta.query_start_loc[nd])
+            got, want = on[0](ids, pos, caches[0], meta), off[0](ids, pos, caches[1], meta)
+            assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
+        for (k1, v1), (k0, v0) in zip(*caches):
+            assert torch.equal(k1, k0) and torch.equal(v1, v0)
+
+
 @pytest.mark.parametrize("activations", ["int8", "mixed"])
 @pytest.mark.parametrize("kquants", [False, True], ids=["q4-q8", "k-quants"])
 def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activations, kquants, monkeypatch):
@@ -214,20 +237,7 @@ def test_model_steps_are_bitwise_the_same_with_and_without_panels(avx512, activa
         assert {layer.qkv.kernel_qtype for layer in on.layers} == {"s16.s6"}
         assert {layer.gate_up.kernel_qtype for layer in on.layers} == {"s16.u5", "s16.s6"}
     assert on.layer_stack is not None
-    rng = np.random.default_rng(11)
-    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
-             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4)]
-    for stack in ("1", "0"):
-        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
-        caches = [b.allocate_kv_cache(len(m.layers), len(LENGTHS) * MAX_BLOCKS) for m, b in ((on, ob), (off, fb))]
-        for work, nd in steps:
-            ids, pos, meta = step(tokens, work, nd)
-            meta.first_prompt_row = int(meta.query_start_loc[nd])
-            got, want = on(ids, pos, caches[0], meta), off(ids, pos, caches[1], meta)
-            assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
-        for (k1, v1), (k0, v0) in zip(*caches):
-            assert torch.equal(k1, k0) and torch.equal(v1, v0)
+    assert_steps_match((on, ob), (off, fb), 11, PANEL_STEPS, monkeypatch)
 
 
 @pytest.mark.parametrize("activations", ["int8", "mixed"])
@@ -241,19 +251,7 @@ def test_row_parts_have_panels_of_their_own(avx512, activations, monkeypatch):
     assert {p.kernel_qtype for p in parts} == {"q4_1", "s16.s6"}
     assert all(p.use_panels and p.packed_released for p in parts)
     assert not any(p.use_panels for layer in off.layers for p in layer.qkv.parts)
-    rng = np.random.default_rng(12)
-    tokens = [rng.integers(0, 96, size=n + 12).tolist() for n in LENGTHS]
-    steps = [([(0, 0, 3), (1, 0, 17), (2, 0, 9), (3, 0, 20), (4, 0, 5)], 0),
-             ([(0, 3, 1), (1, 17, 1), (2, 9, 1), (4, 5, 1), (3, 20, 10)], 4),
-             ([(0, 4, 1)], 1)]  # one row: the few-rows kernels
-    for stack in ("1", "0"):
-        monkeypatch.setenv("PAGED_LAYER_STACK", stack)
-        caches = [b.allocate_kv_cache(len(m.layers), len(LENGTHS) * MAX_BLOCKS) for m, b in ((on, ob), (off, fb))]
-        for work, nd in steps:
-            ids, pos, meta = step(tokens, work, nd)
-            meta.first_prompt_row = int(meta.query_start_loc[nd])
-            got, want = on(ids, pos, caches[0], meta), off(ids, pos, caches[1], meta)
-            assert torch.isfinite(want).all() and torch.equal(got, want), (stack, work)
+    assert_steps_match((on, ob), (off, fb), 12, PANEL_STEPS + [([(0, 4, 1)], 1)], monkeypatch)  # one row too
 
 
 def test_panels_follow_the_linear_isa(avx512, monkeypatch):

@@ -72,11 +72,11 @@ def native_layout() -> str:
 
 def _row_parts(w: CpuPackedLinear) -> list:
     """add_layer's qkv: the matrix's row parts (quant_linear.CpuPackedLinear.parts), or itself."""
-    return [_matrix(p) for p in (w.parts or [w])]
+    return [_matrix(p) for p in w.row_groups]
 
 
 def _layouts(w: CpuPackedLinear) -> list:
-    return [p.qtype for p in (w.parts or [w])]
+    return [p.qtype for p in w.row_groups]
 
 
 def _panels(mats) -> list:
@@ -231,8 +231,7 @@ class LayerStack:
         for layer in layers:
             bias = None if layer.qkv_bias is None else dl(layer.qkv_bias)
             mats = _layer_matrices(layer)
-            released |= any(isinstance(p, CpuPackedLinear) and p.packed_released
-                            for w in mats for p in (getattr(w, "parts", None) or [w]))
+            released |= any(p.packed_released for w in mats for p in w.row_groups)  # all packed: decline_reason
             moe = getattr(layer, "moe", None) is not None
             mlp = (None, None) if moe else (_matrix(layer.gate_up), _matrix(layer.down))
             panels = _panels(mats)

@@ -215,6 +215,11 @@ class CpuPackedLinear:
         return arrays
 
     @property
+    def row_groups(self) -> list:
+        """The matrices its calls run: its row parts, or itself."""
+        return self.parts or [self]
+
+    @property
     def packed_released(self) -> bool:
         """Whether only the panels hold the packed arrays now (release_packed)."""
         return self._arrays is None
@@ -416,7 +421,7 @@ def plan_weight_panels(linears) -> int:
 
     setting = panels_setting()
     # a fused matrix of row parts (Q4_K_M's QKV: Q/K in q4_1, V in s16): each part has panels of its own
-    flat = [p for w in linears if isinstance(w, CpuPackedLinear) for p in (w.parts or [w])]
+    flat = [p for w in linears if isinstance(w, CpuPackedLinear) for p in w.row_groups]
     mats = [w for w in flat if w.activations != "float32" and has_panel_layout(w.kernel_qtype)]
     if not mats:
         return 0

@@ -184,8 +184,8 @@ PAGED_ALWAYS_INLINE void each_step(F&& f, std::integer_sequence<int, I...>) {
 // Column c of a chunk for x rows r0 .. r0 + R (R <= 4 with int8x2's two
 // terms, <= 8 with one): per block and half, the 4 steps' exact sums of
 // the 16 rows (vpdpbusd on u, less half_bias = bias * the half's sum of x's
-// codes where the codes carry a bias), then the half's chain step; with
-// offsets, their eight chains over m's halves after. The column streams in
+// codes where the codes carry a bias), then the half's chain step (the
+// offsets: few_rows adds them once every pass is done). The column streams in
 // order; while block b is read, its share of the same column `ahead` bytes
 // on is prefetched into L2 (the thread's item after next).
 template <int H, int R, bool Two>
@@ -268,14 +268,15 @@ void few_rows(const S16Args& s, const S16Shape& sh, const uint8_t* chunk, int64_
     const int rows = int(std::clamp<int64_t>(n1 - n0 - c * kLanes, 0, kLanes));
     if (!rows) break;
     const S16Column col = sh.column(chunk, c);
+    const auto mask = __mmask16((1u << rows) - 1);
     for (int64_t p = 0, r0 = 0; p < passes; ++p) {  // rows in passes of as even a size as allowed
       const int64_t count = a.M / passes + (p < a.M % passes);
-      (two_terms ? two.data() : one.data())[size_t(count - 1)](s, col, sh.column_bytes(), 2 * chunk_bytes, r0, n0 + c * kLanes,
-                                                  __mmask16((1u << rows) - 1));
+      (two_terms ? two.data() : one.data())[size_t(count - 1)](s, col, sh.column_bytes(), 2 * chunk_bytes, r0,
+                                                                n0 + c * kLanes, mask);
       r0 += count;
     }
     if (sh.offsets)  // every row's offsets added once the passes are done (column_offsets)
-      column_offsets(col, s.xs, a.M, {a.out + n0 + c * kLanes, a.N, __mmask16((1u << rows) - 1), true});
+      column_offsets(col, s.xs, a.M, {a.out + n0 + c * kLanes, a.N, mask, true});
   }
 }
 
