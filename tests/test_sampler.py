@@ -276,3 +276,47 @@ def test_values_that_underflow_float32_still_sample_a_real_token():
     out = Sampler([EOS], seed=3)(logits, [seq(SamplingParams(temperature=1e-300)),
                                           seq(SamplingParams(temperature=0.7, top_p=5e-324))])
     assert out.token_ids == logits.argmax(-1).tolist()
+
+
+def ref_inverse_cdf(row: torch.Tensor, u: float) -> int:
+    """The first token whose running float64 sum exceeds u times the total."""
+    vals = [float(v) for v in row]
+    total = math.fsum(vals)
+    run = 0.0
+    for i, v in enumerate(vals):
+        run += v
+        if run > u * total:
+            return i
+    return max(i for i, v in enumerate(vals) if v > 0)
+
+
+def test_inverse_cdf_matches_a_running_sum_and_never_picks_a_zero():
+    from paged.core.engine.sampler import inverse_cdf_sample
+    g = torch.Generator().manual_seed(21)
+    probs = torch.rand(8, 500, generator=g) ** 4
+    probs[:, 1::3] = 0.0  # a third of the tokens impossible
+    probs[3, 200:] = 0.0  # the last tokens impossible: u near 1 must not reach them
+    u = torch.rand(8, generator=g, dtype=torch.float64)
+    u[3] = 1.0 - 2.0 ** -53
+    got = inverse_cdf_sample(probs, u)
+    assert got.tolist() == [ref_inverse_cdf(probs[i], float(u[i])) for i in range(8)]
+    assert (probs[torch.arange(8), got] > 0).all()
+    alone = torch.cat([inverse_cdf_sample(probs[i:i + 1], u[i:i + 1]) for i in range(8)])
+    assert torch.equal(alone, got)
+
+
+@pytest.mark.parametrize("scale, params", [
+    (0.05, SamplingParams(top_p=0.9)),  # flat: the nucleus is most of the vocabulary
+    (6.0, SamplingParams(top_p=0.95)),  # peaked: a few tokens
+    (0.05, SamplingParams(top_k=700, top_p=0.5)),
+    (2.0, SamplingParams(top_k=300)),
+])
+def test_top_k_top_p_on_a_large_vocabulary_keeps_the_reference_set(scale, params):
+    """Only a row's largest tokens are sorted; the kept set is the full sort's."""
+    g = torch.Generator().manual_seed(22)
+    logits = torch.randn(3, 3000, generator=g) * scale
+    got = Sampler._top_k_top_p(logits.clone(), [params] * 3)
+    for i in range(3):
+        ref = ref_filtered_probs(logits[i], params)
+        assert torch.equal(torch.isfinite(got[i]), ref > 0)
+        assert torch.equal(got[i][ref > 0], logits[i][ref > 0])
