@@ -323,3 +323,58 @@ def test_cpu_worker_argmax_falls_back_to_torch_for_other_tensors():
     p = CpuWorker(CpuPlatform())
     for t in (torch.randn(3, 40).t(), torch.randn(4, 64, dtype=torch.float64), torch.randn(40), torch.empty(0, 5)):
         assert torch.equal(p.argmax(t), t.argmax(dim=-1))
+
+
+# --- mixture-of-experts routing ----------------------------------------------
+
+def _route(x, router, k, scoring, normalize):
+    weights = torch.full((x.shape[0], k), -1.0)
+    ids = torch.full((x.shape[0], k), -1, dtype=torch.int64)
+    C.moe_route(x, router, k, scoring, normalize, weights, ids)
+    return weights, ids
+
+
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("hidden,experts,k", [(64, 8, 2), (100, 60, 4), (257, 128, 8)])
+def test_moe_route_matches_float64_routing(isa, scoring, normalize, hidden, experts, k):
+    """moe_route against the routing of core/models/moe.py's route done in
+    float64: the same experts in the same order, the weights to float32
+    rounding; a row alone gives its batched bits."""
+    x, router = rand(19, hidden, seed=1), rand(experts, hidden, seed=2, scale=0.3)
+    weights, ids = _route(x, router, k, scoring, normalize)
+    logits = x.double() @ router.double().T
+    scores = torch.softmax(logits, -1) if scoring == "softmax" else torch.sigmoid(logits)
+    want_w, want_ids = torch.topk(scores, k, dim=-1)
+    if normalize:
+        want_w = want_w / want_w.sum(-1, keepdim=True)
+    assert torch.equal(ids, want_ids), isa
+    torch.testing.assert_close(weights.double(), want_w, rtol=2e-6, atol=1e-7)
+    for r in (0, 7, 18):
+        w1, i1 = _route(x[r:r + 1], router, k, scoring, normalize)
+        assert torch.equal(w1[0], weights[r]) and torch.equal(i1[0], ids[r])
+
+
+def test_moe_route_breaks_ties_to_the_lower_id(isa):
+    x, router = rand(5, 300, seed=3), rand(32, 300, seed=4)
+    router[9] = router[4]  # experts 4 and 9 tie on every row
+    for scoring in ("softmax", "sigmoid"):
+        weights, ids = _route(x, router, 32, scoring, True)
+        for row in ids.tolist():
+            assert sorted(row) == list(range(32)) and row.index(4) == row.index(9) - 1, (isa, scoring)
+        assert torch.equal(weights, weights.sort(dim=-1, descending=True).values)
+
+
+def test_moe_route_bad_arguments_name_the_value():
+    x, router = torch.randn(2, 16), torch.randn(4, 16)
+    w, i = torch.empty(2, 2), torch.empty(2, 2, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^top_k: expected in \[1, experts = 4\], got 5$"):
+        C.moe_route(x, router, 5, "softmax", True, torch.empty(2, 5), torch.empty(2, 5, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"^scoring: expected 'softmax' or 'sigmoid', got 'relu'$"):
+        C.moe_route(x, router, 2, "relu", True, w, i)
+    with pytest.raises(ValueError, match=r"^router: expected shape \[\*, 16\]"):
+        C.moe_route(x, torch.randn(4, 15), 2, "softmax", True, w, i)
+    with pytest.raises(ValueError, match="ids: expected dtype int64"):
+        C.moe_route(x, router, 2, "softmax", True, w, i.int())
+    with pytest.raises(ValueError, match="weights: expected shape"):
+        C.moe_route(x, router, 2, "softmax", True, torch.empty(3, 2), i)

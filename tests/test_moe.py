@@ -164,13 +164,17 @@ class CountingLinear:
         return self.inner.linear(x, bias, **kw)
 
 
-def test_each_expert_is_called_once_per_step(packed):
+def test_each_expert_is_called_once_per_step(packed, monkeypatch):
+    """The Python path's grouping (the layer stack, which runs the experts
+    natively, off)."""
+    monkeypatch.setenv("PAGED_LAYER_STACK", "0")
     fam, hf, loaded = packed
     c = loaded.config
     model, backend = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
     for layer in model.layers:
         layer.moe.gate_up = [CountingLinear(w) for w in layer.moe.gate_up]
         layer.moe.down = [CountingLinear(w) for w in layer.moe.down]
+        layer.moe._fused_ops = None  # the one-call experts the stack made hold the unwrapped matrices
     ps = prompts(c.vocab_size)
     runner = PagedRunner(model, backend, c.num_layers, 64, 2)
     with torch.inference_mode():
@@ -236,10 +240,12 @@ def test_cpu_experts_spread_over_two_threads_give_the_python_path_bits(packed):
 
 @pytest.mark.parametrize("activations", ["mixed", "int8x2"])
 def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activations, monkeypatch):
-    """The C++ layer stack takes a mixture of experts: attention, norms and
-    projections in C++, each layer's MoeMlp called back in Python for the
-    MLP; prompt, decode and mixed steps bitwise the Python layers (hidden
-    states and KV caches), and every layer's experts still run."""
+    """The C++ layer stack takes a mixture of experts: attention, norms,
+    projections and (without a shared expert) routing and experts in C++
+    (MoeExperts.forward), else each layer's MoeMlp called back in Python
+    for the MLP (Qwen2-MoE); prompt, decode and mixed steps bitwise the
+    Python layers (hidden states and KV caches), and every layer's experts
+    still run."""
     from test_layer_stack import check_scenario
 
     fam, hf, loaded = packed
@@ -249,6 +255,9 @@ def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activation
     runs = [layer.moe.expert_runs for layer in model.layers]
     check_scenario(model, backend, monkeypatch, c.vocab_size)
     assert all(layer.moe.expert_runs > r for layer, r in zip(model.layers, runs))
+    # routing and experts ran in C++ in the layers without a shared expert, else through the callback
+    assert [layer.moe._fused.stack_runs > 0 for layer in model.layers] == \
+        [layer.moe.shared is None for layer in model.layers], fam.name
 
 
 def test_cpu_experts_read_their_weight_panels(packed, monkeypatch):

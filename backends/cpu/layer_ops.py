@@ -56,6 +56,22 @@ class CpuFusedLayerOps(TorchLayerOps):
 
         return cpu_moe_experts(gate_up, down, mlp)
 
+    def moe_route(self, x, router, spec):
+        """(weights float32 [T, k], ids int64 [T, k]) of a mixture-of-experts
+        layer in one C++ pass (router logits, scores, top-k; csrc_cpu/ops,
+        ``moe_route``), or None where the router is not a float32 tensor
+        (a packed router: core/models/moe.py's path). Every CPU path takes
+        it (Python layers, the C++ layer stack's MoeExperts.forward, each
+        tensor-parallel rank), so they choose the same experts bit for bit."""
+        if not (isinstance(router, torch.Tensor) and router.dtype == torch.float32 and x.dtype == torch.float32):
+            return None
+        rows = x.shape[0]
+        weights = torch.empty(rows, spec.top_k, dtype=torch.float32)
+        ids = torch.empty(rows, spec.top_k, dtype=torch.int64)
+        self._C.moe_route(to_dlpack(x.contiguous()), to_dlpack(router.contiguous()), spec.top_k, spec.scoring,
+                          spec.normalize, to_dlpack(weights), to_dlpack(ids))
+        return weights, ids
+
     def gelu_tanh_and_mul(self, gate_up):
         out = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2, dtype=gate_up.dtype)
         self._C.gelu_tanh_and_mul(to_dlpack(out), to_dlpack(gate_up))

@@ -16,10 +16,12 @@ LongRoPE, partial rotary: the table's width), window and attention scale.
 What it has no kernels for it declines, naming it (``decline_reason``):
 LayerNorm, an ungated MLP, f16 / bf16 matrices (half_linear has no call
 from the stack yet); the model then runs on the Python layers. A mixture of
-experts runs its layers' attention here and calls back into Python for the
-MLP (``add_layer(mlp=...)``: the layer's own ``MoeMlp``, whose router and
-top-k are torch's and whose experts are one extension call), so its bits are
-the Python layers' too.
+experts runs its layers here too: routing (``moe_route``) and the experts
+(``MoeExperts.forward``) in C++, the calls the Python layer makes
+(``add_layer(moe=...)``); a layer with a shared expert or a packed router,
+or experts whose panels belong to another linear build, calls back into
+Python for the MLP (``add_layer(mlp=...)``: the layer's own ``MoeMlp``).
+Either way its bits are the Python layers'.
 
 The CPU worker attaches it to the model (backends/cpu/worker.py), which
 describes itself through ``decoder_stack()``. Eligible models besides their
@@ -136,6 +138,19 @@ def _python_mlp(model, layer):
     return mlp
 
 
+def _native_moe(model, layer):
+    """add_layer's moe: the layer's one-call CPU experts with its router set
+    (CpuMoeExperts.for_stack), which the stack then routes and runs in C++
+    (ops moe_route and the same experts: the Python call's bits); None for
+    a shared expert, a packed router or no one-call experts (the stack calls
+    ``_python_mlp``)."""
+    moe = layer.moe
+    fused = moe._fused_experts(model.ops)
+    if moe.shared is not None or not hasattr(fused, "for_stack"):
+        return None
+    return fused.for_stack(moe.router, moe.spec)
+
+
 def shape_decline(stack) -> str | None:
     """What of the description (``stack``: a model's ``decoder_stack()``)
     the C++ stack has no kernels for, or None where it runs every layer."""
@@ -234,11 +249,13 @@ class LayerStack:
             released |= any(p.packed_released for w in mats for p in w.row_groups)  # all packed: decline_reason
             moe = getattr(layer, "moe", None) is not None
             mlp = (None, None) if moe else (_matrix(layer.gate_up), _matrix(layer.down))
+            experts = _native_moe(model, layer) if moe else None
             panels = _panels(mats)
             native.add_layer(dl(layer.input_norm), dl(layer.post_norm),
                              _row_parts(layer.qkv), bias, _matrix(layer.o_proj), *mlp,
                              panels + [None] * (4 - len(panels)) if panels else [], layer.o_proj.one_term,
                              qkv_part_panels=_part_panels(layer.qkv), mlp=_python_mlp(model, layer) if moe else None,
+                             moe=experts,
                              **_layer_shape(layer))
         return cls(native, released)
 

@@ -27,14 +27,31 @@ class CpuMoeExperts:
     def __init__(self, gate_up: list, down: list):
         self._experts = (gate_up, down)
         self._native = _native_experts(gate_up, down)
+        self._made = [self._native]  # every native object made: a layer stack may hold an earlier one
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, int]:
         if not self._native.panels_match_build:  # the linear build changed (tests, benchmarks): its panels, or none
             self._native = _native_experts(*self._experts)
+            self._made.append(self._native)
         x = x.contiguous()
         out = torch.empty_like(x)
         runs = self._native.run(dl(x), dl(ids.contiguous()), dl(weights.contiguous()), dl(out))
         return out, runs
+
+    def for_stack(self, router, spec):
+        """The native experts with the layer's router set (MoeExperts.set_router),
+        for the C++ layer stack's add_layer(moe=...), which then routes and
+        runs them itself while they match the linear build; None for a
+        router that is not a float32 tensor (the stack calls the Python MLP)."""
+        if not (isinstance(router, torch.Tensor) and router.dtype == torch.float32):
+            return None
+        self._native.set_router(dl(router.contiguous()), spec.top_k, spec.scoring, spec.normalize)
+        return self._native
+
+    @property
+    def stack_runs(self) -> int:
+        """Experts run by layer stacks' calls (MoeMlp.expert_runs adds them)."""
+        return sum(n.stack_runs for n in self._made)
 
 
 def _native_experts(gate_up: list, down: list):

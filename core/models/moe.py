@@ -7,7 +7,8 @@ One step, grouped by expert so each expert's weights are read once per step
 
 1. the router scores every row (``router_logits``: one product per row, so
    a row's expert choice does not depend on its batch), ``route`` picks the
-   top-k experts and their weights;
+   top-k experts and their weights (on the CPU one C++ pass does both on
+   every path, ``ops.moe_route``: ``MoeMlp.route_rows``);
 2. the (row, k-th choice) slots are grouped by expert on the host (one
    transfer of the choices per layer; a row's slots keep row order within
    an expert, generating rows first); each expert gathers its rows (batch
@@ -81,9 +82,7 @@ class MoeMlp:
         self.gate_up = [g for g, _ in experts]
         self.down = [d for _, d in experts]
         self.shared, self.shared_gate = shared, shared_gate
-        #: expert MLPs run since construction (each reads its weights once):
-        #: what benchmarks/moe.py turns into expert bytes read per step
-        self.expert_runs = 0
+        self._runs = 0  # expert MLPs run by this object's calls (expert_runs)
         self._fused, self._fused_ops = None, None  # the platform's one-call experts for the layer ops last seen
 
     def matrices(self) -> list[tuple[str, object]]:
@@ -97,18 +96,37 @@ class MoeMlp:
         fused = self._fused_experts(ops)
         if fused is not None and x.dtype not in getattr(fused, "dtypes", (torch.float32,)):
             fused = None
-        logits = router_logits(x, self.router)
-        platform_route = getattr(fused, "route", None)  # the NPU's gating operator
-        weights, ids = platform_route(logits, self.spec) if platform_route else route(logits, self.spec)
+        weights, ids = self.route_rows(x, ops, fused)
         if fused is not None:  # steps 2-4 in one platform call (the CPU's: the same bits)
             out, runs = fused(x, ids, weights)
             if runs is not None:  # an accelerator does not count them (a host sync)
-                self.expert_runs += runs
+                self._runs += runs
         else:
             out = self._grouped(x, ops, weights, ids, first_prompt_row)
         if self.shared is not None:
             out = out + self._shared(x, ops, first_prompt_row)
         return out.to(x.dtype)
+
+    @property
+    def expert_runs(self) -> int:
+        """Expert MLPs run since construction (each reads its weights once),
+        the C++ layer stack's included: what benchmarks/moe.py turns into
+        expert bytes read per step."""
+        return self._runs + getattr(self._fused, "stack_runs", 0)
+
+    def route_rows(self, x: torch.Tensor, ops, fused=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 1: (weights, ids) of x's rows. The layer ops' router where
+        they have one (``ops.moe_route(x, router, spec)``: the CPU's C++
+        pass, on every CPU path alike), else the one-call experts' own
+        gating operator (``fused.route(logits, spec)``: the NPU's), else
+        ``route`` on ``router_logits``."""
+        platform_rows = getattr(ops, "moe_route", None)
+        routed = platform_rows(x, self.router, self.spec) if platform_rows else None
+        if routed is not None:
+            return routed
+        logits = router_logits(x, self.router)
+        platform_route = getattr(fused, "route", None)  # the NPU's gating operator
+        return platform_route(logits, self.spec) if platform_route else route(logits, self.spec)
 
     def _fused_experts(self, ops):
         """The layer ops' one-call experts on one device, else None:
@@ -131,7 +149,7 @@ class MoeMlp:
         k = self.spec.top_k
         rows = x.shape[0]
         groups = _group_slots(ids.tolist(), first_prompt_row)  # one host transfer per layer
-        self.expert_runs += len(groups)
+        self._runs += len(groups)
         order = [slot for _, slots, _ in groups for slot in slots]
         identity = order == list(range(rows * k))  # batch 1: every choice its own expert
         if rows == 1:

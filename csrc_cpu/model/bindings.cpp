@@ -34,13 +34,14 @@ void register_model(nb::module_& m) {
              std::optional<int64_t> sliding_window, std::string activation, std::optional<model::Array> attn_out_norm,
              std::optional<model::Array> mlp_out_norm, std::optional<model::Array> q_norm,
              std::optional<model::Array> k_norm, std::optional<model::Array> cos_sin,
-             std::vector<std::optional<model::Array>> qkv_part_panels, std::optional<nb::callable> mlp) {
+             std::vector<std::optional<model::Array>> qkv_part_panels, std::optional<nb::callable> mlp,
+             std::optional<nb::object> moe) {
             self.add_layer(std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(qkv_bias),
                            std::move(o_proj), std::move(gate_up), std::move(down), std::move(panels), one_term,
                            model::LayerShape{eps, qk_eps, scale, sliding_window, std::move(activation),
                                              std::move(attn_out_norm), std::move(mlp_out_norm), std::move(q_norm),
                                              std::move(k_norm), std::move(cos_sin)},
-                           std::move(qkv_part_panels), std::move(mlp));
+                           std::move(qkv_part_panels), std::move(mlp), std::move(moe));
           },
           "input_norm"_a, "post_norm"_a, "qkv"_a, "qkv_bias"_a.none(), "o_proj"_a, "gate_up"_a.none(), "down"_a.none(),
           "panels"_a = std::vector<std::optional<model::Array>>{}, "one_term"_a = false, nb::kw_only(),
@@ -48,13 +49,14 @@ void register_model(nb::module_& m) {
           "sliding_window"_a.none() = nb::none(), "activation"_a = "silu", "attn_out_norm"_a.none() = nb::none(),
           "mlp_out_norm"_a.none() = nb::none(), "q_norm"_a.none() = nb::none(), "k_norm"_a.none() = nb::none(),
           "cos_sin"_a.none() = nb::none(), "qkv_part_panels"_a = std::vector<std::optional<model::Array>>{},
-          "mlp"_a.none() = nb::none(),
+          "mlp"_a.none() = nb::none(), "moe"_a.none() = nb::none(),
           "Append a layer; each matrix is (qtype, qs, d, m or None) as quant_linear takes it. panels: [] or "
           "four (qkv, o_proj, gate_up, down), each None or the matrix's build_weight_panels tensor (used while "
           "it matches the active linear ISA); a qkv of several row parts takes its parts' panels as "
           "qkv_part_panels ([] or one None / tensor per part; its panels entry None). mlp: in place of "
           "gate_up and down (None), a callable mlp(x, first_prompt_row) -> float32 [T, hidden] for the layer's "
-          "MLP (a mixture of experts), called with x [T, hidden] over the stack's scratch. one_term ('mixed' only): every row takes one int8 term in "
+          "MLP (a mixture of experts), called with x [T, hidden] over the stack's scratch; moe (with mlp): the "
+          "layer's MoeExperts with its router set, run in mlp's place while it is ready (same bits). one_term ('mixed' only): every row takes one int8 term in "
           "this layer's O, gate/up and down projections. The layer's description (None: the stack's): eps of "
           "its norms, qk_eps of the per-head q_norm / k_norm [head_dim] (Qwen3, Gemma 3), attention scale and "
           "sliding_window, activation of the gate ('silu' or 'gelu_tanh'), attn_out_norm / mlp_out_norm "

@@ -77,7 +77,8 @@ LayerStack::LayerStack(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim
 void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                            PackedMatrix o_proj, std::optional<PackedMatrix> gate_up, std::optional<PackedMatrix> down,
                            std::vector<std::optional<Array>> panels, bool one_term, LayerShape shape,
-                           std::vector<std::optional<Array>> qkv_part_panels, std::optional<nb::callable> mlp) {
+                           std::vector<std::optional<Array>> qkv_part_panels, std::optional<nb::callable> mlp,
+                           std::optional<nb::object> moe) {
   const auto& c = cfg_;
   if (one_term && activations_ != "mixed")
     fail("one_term", "false unless the stack's activations are 'mixed'", "true with activations '" + activations_ + "'");
@@ -97,6 +98,13 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
     fail("gate_up, down", mlp ? "None (with mlp: the layer's MLP runs in Python), their panels None"
                               : "packed matrices (or mlp given)",
          mlp ? "matrices or panels" : "None");
+  MoeExperts* experts = nullptr;
+  if (moe) {
+    if (!mlp) fail("moe", "None unless mlp is given (the fallback while the experts are not ready)", "experts");
+    if (!nb::try_cast(*moe, experts) || !experts) fail("moe", "a MoeExperts", "another object");
+    if (experts->hidden_size() != c.hidden_size)
+      fail("moe", "experts of hidden size " + str(c.hidden_size), "hidden size " + str(experts->hidden_size()));
+  }
   if (!qkv_part_panels.empty() && qkv_part_panels.size() != qkv.size())
     fail("qkv_part_panels", "none or one per qkv row part (" + str(int64_t(qkv.size())) + ")",
          int64_t(qkv_part_panels.size()));
@@ -121,7 +129,8 @@ void LayerStack::add_layer(Array input_norm, Array post_norm, std::vector<Packed
                           matrix_of(std::move(down), std::move(panels[3])), std::move(qkv_bias), one_term, eps,
                           shape.qk_eps.value_or(eps), shape.scale.value_or(c.scale), window, activation,
                           std::move(shape.attn_out_norm), std::move(shape.mlp_out_norm), std::move(shape.q_norm),
-                          std::move(shape.k_norm), std::move(shape.cos_sin), std::move(mlp)});
+                          std::move(shape.k_norm), std::move(shape.cos_sin), std::move(mlp),
+                          moe ? std::move(*moe) : nb::object(), experts});
 }
 
 void LayerStack::bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches) {
@@ -324,7 +333,10 @@ void LayerStack::layer(size_t i, Array& hidden, float* x, int64_t tokens, Array&
 
   ops::fused_add_rms_norm(x_rows, hidden, l.post_norm, l.eps);
   if (l.mlp) {
-    python_mlp(*l.mlp, x, tokens);
+    if (l.moe && l.moe->ready())
+      l.moe->forward(x, tokens, x);
+    else
+      python_mlp(*l.mlp, x, tokens);
     if (l.mlp_out_norm) ops::rms_norm(x_rows, x_rows, *l.mlp_out_norm, l.eps);
     return;
   }

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "linear/aligned.h"
+#include "model/moe_experts.h"
 
 namespace paged::cpu::model {
 
@@ -105,12 +106,16 @@ class LayerStack {
   // callable mlp(x, first_prompt_row) -> [T, hidden] float32 for the
   // layer's MLP (a mixture of experts: its router and top-k are torch's),
   // called with the GIL on x [T, hidden], a tensor over the stack's scratch
-  // valid for the call (first_prompt_row: run()'s, None for -1).
+  // valid for the call (first_prompt_row: run()'s, None for -1). moe (with
+  // mlp): the layer's MoeExperts with its router set, whose forward() runs
+  // in mlp's place while ready() (the same bits: mlp's own path calls
+  // ops::moe_route and the same experts).
   void add_layer(Array input_norm, Array post_norm, std::vector<PackedMatrix> qkv, std::optional<Array> qkv_bias,
                  PackedMatrix o_proj, std::optional<PackedMatrix> gate_up, std::optional<PackedMatrix> down,
                  std::vector<std::optional<Array>> panels = {}, bool one_term = false, LayerShape shape = {},
                  std::vector<std::optional<Array>> qkv_part_panels = {},
-                 std::optional<nanobind::callable> mlp = std::nullopt);
+                 std::optional<nanobind::callable> mlp = std::nullopt,
+                 std::optional<nanobind::object> moe = std::nullopt);
 
   // Binds one (key_cache, value_cache) pair per layer for the following runs.
   void bind_kv_caches(const std::vector<std::tuple<Array, Array>>& kv_caches);
@@ -138,6 +143,8 @@ class LayerStack {
     Activation activation;
     std::optional<Array> attn_out_norm, mlp_out_norm, q_norm, k_norm, cos_sin;
     std::optional<nanobind::callable> mlp;  // the layer's MLP in Python, in place of gate_up / down
+    nanobind::object moe_owner;             // keeps moe alive
+    MoeExperts* moe = nullptr;              // that MLP in C++ (add_layer's moe)
   };
   // x [T, hidden] = mlp(x) (Layer::mlp), the result checked and copied back.
   void python_mlp(const nanobind::callable& mlp, float* x, int64_t tokens) const;

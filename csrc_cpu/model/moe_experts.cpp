@@ -110,7 +110,7 @@ int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, 
   if (!panels_match_build())  // another build's kernels cannot read them (and the arrays may be stand-ins)
     fail("experts", "weight panels of the active linear build '" + std::string(linear::current_isa()) + "'",
          "panels of another build (make the experts again under this build)");
-  const int64_t H = hidden_, I = inter_, E = num_experts();
+  const int64_t H = hidden_, E = num_experts();
   const attn::TensorArg tx = f32_tensor("x", x, {-1, H});
   const int64_t T = tx.dim(0);
   const attn::TensorArg ti = attn::int_tensor("ids", ids, 64, {T, -1});
@@ -118,14 +118,38 @@ int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, 
   if (k < 1) fail("ids", "at least one choice per row", "shape " + ti.shape_str());
   const attn::TensorArg tw = f32_tensor("weights", weights, {T, k});
   const attn::TensorArg to = f32_tensor("out", out, {T, H});
-  const auto* xp = static_cast<const float*>(tx.data);
   const auto* id = static_cast<const int64_t*>(ti.data);
-  const auto* wp = static_cast<const float*>(tw.data);
-  auto* op = static_cast<float*>(to.data);
-  const int64_t S = T * k;
-  for (int64_t s = 0; s < S; ++s)
+  for (int64_t s = 0; s < T * k; ++s)
     if (id[s] < 0 || id[s] >= E)
       fail("ids", "expert ids in [0, " + std::to_string(E) + ")", std::to_string(id[s]) + " at slot " + std::to_string(s));
+  return compute(static_cast<const float*>(tx.data), T, id, static_cast<const float*>(tw.data), k,
+                 static_cast<float*>(to.data));
+}
+
+void MoeExperts::set_router(Array router, int64_t top_k, const std::string& scoring, bool normalize) {
+  f32_tensor("router", router, {num_experts(), hidden_});
+  if (top_k < 1 || top_k > num_experts())
+    fail("top_k", "in [1, experts = " + std::to_string(num_experts()) + "]", top_k);
+  if (scoring != "softmax" && scoring != "sigmoid") fail("scoring", "'softmax' or 'sigmoid'", "'" + scoring + "'");
+  router_ = std::move(router);
+  top_k_ = top_k;
+  sigmoid_ = scoring == "sigmoid";
+  normalize_ = normalize;
+}
+
+void MoeExperts::forward(const float* x, int64_t tokens, float* out) {
+  if (!ready()) fail("experts", "a router set and panels of the active linear build", "neither or one");
+  route_weights_.resize(size_t(tokens * top_k_));
+  route_ids_.resize(size_t(tokens * top_k_));
+  ops::route_rows(ops::RouteArgs{x, static_cast<const float*>(router_->data()), route_weights_.data(),
+                                 route_ids_.data(), hidden_, num_experts(), top_k_, sigmoid_, normalize_},
+                  tokens);
+  stack_runs += compute(x, tokens, route_ids_.data(), route_weights_.data(), top_k_, out);
+}
+
+int64_t MoeExperts::compute(const float* xp, int64_t T, const int64_t* id, const float* wp, int64_t k, float* op) {
+  const int64_t H = hidden_, I = inter_, E = num_experts();
+  const int64_t S = T * k;
 
   // Group the slots by expert, experts in order of first choice, each
   // expert's slots in slot order (moe.py _group_slots).
@@ -203,6 +227,12 @@ void register_moe_experts(nb::module_& m) {
       .def("run", &MoeExperts::run, "x"_a, "ids"_a, "weights"_a, "out"_a,
            "out [T, hidden] = each row's top-k experts (ids int64 [T, k], weights float32 [T, k]) on x [T, hidden], "
            "summed in choice order; returns the number of distinct experts run.")
+      .def("set_router", &MoeExperts::set_router, "router"_a, "top_k"_a, "scoring"_a, "normalize"_a,
+           "The layer's router (float32 [experts, hidden]) and routing (moe_route's arguments), for the C++ "
+           "layer stack, which then runs routing and experts itself (LayerStack.add_layer's moe).")
+      .def_prop_ro("ready", &MoeExperts::ready, "A router set and panels of the active linear build.")
+      .def_ro("stack_runs", &MoeExperts::stack_runs,
+              "Distinct experts run by the layer stack's calls (run()'s are its return values).")
       .def_prop_ro("num_experts", &MoeExperts::num_experts)
       .def_rw("spread_experts", &MoeExperts::spread_experts,
               "True (default): with at least as many chosen experts as threads, one parallel region per matrix "

@@ -50,7 +50,18 @@ class MoeExperts {
   // out [T, hidden] = sum over j of weights[r, j] * expert ids[r, j] (x[r]),
   // float32 throughout; returns the number of distinct experts run.
   int64_t run(const Array& x, const Array& ids, const Array& weights, const Array& out);
+  // The layer's router (float32 [experts, hidden]) and routing (ops::moe_route's
+  // arguments), for forward(): the C++ layer stack's whole MLP.
+  void set_router(Array router, int64_t top_k, const std::string& scoring, bool normalize);
+  // Whether forward() can run: a router set and panels_match_build().
+  bool ready() const { return router_.has_value() && panels_match_build(); }
+  // out [T, hidden] = run() on ops::route_rows' routing of x [T, hidden]
+  // (x and out the caller's, checked by it, out may be x; the GIL held): bitwise the
+  // Python layer's moe_route then run(). Counts its experts in stack_runs.
+  void forward(const float* x, int64_t tokens, float* out);
+  int64_t stack_runs = 0;  // distinct experts run by forward() since construction
   int64_t num_experts() const { return int64_t(gate_up_.size()); }
+  int64_t hidden_size() const { return hidden_; }
   // false: every expert matrix's call splits its own weight rows over the
   // threads (a parallel region each, the schedule before): same bits, kept
   // for tests and paired benchmarks.
@@ -68,6 +79,13 @@ class MoeExperts {
   // there are enough of them, else each call's own).
   void run_groups(const std::vector<linear::LinearArgs>& w, const std::vector<int64_t>& experts,
                   const std::vector<int64_t>& starts, const float* in, float* out);
+  // run() after its checks: x [T, hidden], ids and weights [T, k], out [T, hidden]
+  int64_t compute(const float* x, int64_t T, const int64_t* ids, const float* weights, int64_t k, float* out);
+  std::optional<Array> router_;  // set_router's
+  int64_t top_k_ = 0;
+  bool sigmoid_ = false, normalize_ = false;
+  std::vector<float> route_weights_;
+  std::vector<int64_t> route_ids_;
   std::vector<float> xs_, gate_up_out_, act_, ys_;  // scratch, [slots, width] in grouped order
   std::vector<int64_t> first_, order_, position_;
 };

@@ -33,6 +33,10 @@ void register_ops(nb::module_& m) {
   m.def("argmax_rows", &o::argmax_rows, "logits"_a, "out"_a,
         "out[T] (int64) = the first index of each row's maximum of logits [T, V] (float32), as torch.argmax "
         "(a NaN counts as the maximum).");
+  m.def("moe_route", &o::moe_route, "x"_a, "router"_a, "top_k"_a, "scoring"_a, "normalize"_a, "weights"_a, "ids"_a,
+        "weights [T, top_k] (float32) and ids [T, top_k] (int64) = the mixture-of-experts routing of x [T, hidden] "
+        "by router [experts, hidden] (float32): logits in a fixed order, 'softmax' or 'sigmoid' scores, the top_k "
+        "best first (ties to the lower id), divided by their sum when normalize (core/models/moe.py route).");
   m.def("fused_ops_isa", &o::fused_ops_isa, "SIMD build the fused ops use now.");
   m.def("set_fused_ops_isa", &o::set_fused_ops_isa, "name"_a, "Choose 'auto', 'avx2' or 'scalar'.");
   m.def("supported_fused_ops_isas", &o::supported_fused_ops_isas, "Fused-op builds this CPU can run, best first.");

@@ -227,6 +227,33 @@ void argmax_rows(Array logits, Array out) {
   for_rows(lt.dim(0), lt.dim(1), [&](int64_t b, int64_t en) { k->argmax(a, b, en); });
 }
 
+void route_rows(const RouteArgs& a, int64_t rows) {
+  const RowKernels* k = active();
+  for_rows(rows, a.experts * a.hidden, [&](int64_t b, int64_t en) { k->moe_route(a, b, en); });
+}
+
+void moe_route(Array x, Array router, int64_t top_k, const std::string& scoring, bool normalize, Array weights,
+               Array ids) {
+  const auto f32 = [](const char* name, const Array& a, std::initializer_list<int64_t> shape) {
+    attn::DType dt;
+    TensorArg t = attn::float_tensor(name, a, shape, &dt);
+    if (dt != attn::DType::F32) fail(name, "dtype float32", std::string("dtype ") + attn::dtype_name(dt));
+    return t;
+  };
+  const TensorArg xt = f32("x", x, {-1, -1});
+  const TensorArg rt = f32("router", router, {-1, xt.dim(1)});
+  const int64_t T = xt.dim(0), E = rt.dim(0);
+  if (E < 1) fail("router", "at least one expert", "shape " + rt.shape_str());
+  if (top_k < 1 || top_k > E) fail("top_k", "in [1, experts = " + std::to_string(E) + "]", top_k);
+  if (scoring != "softmax" && scoring != "sigmoid") fail("scoring", "'softmax' or 'sigmoid'", "'" + scoring + "'");
+  const TensorArg wt = f32("weights", weights, {T, top_k});
+  const TensorArg it = attn::int_tensor("ids", ids, 64, {T, top_k});
+  route_rows(RouteArgs{static_cast<const float*>(xt.data), static_cast<const float*>(rt.data),
+                       static_cast<float*>(wt.data), static_cast<int64_t*>(it.data), xt.dim(1), E, top_k,
+                       scoring == "sigmoid", normalize},
+             T);
+}
+
 std::string fused_ops_isa() { return selector().active().name; }
 
 void set_fused_ops_isa(const std::string& name) { selector().set(name); }

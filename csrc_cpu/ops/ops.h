@@ -1,6 +1,7 @@
 // Fused elementwise ops of a decoder layer on CPU (RMSNorm, residual add,
-// SiLU- and GELU-tanh-and-mul, per-head Q/K RMSNorm, RoPE, Q/K/V split) and the greedy sampler's argmax: one pass
-// over each row instead of a chain of small torch ops. Arguments are checked
+// SiLU- and GELU-tanh-and-mul, per-head Q/K RMSNorm, RoPE, Q/K/V split), the
+// greedy sampler's argmax and the mixture-of-experts routing: one pass over
+// each row instead of a chain of small torch ops. Arguments are checked
 // once in fused_ops.cpp; the row kernels (kernels.inc, built per ISA) trust them.
 #pragma once
 
@@ -26,6 +27,13 @@ void rotary_embedding(Array positions, Array qkv, Array cos_sin_cache, int64_t n
                       int64_t num_kv_heads, int64_t head_dim);
 void split_qkv(Array qkv, Array q, Array k, Array v);
 void argmax_rows(Array logits, Array out);
+// weights [T, top_k] (float32), ids [T, top_k] (int64) = the routing of x
+// [T, hidden] by router [experts, hidden] (float32): RouteArgs' kernel, scoring
+// "softmax" or "sigmoid".
+void moe_route(Array x, Array router, int64_t top_k, const std::string& scoring, bool normalize, Array weights,
+               Array ids);
+// The same on arguments already checked (model/moe_experts.cpp), rows split over the threads.
+void route_rows(const RouteArgs& a, int64_t rows);
 std::string fused_ops_isa();
 void set_fused_ops_isa(const std::string& name);
 std::vector<std::string> supported_fused_ops_isas();

@@ -1,7 +1,9 @@
 // Baseline build of the fused-op row kernels (the compiler's default ISA).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "ops/row_kernels.h"
 

@@ -46,6 +46,18 @@ struct ArgmaxArgs {
   int64_t width;        // >= 1, < 2^31
 };
 
+// Mixture-of-experts routing (core/models/moe.py route, from the rows
+// themselves): per row, the router's logits, scores, top-k and weights.
+struct RouteArgs {
+  const float* x;       // [T, hidden]
+  const float* router;  // [experts, hidden]
+  float* weights;       // [T, top_k]: the chosen experts' scores, best first
+  int64_t* ids;         // [T, top_k]: their ids
+  int64_t hidden, experts, top_k;
+  bool sigmoid;         // scores: each logit's sigmoid, else the softmax over the experts
+  bool normalize;       // weights divided by their sum
+};
+
 // Per-ISA builds of the row kernels: each handles rows [begin, end).
 struct RowKernels {
   const char* isa;
@@ -55,6 +67,7 @@ struct RowKernels {
   void (*gelu_tanh_and_mul)(const SiluMulArgs&, int64_t begin, int64_t end);
   void (*rotary)(const RopeArgs&, int64_t begin, int64_t end);
   void (*argmax)(const ArgmaxArgs&, int64_t begin, int64_t end);
+  void (*moe_route)(const RouteArgs&, int64_t begin, int64_t end);
 };
 namespace isa_avx2 { extern const RowKernels kKernels; }
 namespace isa_scalar { extern const RowKernels kKernels; }

@@ -1,8 +1,10 @@
 // AVX2 + FMA build of the fused-op row kernels; chosen only where the CPU
 // reports AVX2, FMA and F16C (kernel_builds.cpp), so the module loads anywhere.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "arch/target.h"
 #include "ops/row_kernels.h"
