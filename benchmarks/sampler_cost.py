@@ -6,7 +6,9 @@ interleaved in one process:
 
 Per vocabulary size (SmolLM2's 49152, Llama 3's 128256, Qwen's 151936),
 rows (1 and 16 sequences sampling in one step), settings (temperature
-alone; top_p 0.9; top_k 40 with top_p 0.95) and logit spread (peaked:
+alone; top_p 0.9; top_k 40 with top_p 0.95; a repetition penalty; presence
+and frequency penalties, each sequence 1000 prompt and 200 output tokens)
+and logit spread (peaked:
 N(0, 6^2) logits, a few tokens hold most of the mass as in a model's
 usual step; flat: N(0, 1), a nucleus of most of the vocabulary), the best
 milliseconds of a sampler call for the old module and this tree's, and
@@ -31,7 +33,10 @@ SETTINGS = {
     "temperature 0.8": dict(temperature=0.8),
     "top_p 0.9": dict(temperature=0.8, top_p=0.9),
     "top_k 40 top_p 0.95": dict(temperature=0.8, top_k=40, top_p=0.95),
+    "repetition 1.1": dict(temperature=0.8, repetition_penalty=1.1),
+    "presence+frequency": dict(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.5),
 }
+PROMPT, OUTPUT = 1000, 200  # tokens each sequence holds (the penalties read them)
 SPREADS = {"peaked": 6.0, "flat": 1.0}
 
 
@@ -65,7 +70,10 @@ def main() -> None:
                 logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab + rows)) * spread
                 for name, kw in SETTINGS.items():
                     params = SamplingParams(**kw, seed=7)
-                    seqs = [Request(f"r{i}", None, [1, 2], params).seqs[0] for i in range(rows)]
+                    seqs = [Request(f"r{i}", None, list(range(100 + i, 100 + i + PROMPT)), params).seqs[0]
+                            for i in range(rows)]
+                    for s in seqs:
+                        s.token_ids.extend(range(3000, 3000 + OUTPUT))
                     samplers = {"old": old.Sampler([0], seed=1), "new": new.Sampler([0], seed=1)}
                     ms = {k: 1e3 * best_time(lambda s=s: s(logits, seqs), args.min_time) for k, s in samplers.items()}
                     ratio = ms["old"] / ms["new"]

@@ -320,3 +320,36 @@ def test_top_k_top_p_on_a_large_vocabulary_keeps_the_reference_set(scale, params
         ref = ref_filtered_probs(logits[i], params)
         assert torch.equal(torch.isfinite(got[i]), ref > 0)
         assert torch.equal(got[i][ref > 0], logits[i][ref > 0])
+
+
+def test_penalties_equal_the_dense_formula_bitwise():
+    """Penalties on the touched (row, token) pairs only == the same formula
+    applied to every token of a large vocabulary ([N, V] counts)."""
+    g = torch.Generator().manual_seed(23)
+    vocab, n = 5000, 5
+    logits = torch.randn(n, vocab, generator=g) * 4
+    ps = [SamplingParams(temperature=0.0, repetition_penalty=1.3),
+          SamplingParams(temperature=0.0, presence_penalty=0.7, frequency_penalty=-0.4),
+          SamplingParams(temperature=0.0, repetition_penalty=0.8, presence_penalty=-1.0, frequency_penalty=0.3),
+          SamplingParams(temperature=0.0),
+          SamplingParams(temperature=0.0, frequency_penalty=1.1)]
+    seqs = []
+    for i, p in enumerate(ps):
+        prompt = torch.randint(0, vocab, (40 + i,), generator=g).tolist()
+        output = torch.randint(0, vocab // 50, (30,), generator=g).tolist() if i != 4 else []  # repeats
+        seqs.append(seq(p, prompt=prompt, output=output))
+    dense = logits.clone()
+    for i, (s, p) in enumerate(zip(seqs, ps)):
+        counts = torch.zeros(vocab)
+        for tok in s.output_token_ids:
+            counts[tok] += 1
+        seen = counts > 0
+        if p.repetition_penalty != 1.0:
+            seen[torch.tensor(s.token_ids)] = True
+        row = dense[i]
+        penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+        row.copy_(torch.where(seen, penalised, row))
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+    work = logits.clone()
+    Sampler._apply_penalties(work, seqs)
+    assert torch.equal(work, dense)

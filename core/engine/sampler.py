@@ -167,22 +167,31 @@ class Sampler:
     # -- logits processors ---------------------------------------------------------
     @staticmethod
     def _apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
-        n, vocab = logits.shape
-        rep = torch.tensor([s.params.repetition_penalty for s in seqs], dtype=logits.dtype)
-        pres = torch.tensor([s.params.presence_penalty for s in seqs], dtype=logits.dtype)
-        freq = torch.tensor([s.params.frequency_penalty for s in seqs], dtype=logits.dtype)
-        counts = torch.zeros(n, vocab, dtype=logits.dtype)
-        seen = torch.zeros(n, vocab, dtype=torch.bool)
+        """In place, on the (row, token) pairs a penalty touches only: a
+        row's output tokens, and its prompt's too under a repetition
+        penalty (dense [N, V] counts cost ~27 ms a step at 16 rows of a 152k
+        vocabulary). The same float32 operations per element as on every
+        token: tokens no penalty touches would have stayed as they were."""
+        rows, toks, counts = [], [], []
         for i, s in enumerate(seqs):
-            out = s.output_token_ids
-            if out:
-                counts[i].index_add_(0, torch.tensor(out), torch.ones(len(out), dtype=logits.dtype))
-            if s.params.repetition_penalty != 1.0:
-                seen[i, torch.tensor(s.token_ids)] = True
-        seen |= counts > 0
-        penalised = torch.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
-        logits.copy_(torch.where(seen, penalised, logits))
-        logits -= freq[:, None] * counts + pres[:, None] * (counts > 0).to(logits.dtype)
+            out_ids, out_counts = torch.tensor(s.output_token_ids, dtype=torch.int64).unique(return_counts=True)
+            ids = out_ids
+            if s.params.repetition_penalty != 1.0:  # every token of the sequence; the output's are among them
+                ids = torch.tensor(s.token_ids, dtype=torch.int64).unique()
+            c = torch.zeros(len(ids), dtype=logits.dtype)
+            c[torch.searchsorted(ids, out_ids)] = out_counts.to(logits.dtype)
+            rows.append(torch.full((len(ids),), i, dtype=torch.int64))
+            toks.append(ids)
+            counts.append(c)
+        r, t, c = torch.cat(rows), torch.cat(toks), torch.cat(counts)
+        if not len(r):
+            return
+        rep = torch.tensor([s.params.repetition_penalty for s in seqs], dtype=logits.dtype)[r]
+        pres = torch.tensor([s.params.presence_penalty for s in seqs], dtype=logits.dtype)[r]
+        freq = torch.tensor([s.params.frequency_penalty for s in seqs], dtype=logits.dtype)[r]
+        v = logits[r, t]
+        v = torch.where(v > 0, v / rep, v * rep)  # repetition (1.0 where the row has none: exact)
+        logits[r, t] = v - (freq * c + pres * (c > 0).to(logits.dtype))
 
     def _grammar_mask(self, logits: torch.Tensor) -> GrammarMasker:
         if self._masker is None:
