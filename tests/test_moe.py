@@ -260,6 +260,25 @@ def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activation
         [layer.moe.shared is None for layer in model.layers], fam.name
 
 
+def test_stack_experts_take_a_checked_router_and_stand_down_without_one(packed):
+    """The layer stack's native MLP (MoeExperts.forward) is ready only with
+    the layer's router set: a shared-expert family keeps the Python
+    callback; a bad router or top-k is refused naming the value."""
+    fam, hf, loaded = packed
+    c = loaded.config
+    model, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
+    moe = model.layers[0].moe
+    native = moe._fused_experts(model.ops)._native
+    assert native.ready == (moe.shared is None), fam.name
+    experts = len(moe.gate_up)
+    with pytest.raises(ValueError, match=rf"^router: expected shape \[{experts}, {c.hidden_size}\]"):
+        native.set_router(torch.zeros(experts + 1, c.hidden_size), 2, "softmax", True)
+    with pytest.raises(ValueError, match=rf"^top_k: expected in \[1, experts = {experts}\], got 0$"):
+        native.set_router(torch.zeros(experts, c.hidden_size), 0, "softmax", True)
+    native.set_router(torch.zeros(experts, c.hidden_size), 2, "sigmoid", False)
+    assert native.ready
+
+
 def test_cpu_experts_read_their_weight_panels(packed, monkeypatch):
     """Planned by the worker, every expert matrix keeps only its persistent
     panels (avx512 build); the one-call experts read them, bitwise the same

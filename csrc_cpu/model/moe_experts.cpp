@@ -128,12 +128,9 @@ int64_t MoeExperts::run(const Array& x, const Array& ids, const Array& weights, 
 
 void MoeExperts::set_router(Array router, int64_t top_k, const std::string& scoring, bool normalize) {
   f32_tensor("router", router, {num_experts(), hidden_});
-  if (top_k < 1 || top_k > num_experts())
-    fail("top_k", "in [1, experts = " + std::to_string(num_experts()) + "]", top_k);
-  if (scoring != "softmax" && scoring != "sigmoid") fail("scoring", "'softmax' or 'sigmoid'", "'" + scoring + "'");
+  sigmoid_ = ops::check_routing(num_experts(), top_k, scoring);
   router_ = std::move(router);
   top_k_ = top_k;
-  sigmoid_ = scoring == "sigmoid";
   normalize_ = normalize;
 }
 

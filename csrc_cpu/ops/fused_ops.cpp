@@ -227,6 +227,12 @@ void argmax_rows(Array logits, Array out) {
   for_rows(lt.dim(0), lt.dim(1), [&](int64_t b, int64_t en) { k->argmax(a, b, en); });
 }
 
+bool check_routing(int64_t experts, int64_t top_k, const std::string& scoring) {
+  if (top_k < 1 || top_k > experts) fail("top_k", "in [1, experts = " + std::to_string(experts) + "]", top_k);
+  if (scoring != "softmax" && scoring != "sigmoid") fail("scoring", "'softmax' or 'sigmoid'", "'" + scoring + "'");
+  return scoring == "sigmoid";
+}
+
 void route_rows(const RouteArgs& a, int64_t rows) {
   const RowKernels* k = active();
   for_rows(rows, a.experts * a.hidden, [&](int64_t b, int64_t en) { k->moe_route(a, b, en); });
@@ -244,13 +250,12 @@ void moe_route(Array x, Array router, int64_t top_k, const std::string& scoring,
   const TensorArg rt = f32("router", router, {-1, xt.dim(1)});
   const int64_t T = xt.dim(0), E = rt.dim(0);
   if (E < 1) fail("router", "at least one expert", "shape " + rt.shape_str());
-  if (top_k < 1 || top_k > E) fail("top_k", "in [1, experts = " + std::to_string(E) + "]", top_k);
-  if (scoring != "softmax" && scoring != "sigmoid") fail("scoring", "'softmax' or 'sigmoid'", "'" + scoring + "'");
+  const bool sigmoid = check_routing(E, top_k, scoring);
   const TensorArg wt = f32("weights", weights, {T, top_k});
   const TensorArg it = attn::int_tensor("ids", ids, 64, {T, top_k});
   route_rows(RouteArgs{static_cast<const float*>(xt.data), static_cast<const float*>(rt.data),
                        static_cast<float*>(wt.data), static_cast<int64_t*>(it.data), xt.dim(1), E, top_k,
-                       scoring == "sigmoid", normalize},
+                       sigmoid, normalize},
              T);
 }
 

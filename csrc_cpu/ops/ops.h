@@ -34,6 +34,8 @@ void moe_route(Array x, Array router, int64_t top_k, const std::string& scoring,
                Array ids);
 // The same on arguments already checked (model/moe_experts.cpp), rows split over the threads.
 void route_rows(const RouteArgs& a, int64_t rows);
+// ValueError unless top_k is in [1, experts] and scoring "softmax" or "sigmoid"; true for sigmoid.
+bool check_routing(int64_t experts, int64_t top_k, const std::string& scoring);
 std::string fused_ops_isa();
 void set_fused_ops_isa(const std::string& name);
 std::vector<std::string> supported_fused_ops_isas();
