@@ -114,6 +114,10 @@ class MoeMlp:
         expert bytes read per step."""
         return self._runs + getattr(self._fused, "stack_runs", 0)
 
+    @expert_runs.setter
+    def expert_runs(self, value: int) -> None:  # an older __call__ counts with += (moe_step_paired.py)
+        self._runs = value - getattr(self._fused, "stack_runs", 0)
+
     def route_rows(self, x: torch.Tensor, ops, fused=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 1: (weights, ids) of x's rows. The layer ops' router where
         they have one (``ops.moe_route(x, router, spec)``: the CPU's C++
