@@ -307,12 +307,15 @@ def test_inverse_cdf_matches_a_running_sum_and_never_picks_a_zero():
 
 @pytest.mark.parametrize("scale, params", [
     (0.05, SamplingParams(top_p=0.9)),  # flat: the nucleus is most of the vocabulary
+    (0.7, SamplingParams(top_p=0.95)),  # wide: past the first candidates, the cut inside a bucket
+    (1.5, SamplingParams(top_p=0.99)),
     (6.0, SamplingParams(top_p=0.95)),  # peaked: a few tokens
     (0.05, SamplingParams(top_k=700, top_p=0.5)),
     (2.0, SamplingParams(top_k=300)),
 ])
 def test_top_k_top_p_on_a_large_vocabulary_keeps_the_reference_set(scale, params):
-    """Only a row's largest tokens are sorted; the kept set is the full sort's."""
+    """Only a row's largest tokens are sorted (or, for a wide nucleus, one
+    bucket of them); the kept set is the full sort's, alone or batched."""
     g = torch.Generator().manual_seed(22)
     logits = torch.randn(3, 3000, generator=g) * scale
     got = Sampler._top_k_top_p(logits.clone(), [params] * 3)
@@ -320,6 +323,7 @@ def test_top_k_top_p_on_a_large_vocabulary_keeps_the_reference_set(scale, params
         ref = ref_filtered_probs(logits[i], params)
         assert torch.equal(torch.isfinite(got[i]), ref > 0)
         assert torch.equal(got[i][ref > 0], logits[i][ref > 0])
+        assert torch.equal(Sampler._top_k_top_p(logits[i:i + 1].clone(), [params])[0], got[i])
 
 
 def test_penalties_equal_the_dense_formula_bitwise():
