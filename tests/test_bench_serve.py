@@ -95,3 +95,12 @@ def test_serving_peers_repeat_pairs_rounds(server, tmp_path):
     ratios = report["round_ratios"]["two"]["2"]
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
     assert "median of rounds" in done.stdout
+
+
+def test_sampling_options_reach_the_request_body():
+    p = __import__("argparse").ArgumentParser()
+    bench_serve.add_arguments(p)
+    greedy = bench_serve.request_body(p.parse_args([]), "m", "hi")
+    assert greedy["temperature"] == 0.0 and "top_p" not in greedy
+    sampled = bench_serve.request_body(p.parse_args(["--temperature", "0.8", "--top-p", "0.95"]), "m", "hi")
+    assert sampled["temperature"] == 0.8 and sampled["top_p"] == 0.95

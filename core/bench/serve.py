@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-range", default="1000,10000",
                    help="token ids of random token prompts are drawn from [lo, hi) (default: 1000,10000)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (default 0: greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (default 1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
 
@@ -108,8 +111,10 @@ async def text_prompt(client, backend, model, length: int, rng: random.Random) -
 
 
 def request_body(args, model: str, prompt) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": 0.0,
+    body = {"model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": args.temperature,
             "stream": True, "stream_options": {"include_usage": True}}
+    if args.top_p < 1.0:
+        body["top_p"] = args.top_p
     if args.ignore_eos:
         if args.backend in ("paged", "vllm"):
             body["ignore_eos"] = True
