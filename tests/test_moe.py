@@ -241,11 +241,10 @@ def test_cpu_experts_spread_over_two_threads_give_the_python_path_bits(packed):
 @pytest.mark.parametrize("activations", ["mixed", "int8x2"])
 def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activations, monkeypatch):
     """The C++ layer stack takes a mixture of experts: attention, norms,
-    projections and (without a shared expert) routing and experts in C++
-    (MoeExperts.forward), else each layer's MoeMlp called back in Python
-    for the MLP (Qwen2-MoE); prompt, decode and mixed steps bitwise the
-    Python layers (hidden states and KV caches), and every layer's experts
-    still run."""
+    projections, routing, experts and a shared expert with its gate
+    (Qwen2-MoE) in C++ (MoeExperts.forward); prompt, decode and mixed steps
+    bitwise the Python layers (hidden states and KV caches), and every
+    layer's experts still run."""
     from test_layer_stack import check_scenario
 
     fam, hf, loaded = packed
@@ -255,22 +254,34 @@ def test_layer_stack_runs_moe_layers_bitwise_as_python_layers(packed, activation
     runs = [layer.moe.expert_runs for layer in model.layers]
     check_scenario(model, backend, monkeypatch, c.vocab_size)
     assert all(layer.moe.expert_runs > r for layer, r in zip(model.layers, runs))
-    # routing and experts ran in C++ in the layers without a shared expert, else through the callback
-    assert [layer.moe._fused.stack_runs > 0 for layer in model.layers] == \
-        [layer.moe.shared is None for layer in model.layers], fam.name
+    # routing, experts and the shared expert (Qwen2-MoE) ran in C++, not through the callback
+    assert all(layer.moe._fused.stack_runs > 0 for layer in model.layers), fam.name
 
 
 def test_stack_experts_take_a_checked_router_and_stand_down_without_one(packed):
     """The layer stack's native MLP (MoeExperts.forward) is ready only with
-    the layer's router set: a shared-expert family keeps the Python
-    callback; a bad router or top-k is refused naming the value."""
+    the layer's router set; a bad router, top-k or shared expert is refused
+    naming the value."""
     fam, hf, loaded = packed
     c = loaded.config
     model, _ = cpu_model(c, loaded.weights, "mixed", kv_dtype=torch.float16)
     moe = model.layers[0].moe
     native = moe._fused_experts(model.ops)._native
-    assert native.ready == (moe.shared is None), fam.name
+    assert native.ready, fam.name  # the stack set its router
+    fresh = _C.MoeExperts(c.hidden_size, moe.spec.intermediate_size, "mixed")
+    assert not fresh.ready  # no router, no experts
     experts = len(moe.gate_up)
+    if moe.shared is not None:
+        from paged.backends.cpu.moe_experts import _matrix
+
+        def arrays(w):  # DLPack capsules are read once: fresh ones per call
+            return _matrix(w)[0]
+
+        gate_up, down = moe.shared
+        with pytest.raises(ValueError, match=r"^shared down: expected \["):
+            native.set_shared(arrays(gate_up), arrays(gate_up), None, None, None)
+        with pytest.raises(ValueError, match=rf"^shared_gate: expected shape \[1, {c.hidden_size}\]"):
+            native.set_shared(arrays(gate_up), arrays(down), None, None, torch.zeros(2, c.hidden_size))
     with pytest.raises(ValueError, match=rf"^router: expected shape \[{experts}, {c.hidden_size}\]"):
         native.set_router(torch.zeros(experts + 1, c.hidden_size), 2, "softmax", True)
     with pytest.raises(ValueError, match=rf"^top_k: expected in \[1, experts = {experts}\], got 0$"):

@@ -18,9 +18,9 @@ LayerNorm, an ungated MLP, f16 / bf16 matrices (half_linear has no call
 from the stack yet); the model then runs on the Python layers. A mixture of
 experts runs its layers here too: routing (``moe_route``) and the experts
 (``MoeExperts.forward``) in C++, the calls the Python layer makes
-(``add_layer(moe=...)``); a layer with a shared expert or a packed router,
-or experts whose panels belong to another linear build, calls back into
-Python for the MLP (``add_layer(mlp=...)``: the layer's own ``MoeMlp``).
+(``add_layer(moe=...)``, a shared expert and its gate included); a layer
+with a packed router, or experts whose panels belong to another linear
+build, calls back into Python for the MLP (``add_layer(mlp=...)``: the layer's own ``MoeMlp``).
 Either way its bits are the Python layers'.
 
 The CPU worker attaches it to the model (backends/cpu/worker.py), which
@@ -139,16 +139,16 @@ def _python_mlp(model, layer):
 
 
 def _native_moe(model, layer):
-    """add_layer's moe: the layer's one-call CPU experts with its router set
-    (CpuMoeExperts.for_stack), which the stack then routes and runs in C++
-    (ops moe_route and the same experts: the Python call's bits); None for
-    a shared expert, a packed router or no one-call experts (the stack calls
-    ``_python_mlp``)."""
+    """add_layer's moe: the layer's one-call CPU experts with its router and
+    shared expert set (CpuMoeExperts.for_stack), which the stack then routes
+    and runs in C++ (ops moe_route and the same kernels: the Python call's
+    bits); None for a packed router, a shared expert the call cannot take
+    or no one-call experts (the stack calls ``_python_mlp``)."""
     moe = layer.moe
     fused = moe._fused_experts(model.ops)
-    if moe.shared is not None or not hasattr(fused, "for_stack"):
+    if not hasattr(fused, "for_stack"):
         return None
-    return fused.for_stack(moe.router, moe.spec)
+    return fused.for_stack(moe.router, moe.spec, moe.shared, moe.shared_gate)
 
 
 def shape_decline(stack) -> str | None:

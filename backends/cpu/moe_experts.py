@@ -38,14 +38,25 @@ class CpuMoeExperts:
         runs = self._native.run(dl(x), dl(ids.contiguous()), dl(weights.contiguous()), dl(out))
         return out, runs
 
-    def for_stack(self, router, spec):
-        """The native experts with the layer's router set (MoeExperts.set_router),
-        for the C++ layer stack's add_layer(moe=...), which then routes and
-        runs them itself while they match the linear build; None for a
-        router that is not a float32 tensor (the stack calls the Python MLP)."""
-        if not (isinstance(router, torch.Tensor) and router.dtype == torch.float32):
+    def for_stack(self, router, spec, shared: tuple | None = None, shared_gate=None):
+        """The native experts with the layer's router set (MoeExperts.set_router)
+        and its shared expert and gate (set_shared), for the C++ layer stack's
+        add_layer(moe=...), which then routes and runs them itself while they
+        match the linear build; None for a router or gate that is not a
+        float32 tensor, or a shared expert the one call cannot take (the
+        stack calls the Python MLP)."""
+        dense = [w for w in (router, shared_gate) if w is not None]
+        if not all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in dense):
+            return None
+        first = self._experts[0][0]
+        if shared is not None and not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS
+                                          and not w.parts and (w.activations, w.one_term) ==
+                                          (first.activations, first.one_term) for w in shared):
             return None
         self._native.set_router(dl(router.contiguous()), spec.top_k, spec.scoring, spec.normalize)
+        if shared is not None:
+            (g, gp), (d, dp) = (_matrix(w) for w in shared)
+            self._native.set_shared(g, d, gp, dp, None if shared_gate is None else dl(shared_gate.contiguous()))
         return self._native
 
     @property
@@ -60,17 +71,19 @@ def _native_experts(gate_up: list, down: list):
     packed arrays where it has none."""
     from paged import _C_cpu
 
-    def matrix(w: CpuPackedLinear) -> tuple:
-        panels = w.weight_panels()
-        qs, d, m = w.kernel_arrays(panels)
-        return (w.kernel_qtype, dl(qs), dl(d), None if m is None else dl(m)), None if panels is None else dl(panels)
-
     first = gate_up[0]
     native = _C_cpu.MoeExperts(first.in_features, first.out_features // 2, first.activations, first.one_term)
     for g, d in zip(gate_up, down):
-        (gm, gp), (dm, dp) = matrix(g), matrix(d)
+        (gm, gp), (dm, dp) = _matrix(g), _matrix(d)
         native.add_expert(gm, dm, gp, dp)
     return native
+
+
+def _matrix(w: CpuPackedLinear) -> tuple:
+    """((qtype, qs, d, m), panels or None) of a packed matrix as MoeExperts takes it."""
+    panels = w.weight_panels()
+    qs, d, m = w.kernel_arrays(panels)
+    return (w.kernel_qtype, dl(qs), dl(d), None if m is None else dl(m)), None if panels is None else dl(panels)
 
 
 def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:

@@ -35,11 +35,17 @@ brings step 1's gating operator). Those two keep every step on the device
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from paged.core.models import elementwise
 from paged.core.models.layers import SingleDevice, linear, mlp_activation
 from paged.core.models.spec import MlpSpec, MoeSpec
+
+
+#: the shared expert's sigmoid gate as a one-expert routing (ops.moe_route's spec)
+SHARED_GATE = SimpleNamespace(top_k=1, scoring="sigmoid", normalize=False)
 
 
 def router_logits(x: torch.Tensor, weight) -> torch.Tensor:
@@ -182,8 +188,18 @@ class MoeMlp:
         act = mlp_activation(ops, linear(x, gate_up, first_prompt_row=first_prompt_row), self.mlp)
         y = self.parallel.output_projection(act, down, "shared", first_prompt_row=first_prompt_row)
         if self.shared_gate is not None:
-            y = elementwise.sigmoid(router_logits(x, self.shared_gate)) * y
+            y = self._shared_gate_rows(x, ops) * y
         return y
+
+    def _shared_gate_rows(self, x: torch.Tensor, ops) -> torch.Tensor:
+        """The shared expert's gate [T, 1]: sigmoid(x . shared_gate), through
+        the layer ops' router where they have one (one expert, sigmoid
+        scoring: the CPU's C++ pass, which its layer stack also takes)."""
+        platform_rows = getattr(ops, "moe_route", None)
+        routed = platform_rows(x, self.shared_gate, SHARED_GATE) if platform_rows else None
+        if routed is not None:
+            return routed[0]
+        return elementwise.sigmoid(router_logits(x, self.shared_gate))
 
 
 def combine_choices(ys: torch.Tensor, weights: torch.Tensor, k: int) -> torch.Tensor:

@@ -96,7 +96,7 @@ void MoeExperts::run_groups(const std::vector<linear::LinearArgs>& w, const std:
     a.M = starts[size_t(g) + 1] - r0;
     a.x = in + r0 * a.K;
     a.out = out + r0 * a.N;
-    linear::int8_linear_checked(a, two_term_rows_ < 0 ? a.M : std::min(two_term_rows_, a.M));
+    linear::int8_linear_checked(a, two_rows(a.M));
   };
   // Dynamic: the experts' row counts differ. Fewer experts than threads keep
   // each call's own split of its weight rows.
@@ -134,6 +134,61 @@ void MoeExperts::set_router(Array router, int64_t top_k, const std::string& scor
   normalize_ = normalize;
 }
 
+void MoeExperts::set_shared(PackedMatrix gate_up, PackedMatrix down, std::optional<Array> gate_up_panels,
+                            std::optional<Array> down_panels, std::optional<Array> gate) {
+  linear::LinearArgs probe;
+  linear::check_weight(probe, std::get<0>(gate_up), std::get<1>(gate_up), std::get<2>(gate_up), std::get<3>(gate_up));
+  if (probe.N % 2) fail("shared gate_up", "an even number of rows (gate rows then up rows)", probe.N);
+  const int64_t inter = probe.N / 2;
+  linear::LinearArgs g = require_matrix("shared gate_up", gate_up, 2 * inter, hidden_);
+  linear::LinearArgs d = require_matrix("shared down", down, hidden_, inter);
+  if (gate) f32_tensor("shared_gate", *gate, {1, hidden_});
+  if (gate_up_panels) linear::use_panels(g, *gate_up_panels);
+  if (down_panels) linear::use_panels(d, *down_panels);
+  for (auto* p : {&gate_up_panels, &down_panels})
+    if (*p) {
+      panels_.push_back(std::move(**p));
+      panels_layout_ = linear::weight_panel_layout();
+    }
+  shared_gate_up_ = g;
+  shared_down_ = d;
+  shared_inter_ = inter;
+  shared_arrays_ = {std::move(gate_up), std::move(down)};
+  shared_gate_ = std::move(gate);
+}
+
+void MoeExperts::shared_rows(const float* x, int64_t T, float* y) {
+  const int64_t H = hidden_, I = shared_inter_;
+  shared_gate_up_out_.resize(size_t(T * 2 * I));
+  shared_act_.resize(size_t(T * I));
+  linear::LinearArgs g = *shared_gate_up_, d = *shared_down_;
+  g.M = d.M = T;
+  g.x = x;
+  g.out = shared_gate_up_out_.data();
+  d.x = shared_act_.data();
+  d.out = y;
+  {
+    nb::gil_scoped_release no_gil;
+    linear::int8_linear_checked(g, two_rows(T));
+  }
+  ops::silu_and_mul(f32(shared_act_.data(), {size_t(T), size_t(I)}),
+                    f32(shared_gate_up_out_.data(), {size_t(T), size_t(2 * I)}));
+  {
+    nb::gil_scoped_release no_gil;
+    linear::int8_linear_checked(d, two_rows(T));
+  }
+  if (!shared_gate_) return;
+  // the gate's sigmoid as moe_route computes it (one expert, sigmoid scoring):
+  // the Python layer's gate comes from the same pass
+  gate_w_.resize(size_t(T));
+  gate_id_.resize(size_t(T));
+  ops::route_rows(ops::RouteArgs{x, static_cast<const float*>(shared_gate_->data()), gate_w_.data(), gate_id_.data(),
+                                 H, 1, 1, true, false},
+                  T);
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t h = 0; h < H; ++h) y[r * H + h] = gate_w_[size_t(r)] * y[r * H + h];
+}
+
 void MoeExperts::forward(const float* x, int64_t tokens, float* out) {
   if (!ready()) fail("experts", "a router set and panels of the active linear build", "neither or one");
   route_weights_.resize(size_t(tokens * top_k_));
@@ -141,7 +196,13 @@ void MoeExperts::forward(const float* x, int64_t tokens, float* out) {
   ops::route_rows(ops::RouteArgs{x, static_cast<const float*>(router_->data()), route_weights_.data(),
                                  route_ids_.data(), hidden_, num_experts(), top_k_, sigmoid_, normalize_},
                   tokens);
+  if (shared_gate_up_) {  // before compute(), which may write over x (out may be x)
+    shared_out_.resize(size_t(tokens * hidden_));
+    shared_rows(x, tokens, shared_out_.data());
+  }
   stack_runs += compute(x, tokens, route_ids_.data(), route_weights_.data(), top_k_, out);
+  if (shared_gate_up_)  // MoeMlp.__call__'s out + shared, one rounding per element
+    for (int64_t i = 0; i < tokens * hidden_; ++i) out[i] = out[i] + shared_out_[size_t(i)];
 }
 
 int64_t MoeExperts::compute(const float* xp, int64_t T, const int64_t* id, const float* wp, int64_t k, float* op) {
@@ -227,6 +288,11 @@ void register_moe_experts(nb::module_& m) {
       .def("set_router", &MoeExperts::set_router, "router"_a, "top_k"_a, "scoring"_a, "normalize"_a,
            "The layer's router (float32 [experts, hidden]) and routing (moe_route's arguments), for the C++ "
            "layer stack, which then runs routing and experts itself (LayerStack.add_layer's moe).")
+      .def("set_shared", &MoeExperts::set_shared, "gate_up"_a, "down"_a, "gate_up_panels"_a.none(),
+           "down_panels"_a.none(), "gate"_a.none(),
+           "The layer's shared expert for the C++ layer stack: gate_up [2 * shared_intermediate, hidden] and down "
+           "[hidden, shared_intermediate] as add_expert takes them, and its sigmoid gate (float32 [1, hidden]) or "
+           "None; the stack then adds gate * its output to every row's routed sum.")
       .def_prop_ro("ready", &MoeExperts::ready, "A router set and panels of the active linear build.")
       .def_ro("stack_runs", &MoeExperts::stack_runs,
               "Distinct experts run by the layer stack's calls (run()'s are its return values).")

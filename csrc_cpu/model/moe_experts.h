@@ -18,6 +18,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -53,6 +54,13 @@ class MoeExperts {
   // The layer's router (float32 [experts, hidden]) and routing (ops::moe_route's
   // arguments), for forward(): the C++ layer stack's whole MLP.
   void set_router(Array router, int64_t top_k, const std::string& scoring, bool normalize);
+  // The layer's shared expert, which every row runs beside its routed ones
+  // (Qwen2-MoE): gate_up [2 * shared_intermediate, hidden], down [hidden,
+  // shared_intermediate], their panels or none, and its sigmoid gate
+  // (float32 [1, hidden]) or none; forward() then adds gate * its output to
+  // the routed sum, as MoeMlp._shared and its caller do.
+  void set_shared(PackedMatrix gate_up, PackedMatrix down, std::optional<Array> gate_up_panels,
+                  std::optional<Array> down_panels, std::optional<Array> gate);
   // Whether forward() can run: a router set and panels_match_build().
   bool ready() const { return router_.has_value() && panels_match_build(); }
   // out [T, hidden] = run() on ops::route_rows' routing of x [T, hidden]
@@ -81,6 +89,16 @@ class MoeExperts {
                   const std::vector<int64_t>& starts, const float* in, float* out);
   // run() after its checks: x [T, hidden], ids and weights [T, k], out [T, hidden]
   int64_t compute(const float* x, int64_t T, const int64_t* ids, const float* weights, int64_t k, float* out);
+  // y [T, hidden] = the shared expert on x, times its gate where it has one
+  void shared_rows(const float* x, int64_t T, float* y);
+  // rows of a T-row call on two int8 terms (quant_linear's two_term_rows)
+  int64_t two_rows(int64_t T) const { return two_term_rows_ < 0 ? T : std::min(two_term_rows_, T); }
+  std::optional<linear::LinearArgs> shared_gate_up_, shared_down_;
+  std::vector<PackedMatrix> shared_arrays_;  // keeps the shared expert's arrays alive
+  std::optional<Array> shared_gate_;
+  int64_t shared_inter_ = 0;
+  std::vector<float> shared_gate_up_out_, shared_act_, shared_out_, gate_w_;
+  std::vector<int64_t> gate_id_;
   std::optional<Array> router_;  // set_router's
   int64_t top_k_ = 0;
   bool sigmoid_ = false, normalize_ = false;
