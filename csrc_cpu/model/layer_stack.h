@@ -104,7 +104,7 @@ class LayerStack {
   // with several, qkv_part_panels: none or one per part (panels' qkv entry
   // is then None). mlp: in place of gate_up and down (both None), a Python
   // callable mlp(x, first_prompt_row) -> [T, hidden] float32 for the
-  // layer's MLP (a mixture of experts: its router and top-k are torch's),
+  // layer's MLP (a mixture of experts: MoeMlp.__call__),
   // called with the GIL on x [T, hidden], a tensor over the stack's scratch
   // valid for the call (first_prompt_row: run()'s, None for -1). moe (with
   // mlp): the layer's MoeExperts with its router set, whose forward() runs
