@@ -12,6 +12,10 @@
 // each expert's call serial on its thread (the kernels' bits do not depend
 // on the thread count).
 //
+// For the C++ layer stack, forward() runs the whole MLP: step 1 too (the
+// router set by set_router, through ops::route_rows as the Python layer's
+// ops.moe_route does) and a shared expert with its gate (set_shared).
+//
 // Not thread-safe (scratch is shared state): one engine thread per layer.
 #pragma once
 
