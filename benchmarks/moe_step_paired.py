@@ -6,7 +6,8 @@ benchmarks/moe.py's model files:
     python benchmarks/moe_step_paired.py --old /tmp/old_moe.py /tmp/moe1b/*.gguf [--json PATH]
 
 Per file and stream count (1, 4, 16; --rounds rounds each, best kept),
-decode tok/s with MoeMlp.__call__ taken from --old ("before"), this tree's
+on the Python layers (PAGED_LAYER_STACK=0: the layer stack runs its MoE
+layers without MoeMlp.__call__), decode tok/s with MoeMlp.__call__ taken from --old ("before"), this tree's
 torch-op path with the one-call experts switched off ("torch_ops") and
 this tree as it runs ("after": on the CPU one extension call per layer,
 csrc_cpu/model/moe_experts.h). One engine thread pinned to the first CPU.
@@ -50,6 +51,9 @@ def main() -> int:
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args()
 
+    # the Python layers' MoE step: the C++ layer stack runs routing and experts
+    # itself (MoeExperts.forward), never calling the MoeMlp.__call__ swapped in below
+    os.environ["PAGED_LAYER_STACK"] = "0"
     from paged.core.engine.config import EngineConfig
     from paged.core.engine.engine import Engine
     from paged.core.models import moe
