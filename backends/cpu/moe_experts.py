@@ -48,10 +48,7 @@ class CpuMoeExperts:
         dense = [w for w in (router, shared_gate) if w is not None]
         if not all(isinstance(w, torch.Tensor) and w.dtype == torch.float32 for w in dense):
             return None
-        first = self._experts[0][0]
-        if shared is not None and not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS
-                                          and not w.parts and (w.activations, w.one_term) ==
-                                          (first.activations, first.one_term) for w in shared):
+        if shared is not None and not _one_call_setting([self._experts[0][0], *shared]):
             return None
         self._native.set_router(dl(router.contiguous()), spec.top_k, spec.scoring, spec.normalize)
         if shared is not None:
@@ -95,11 +92,17 @@ def cpu_moe_experts(gate_up: list, down: list, mlp) -> CpuMoeExperts | None:
         return None
     if not hasattr(_C_cpu, "MoeExperts") or not mlp.gated or mlp.activation != "silu" or not gate_up:
         return None
-    matrices = list(gate_up) + list(down)
-    if not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS and not w.parts for w in matrices):
-        return None  # f16 / bf16 experts run on half_linear in Python, row parts on their parts
-    first = matrices[0]
-    if first.activations not in FUSED_ACTIVATIONS or any(
-            (w.activations, w.one_term) != (first.activations, first.one_term) for w in matrices):
+    if not _one_call_setting(list(gate_up) + list(down)):
         return None
     return CpuMoeExperts(list(gate_up), list(down))
+
+
+def _one_call_setting(matrices: list) -> bool:
+    """Whether the matrices are packed one way the C++ call runs: no f16 /
+    bf16 (half_linear, in Python) or row parts (their parts' calls), and one
+    supported activations setting (and one_term) for all."""
+    if not all(isinstance(w, CpuPackedLinear) and w.qtype not in HALF_LAYOUTS and not w.parts for w in matrices):
+        return False
+    first = matrices[0]
+    return first.activations in FUSED_ACTIVATIONS and all(
+        (w.activations, w.one_term) == (first.activations, first.one_term) for w in matrices)

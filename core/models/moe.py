@@ -48,6 +48,13 @@ from paged.core.models.spec import MlpSpec, MoeSpec
 SHARED_GATE = SimpleNamespace(top_k=1, scoring="sigmoid", normalize=False)
 
 
+def _platform_rows(ops, x: torch.Tensor, weight, spec):
+    """The layer ops' routing of x by weight (``ops.moe_route``), or None
+    where they have none or decline this weight."""
+    moe_route = getattr(ops, "moe_route", None)
+    return moe_route(x, weight, spec) if moe_route else None
+
+
 def router_logits(x: torch.Tensor, weight) -> torch.Tensor:
     """x [T, H] @ weight[E, H].T. A dense router multiplies each row on its
     own (a batched matrix-vector product): dense GEMM kernels sum in an
@@ -130,8 +137,7 @@ class MoeMlp:
         pass, on every CPU path alike), else the one-call experts' own
         gating operator (``fused.route(logits, spec)``: the NPU's), else
         ``route`` on ``router_logits``."""
-        platform_rows = getattr(ops, "moe_route", None)
-        routed = platform_rows(x, self.router, self.spec) if platform_rows else None
+        routed = _platform_rows(ops, x, self.router, self.spec)
         if routed is not None:
             return routed
         logits = router_logits(x, self.router)
@@ -195,8 +201,7 @@ class MoeMlp:
         """The shared expert's gate [T, 1]: sigmoid(x . shared_gate), through
         the layer ops' router where they have one (one expert, sigmoid
         scoring: the CPU's C++ pass, which its layer stack also takes)."""
-        platform_rows = getattr(ops, "moe_route", None)
-        routed = platform_rows(x, self.shared_gate, SHARED_GATE) if platform_rows else None
+        routed = _platform_rows(ops, x, self.shared_gate, SHARED_GATE)
         if routed is not None:
             return routed[0]
         return elementwise.sigmoid(router_logits(x, self.shared_gate))
