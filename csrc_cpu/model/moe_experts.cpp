@@ -68,17 +68,19 @@ void MoeExperts::add_expert(PackedMatrix gate_up, PackedMatrix down, std::option
                             std::optional<Array> down_panels) {
   linear::LinearArgs g = require_matrix("gate_up", gate_up, 2 * inter_, hidden_);
   linear::LinearArgs d = require_matrix("down", down, hidden_, inter_);
-  if (gate_up_panels) linear::use_panels(g, *gate_up_panels);
-  if (down_panels) linear::use_panels(d, *down_panels);
+  take_panels(g, std::move(gate_up_panels));
+  take_panels(d, std::move(down_panels));
   gate_up_args_.push_back(g);
   down_args_.push_back(d);
   gate_up_.push_back(std::move(gate_up));
   down_.push_back(std::move(down));
-  for (auto* p : {&gate_up_panels, &down_panels})
-    if (*p) {
-      panels_.push_back(std::move(**p));
-      panels_layout_ = linear::weight_panel_layout();  // use_panels checked them against the build
-    }
+}
+
+void MoeExperts::take_panels(linear::LinearArgs& a, std::optional<Array> panels) {
+  if (!panels) return;
+  linear::use_panels(a, *panels);  // checks them against the matrix and the build
+  panels_.push_back(std::move(*panels));
+  panels_layout_ = linear::weight_panel_layout();
 }
 
 // The layout, not each panel's header: run() asks once per layer and step
@@ -143,13 +145,8 @@ void MoeExperts::set_shared(PackedMatrix gate_up, PackedMatrix down, std::option
   linear::LinearArgs g = require_matrix("shared gate_up", gate_up, 2 * inter, hidden_);
   linear::LinearArgs d = require_matrix("shared down", down, hidden_, inter);
   if (gate) f32_tensor("shared_gate", *gate, {1, hidden_});
-  if (gate_up_panels) linear::use_panels(g, *gate_up_panels);
-  if (down_panels) linear::use_panels(d, *down_panels);
-  for (auto* p : {&gate_up_panels, &down_panels})
-    if (*p) {
-      panels_.push_back(std::move(**p));
-      panels_layout_ = linear::weight_panel_layout();
-    }
+  take_panels(g, std::move(gate_up_panels));
+  take_panels(d, std::move(down_panels));
   shared_gate_up_ = g;
   shared_down_ = d;
   shared_inter_ = inter;

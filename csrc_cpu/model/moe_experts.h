@@ -91,6 +91,8 @@ class MoeExperts {
   // there are enough of them, else each call's own).
   void run_groups(const std::vector<linear::LinearArgs>& w, const std::vector<int64_t>& experts,
                   const std::vector<int64_t>& starts, const float* in, float* out);
+  // a's kernels read panels (checked), which are kept alive and their layout noted
+  void take_panels(linear::LinearArgs& a, std::optional<Array> panels);
   // run() after its checks: x [T, hidden], ids and weights [T, k], out [T, hidden]
   int64_t compute(const float* x, int64_t T, const int64_t* ids, const float* weights, int64_t k, float* out);
   // y [T, hidden] = the shared expert on x, times its gate where it has one
