@@ -284,8 +284,10 @@ class Sampler:
         vals, order = logits.topk(c, dim=-1)  # descending
         ranks = torch.arange(c)[None, :]
         vals = vals.masked_fill(ranks >= ks[:, None], float("-inf"))
-        whole = torch.logsumexp(logits, dim=-1, keepdim=True)  # the normaliser of rows without top_k
-        norm = torch.where(ks[:, None] < vocab, torch.logsumexp(vals, dim=-1, keepdim=True), whole)
+        norm = torch.logsumexp(vals, dim=-1, keepdim=True)  # a top_k row's softmax runs over its candidates
+        whole = (ks == vocab).nonzero().flatten()
+        if len(whole):  # the others' over the whole row
+            norm[whole] = torch.logsumexp(logits[whole], dim=-1, keepdim=True)
         probs = torch.exp(vals - norm)
         mass = probs.cumsum(dim=-1)
         # keep the smallest prefix whose mass reaches top_p, and always the first
