@@ -104,3 +104,7 @@ def test_sampling_options_reach_the_request_body():
     assert greedy["temperature"] == 0.0 and "top_p" not in greedy
     sampled = bench_serve.request_body(p.parse_args(["--temperature", "0.8", "--top-p", "0.95"]), "m", "hi")
     assert sampled["temperature"] == 0.8 and sampled["top_p"] == 0.95
+    for flag, value in (("--temperature", "-1"), ("--temperature", "x"), ("--top-p", "0"), ("--top-p", "1.5")):
+        proc = subprocess.run([sys.executable, "-m", "paged.core.bench.serve", flag, value],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and flag in proc.stderr and "Traceback" not in proc.stderr, (flag, value)

@@ -45,6 +45,21 @@ class RequestResult:
     error: str = ""
 
 
+def _in_range(low: float, high: float, low_open: bool = False):
+    """argparse type: a float in [low, high] ((low, high] with low_open), else
+    a usage error (argparse names the flag) naming the value."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > low if low_open else value >= low) or not value <= high:
+            raise argparse.ArgumentTypeError(f"expected a number in {'(' if low_open else '['}{low}, {high}], "
+                                             f"got {text!r}")
+        return value
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (without /v1)")
     p.add_argument("--model", default=None, help="model name to send (default: the server's first /v1/models id)")
@@ -65,9 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-range", default="1000,10000",
                    help="token ids of random token prompts are drawn from [lo, hi) (default: 1000,10000)")
     p.add_argument("--api-key", default=None)
-    p.add_argument("--temperature", type=float, default=0.0,
+    p.add_argument("--temperature", type=_in_range(0.0, float("inf")), default=0.0,
                    help="sampling temperature of every request (default 0: greedy)")
-    p.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (default 1: off)")
+    p.add_argument("--top-p", type=_in_range(0.0, 1.0, low_open=True), default=1.0,
+                   help="top_p of every request, in (0, 1] (default 1: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON here")
 
