@@ -8,6 +8,7 @@
 #include "attention/prompt_lanes.h"
 #include "linear/int8.h"
 #include "linear/half.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 #include "runtime/runtime.h"
 
@@ -166,12 +167,13 @@ std::vector<LinearBuild> linear_builds() {
 #if defined(PAGED_ISA_X86)
   // every x86 build past scalar runs the s16 layout (s16.h), the f16 / bf16
   // layouts (half.h), compact scales' widening (compact_scales.h) and s16's
-  // packed codes' unpacking (s16.h) on AVX2 (avx512 and amx: s16 on VNNI)
+  // and q8_0's packed codes' unpacking (s16.h, q8_packed.h) on AVX2 (avx512 and amx: s16 on VNNI)
   const auto with_s16 = [](Kernels k) {
     k.s16_rows = isa_avx2::s16_rows;
     k.half_rows = isa_avx2::half_rows;
     k.widen_compact = isa_avx2::widen_compact;
     k.s16_unpack = isa_avx2::s16_unpack;
+    k.q8_unpack = isa_avx2::q8_unpack;
     k.s16_packed_few_rows = true;
     k.s16_few_rows_reads_compact = true;
     return k;
@@ -192,6 +194,7 @@ std::vector<LinearBuild> linear_builds() {
     k.s16_rows = isa_avx512::s16_rows;
     k.s16_byte_tiles = true;
     k.int8_reads_compact_scales = true;
+    k.q8_reads_packed = true;  // avx512's int8_rows, and amx's panels built by it
     return k;
   };
 #endif

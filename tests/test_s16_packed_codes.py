@@ -62,12 +62,12 @@ def test_pack_takes_the_fewest_bits_and_round_trips(span, form):
 
 @pytest.mark.parametrize("span,form", [f for f in FORMS if f[1] != "s16"], ids=[f for _, f in FORMS if f != "s16"])
 def test_extension_packs_as_the_python_packer(span, form):
-    """_C_cpu.s16_pack_codes (what CpuPackedLinear loads with) == the
+    """_C_cpu.pack_codes (what CpuPackedLinear loads with) == the
     Python packer written from s16.h's comment, byte for byte."""
     codes = codes_in(*span, 37, 768, seed=5)
     want, qtype = pack_s16_codes(codes)
     out = torch.empty_like(want)
-    C.s16_pack_codes(dl(codes), qtype, dl(out))
+    C.pack_codes(dl(codes), qtype, dl(out))
     assert qtype == form and torch.equal(out, want)
 
 
@@ -76,13 +76,13 @@ def test_extension_packer_refuses_what_the_form_cannot_hold():
     out = torch.empty(3, 160, dtype=torch.uint8)
     codes[2, 77] = 32
     with pytest.raises(ValueError, match=r"codes: expected codes in \[0, 31\] for qtype 's16.u5', got code 32 at \[2, 77\]"):
-        C.s16_pack_codes(dl(codes), "s16.u5", dl(out))
+        C.pack_codes(dl(codes), "s16.u5", dl(out))
     with pytest.raises(ValueError, match="qtype"):
-        C.s16_pack_codes(dl(codes), "s16", dl(out))
+        C.pack_codes(dl(codes), "s16", dl(out))
     with pytest.raises(ValueError, match="multiple of 256"):
-        C.s16_pack_codes(dl(codes[:, :96].contiguous()), "s16.u5", dl(out))
+        C.pack_codes(dl(codes[:, :96].contiguous()), "s16.u5", dl(out))
     with pytest.raises(ValueError, match="out"):
-        C.s16_pack_codes(dl(codes), "s16.u6", dl(out))
+        C.pack_codes(dl(codes), "s16.u6", dl(out))
 
 
 def test_rows_not_whole_groups_stay_bytes():

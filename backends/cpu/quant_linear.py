@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from paged.backends.cpu.attention import dl
 # HALF_LAYOUTS run on _C_cpu.half_linear whatever the activations
-from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, packed_code_bits, s16_code_form
+from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, packed_code_bits, q8_code_form, s16_code_form
 
 if TYPE_CHECKING:  # only a type: a backend needs nothing from the loaders at run time
     from paged.core.models.loaders.packed import PackedBlocks
@@ -75,6 +75,21 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 #: unpacked per work item, same bits; PAGED_S16_PACKED=0 keeps a byte per
 #: code (for paired timing).
 PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
+
+
+def pack_q8_codes() -> bool:
+    """Whether q8_0 matrices whose codes all lie in -16..15 (GGUF's Q5_0,
+    llama.cpp's fallback for K-quant rows not a multiple of 256) keep them
+    in 5 bits ("q8_0.s5", csrc_cpu/linear/q8_packed.h; same bits):
+    PAGED_Q8_PACKED "auto" (the default: where the active linear build reads
+    them in place, avx512 and amx; the others would unpack them per work
+    item, slower than bytes), "1" (always) or "0" (bytes)."""
+    from paged import _C_cpu
+
+    value = os.environ.get("PAGED_Q8_PACKED", "auto")
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"PAGED_Q8_PACKED: expected '0', '1' or 'auto', got {value!r}")
+    return value == "1" or (value == "auto" and _C_cpu.linear_reads_packed_q8())
 
 log = logging.getLogger(__name__)
 
@@ -165,10 +180,11 @@ class CpuPackedLinear:
         self.parts = [CpuPackedLinear(p, activations, one_term) for p in packed.parts] \
             if packed.kernel_type == "parts" else None
         qs, d, m = (None, None, None) if self.parts else packed.fields()
-        # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) where they fit
+        # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) and
+        # q8_0's into 5 ("q8_0.s5") where they fit
         self.kernel_qtype = self.qtype
-        if self.qtype == "s16" and PACK_S16_CODES:
-            qs, self.kernel_qtype = _packed_codes(qs)
+        if (self.qtype == "s16" and PACK_S16_CODES) or (self.qtype == "q8_0" and pack_q8_codes()):
+            qs, self.kernel_qtype = _packed_codes(qs, self.qtype)
         self._arrays: tuple | None = (qs, d, m)  # None while only the panels hold them (release_packed)
         self._released: list = []  # the released arrays' (shape, dtype)
         self.out_features, self.in_features = packed.shape
@@ -369,25 +385,27 @@ class CpuPackedLinear:
         return out
 
 
-def _packed_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """quant_layouts.pack_s16_codes' result, packed by the extension (its
-    rows in parallel: a tenth of the torch ops' time, which doubled a 1B
-    Q5_K_M file's load); bytes stay as they are."""
+def _packed_codes(codes: torch.Tensor, layout: str) -> tuple[torch.Tensor, str]:
+    """quant_layouts.pack_s16_codes' or pack_q8_codes' result for the
+    ``layout`` ("s16" or "q8_0"), packed by the extension (its rows in
+    parallel: a tenth of the torch ops' time, which doubled a 1B Q5_K_M
+    file's load); bytes stay as they are."""
     from paged import _C_cpu
 
-    qtype = s16_code_form(codes)
-    if qtype == "s16":
+    qtype = s16_code_form(codes) if layout == "s16" else q8_code_form(codes)
+    if qtype == layout:
         return codes, qtype
-    bits, _ = packed_code_bits(qtype)
-    out = torch.empty((codes.shape[0], codes.shape[1] // 256 * 32 * bits), dtype=torch.uint8)
-    _C_cpu.s16_pack_codes(dl(codes), qtype, dl(out))
+    n, k = codes.shape
+    row_bytes = k // 32 * 20 if layout == "q8_0" else k // 256 * 32 * packed_code_bits(qtype)[0]
+    out = torch.empty((n, row_bytes), dtype=torch.uint8)
+    _C_cpu.pack_codes(dl(codes), qtype, dl(out))
     return out, qtype
 
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
-#: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles),
+#: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles, q8_0's packed codes too),
 #: and s16's codes packed into 4-6 bits ("s16.u5", ...: has_panel_layout)
-PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0")
+PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0", "q8_0.s5")
 
 
 def has_panel_layout(kernel_qtype: str) -> bool:

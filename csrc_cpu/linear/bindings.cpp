@@ -28,13 +28,17 @@ void register_linear(nb::module_& m) {
         "tiles made from the weight's int8 panels, bf16_prompt_supported() CPUs) (docs/kernels.md).");
   m.def("quant_dequantize", &l::quant_dequantize, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(), "out"_a,
         "out[N, K] = the dense float32 weight of the packed blocks.");
-  m.def("s16_pack_codes", &l::s16_pack_codes, "codes"_a, "qtype"_a, "out"_a,
-        "out = s16's int8 codes [N, K] (K a multiple of 256) packed as qtype ('s16.u5' for codes 0..31, 's16.s6' "
-        "for -32..31, ...), uint8 [N, K/256 * 32 * bits], the form quant_linear reads (s16.h, 'Packed codes').");
+  m.def("pack_codes", &l::pack_codes, "codes"_a, "qtype"_a, "out"_a,
+        "out = int8 codes [N, K] packed as qtype, the form quant_linear reads: s16's (K a multiple of 256; "
+        "'s16.u5' for codes 0..31, 's16.s6' for -32..31, ...), uint8 [N, K/256 * 32 * bits] (s16.h, 'Packed "
+        "codes'), or q8_0's ('q8_0.s5' for codes -16..15), uint8 [N, K/32 * 20] (q8_packed.h).");
   m.def("half_linear", nb::overload_cast<const l::Array&, const l::Array&, const l::Array&>(&l::half_linear), "x"_a,
         "w"_a, "out"_a,
         "out[M, N] = x[M, K] @ W^T, W [N, K] float16 or bfloat16 (a GGUF F16 / BF16 matrix kept 16-bit), x float32; "
         "per output eight fma lanes over k % 8 then a fixed sum, so a row's bits never depend on the call (half.h).");
+  m.def("linear_reads_packed_q8", [] { return l::active_kernels().q8_reads_packed; },
+        "Whether the active linear ISA reads q8_0's 5-bit packed codes ('q8_0.s5') in place; the others unpack "
+        "them per work item (same bits, slower than bytes there: q8_packed.h).");
   m.def("weight_panel_layout", &l::weight_panel_layout,
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),

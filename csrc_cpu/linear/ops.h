@@ -50,10 +50,10 @@ void int8_linear_checked(LinearArgs& a, int64_t two_rows);
 void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d, const std::optional<Array>& m,
                       const Array& out);
 
-// out = s16's int8 codes [N, K] packed as `qtype` ("s16.u5", ...; s16.h,
-// "Packed codes"), uint8 [N, K/256 * 32 * bits]; ValueError for a code the
-// form cannot hold.
-void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& out);
+// out = int8 codes [N, K] packed as `qtype`: s16's ("s16.u5", ...; s16.h,
+// "Packed codes"), uint8 [N, K/256 * 32 * bits], or q8_0's ("q8_0.s5";
+// q8_packed.h), uint8 [N, K/32 * 20]; ValueError for a code the form cannot hold.
+void pack_codes(const Array& codes, const std::string& qtype, const Array& out);
 
 // out[M, N] = x[M, K] @ W^T with W [N, K] float16 or bfloat16, float32 sums
 // in a fixed order per output (half.h): batch invariant, every build.

@@ -17,6 +17,7 @@
 #include "attention/tensor_args.h"
 #include "linear/bf16_prompt.h"
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 #include "linear/weight_panels.h"
 
@@ -30,20 +31,26 @@ using attn::fail;
 constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whole AVX2 register tiles)
 
 // "s16" with packed codes (s16.h): "s16.u<bits>" holds codes 0 .. 2^bits - 1,
-// "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 4-6.
+// "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 4-6;
+// "q8_0.s5": q8_0 with codes -16..15 in 5 bits (q8_packed.h).
 void parse_qtype(LinearArgs& a, const std::string& s) {
   a.code_bits = 8;
   a.code_bias = 0;
   if (s == "q4_0") a.qtype = QType::Q4_0;
   else if (s == "q4_1") a.qtype = QType::Q4_1;
   else if (s == "q8_0") a.qtype = QType::Q8_0;
-  else if (s == "s16") a.qtype = QType::S16;
+  else if (s == "q8_0.s5") {
+    a.qtype = QType::Q8_0;
+    a.code_bits = kQ8PackedBits;
+    a.code_bias = kQ8PackedBias;
+  } else if (s == "s16") a.qtype = QType::S16;
   else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '4' && s[5] <= '6') {
     a.qtype = QType::S16;
     a.code_bits = s[5] - '0';
     a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
   } else {
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 's16' or packed s16 codes ('s16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')",
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes ('s16.u4' .. 's16.u6', "
+         "'s16.s4' .. 's16.s6')",
          "'" + s + "'");
   }
 }
@@ -81,17 +88,21 @@ attn::TensorArg tensor_of(const char* name, const Array& a, nb::dlpack::dtype wa
 void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, const Array& d,
                   const std::optional<Array>& m) {
   parse_qtype(a, qtype);
-  const bool packed = a.code_bits != 8;  // s16's packed codes: a row of blocks of block_bytes
+  const bool packed = a.code_bits != 8;  // packed codes: a row of groups of group_bytes
   const bool bytes = !packed && (a.qtype == QType::Q8_0 || a.qtype == QType::S16);  // one int8 code per weight
   const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
-  const int64_t group_bytes = s16_packed_group_bytes(a.code_bits);
+  // packed codes come in groups: s16's of 256 weights (s16.h), q8_0's of 32 (q8_packed.h)
+  const bool q8 = a.qtype == QType::Q8_0;
+  const int64_t group_bytes = q8 ? kQ8PackedBlockBytes : s16_packed_group_bytes(a.code_bits);
+  const int64_t group = q8 ? kBlock : kS16PackedGroup;
   a.N = tq.dim(0);
-  a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / group_bytes * kS16PackedGroup : 2 * tq.dim(1);
+  a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / group_bytes * group : 2 * tq.dim(1);
   if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0 || (packed && tq.dim(1) % group_bytes != 0))
     fail("qs",
          std::string("N >= 1 rows and K a positive multiple of 32") +
              (bytes    ? ""
-              : packed ? " (qs.shape[1] = K / 256 * " + std::to_string(group_bytes) + " for qtype '" + qtype + "')"
+              : packed ? " (qs.shape[1] = K / " + std::to_string(group) + " * " + std::to_string(group_bytes) +
+                             " for qtype '" + qtype + "')"
                        : " (K = 2 * qs.shape[1] for 4-bit types)"),
          "shape " + tq.shape_str() + ", K = " + std::to_string(a.K));
   const bool s16 = a.qtype == QType::S16;
@@ -241,6 +252,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
   const ItemWidener widen = item_widener(kernels.widen_compact);
+  // packed q8_0 codes: each chunk unpacks its rows below
+  const ItemCodes unpack = item_codes(kernels.q8_unpack);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -312,16 +325,23 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     // compact scales widened here, or by the kernel as it transposes them
     const ItemScales sc = kernels.int8_reads_compact_scales ? ItemScales{a.d, a.m} : widen.rows(a, n0, n1);
-    const auto with_scales = [&](LinearArgs g) {
+    // packed q8_0 codes: unpacked once per chunk for a build that does not read them (and the bf16 rows)
+    const bool unpacked = q8_packed(a) && a.qs && (!kernels.q8_reads_packed || bf.M);  // (panels: qs null)
+    const LinearArgs codes_item = unpacked ? unpack.item(a, n0, n1) : a;
+    const auto with_scales = [&](LinearArgs g, bool packed_read) {
       g.d = sc.d;
       g.m = sc.m;
+      if (!packed_read) {
+        g.qs = codes_item.qs;
+        g.code_bits = codes_item.code_bits;
+      }
       return g;
     };
-    if (two.M) kernels.int8_rows(with_scales(two), n0, n1, panel);
-    if (one.M) kernels.int8_rows(with_scales(one), n0, n1, panel);
+    if (two.M) kernels.int8_rows(with_scales(two, kernels.q8_reads_packed), n0, n1, panel);
+    if (one.M) kernels.int8_rows(with_scales(one, kernels.q8_reads_packed), n0, n1, panel);
     // the chunk's panel is in cache now (the int8 rows just swept it): its
     // bfloat16 tiles are made from it instead of read from a copy
-    if (bf.M) bf16->panel_rows(bf, with_scales(a), n0, n1, panel);
+    if (bf.M) bf16->panel_rows(bf, with_scales(a, false), n0, n1, panel);
   });
 }
 
@@ -403,23 +423,27 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
   // compact scales: each chunk widens its rows
   const ItemWidener widen = item_widener(kernels.widen_compact);
+  const ItemCodes unpack = item_codes(kernels.q8_unpack);  // packed q8_0 codes, per chunk
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
-    kernel(widen.item(a, n0, n1), n0, n1, scratch);
+    kernel(widen.item(unpack.item(a, n0, n1), n0, n1), n0, n1, scratch);
   });
 }
 
-void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& out) {
+void pack_codes(const Array& codes, const std::string& qtype, const Array& out) {
   LinearArgs a;
   parse_qtype(a, qtype);
-  if (a.qtype != QType::S16 || a.code_bits == 8)
-    fail("qtype", "a packed s16 form ('s16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')", "'" + qtype + "'");
+  if (a.code_bits == 8)
+    fail("qtype", "a packed form ('q8_0.s5', 's16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')", "'" + qtype + "'");
+  const bool q8 = a.qtype == QType::Q8_0;
+  const int64_t group = q8 ? kBlock : kS16PackedGroup;  // weights per group of packed codes
   const attn::TensorArg tc = matrix("codes", codes, nb::dtype<int8_t>());
   a.N = tc.dim(0);
   a.K = tc.dim(1);
-  if (a.N < 1 || a.K < kS16PackedGroup || a.K % kS16PackedGroup)
-    fail("codes", "[N >= 1, K] with K a positive multiple of 256 (packed codes come in groups of 256)",
+  if (a.N < 1 || a.K < group || a.K % group)
+    fail("codes", "[N >= 1, K] with K a positive multiple of " + std::to_string(group) + " (packed codes come in "
+                      "groups of " + std::to_string(group) + ")",
          "shape " + tc.shape_str());
   const attn::TensorArg to = matrix("out", out, nb::dtype<uint8_t>());
   require_shape(to, a.N, a.row_bytes(), "the packed rows of qtype '" + qtype + "'");
@@ -433,7 +457,8 @@ void s16_pack_codes(const Array& codes, const std::string& qtype, const Array& o
     for (int64_t n = 0; n < a.N; ++n) {
       for (int64_t k = 0; k < a.K; ++k)
         if (c[n * a.K + k] < lo || c[n * a.K + k] > hi) bad = std::max(bad, n * a.K + k);
-      pack_s16_row(c + n * a.K, a.K, bits, bias, dst + n * a.row_bytes());
+      if (q8) pack_q8_row(c + n * a.K, a.K, dst + n * a.row_bytes());
+      else pack_s16_row(c + n * a.K, a.K, bits, bias, dst + n * a.row_bytes());
     }
   }
   if (bad >= 0)
@@ -456,12 +481,14 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   // compact scales: all rows, before the parallel loop
   widen_all_rows(a, active_kernels().widen_compact);
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
+  const ItemCodes unpack = item_codes(active_kernels().q8_unpack);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and
   // the values stay exactly gguf's.
 #pragma omp parallel for schedule(static) if (a.N * a.K >= kSerialMacs)
   for (int64_t n = 0; n < a.N; ++n) {
-    const uint8_t* row = a.qs + n * a.row_bytes();
+    const LinearArgs r = unpack.item(a, n, n + 1);  // packed q8_0: the row unpacked
+    const uint8_t* row = r.qs + n * r.row_bytes();
     int codes[kBlock];
     for (int64_t b = 0; b < nb; ++b) {
       for (int k = 0; k < kBlock; ++k) codes[k] = block_code(a.qtype, row, b, k);

@@ -91,7 +91,8 @@ struct LinearArgs {
   const float* d = nullptr;       // [N, K/32]
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
   // S16's codes: 8 = int8 [N, K] as they lie; 4, 5 or 6 = packed into that
-  // many bits per code with code_bias added (s16.h, "Packed codes")
+  // many bits per code with code_bias added (s16.h, "Packed codes"); Q8_0's:
+  // 8, or 5 (q8_packed.h: 20 bytes per block, which only the drivers read)
   int code_bits = 8;
   int code_bias = 0;
   // Compact scales (compact_scales.h; q4_1 and s16): d and m (m8 may be
@@ -135,6 +136,7 @@ struct LinearArgs {
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
     if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
+    if (qtype == QType::Q8_0 && code_bits < 8) return K / kBlock * 20;        // q8_packed.h
     return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
   }
 };
@@ -164,6 +166,8 @@ using HalfKernel = void (*)(const HalfArgs& h, int64_t n0, int64_t n1);
 using WidenCompact = void (*)(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
 // rows [0, rows) of s16 packed codes (s16.h) into int8 [rows, K]
 using S16Unpack = void (*)(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
+// rows [0, rows) of q8_0's packed codes (q8_packed.h) into int8 [rows, K]
+using Q8Unpack = void (*)(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -196,6 +200,10 @@ struct Kernels {
   WidenCompact widen_compact = nullptr;
   // s16's packed codes into int8 (s16.h; null: its plain loop, unpack_s16_rows)
   S16Unpack s16_unpack = nullptr;
+  // q8_0's packed codes into int8 (q8_packed.h; null: its plain loop, unpack_q8_rows)
+  Q8Unpack q8_unpack = nullptr;
+  // int8_rows reads q8_0's packed codes itself (q8_packed.h), in calls of any rows
+  bool q8_reads_packed = false;
   // s16_rows reads packed codes itself in calls of at most kS16FewRows rows
   bool s16_packed_few_rows = false;
   // s16_rows widens compact scales itself in calls of at most kS16FewRows rows

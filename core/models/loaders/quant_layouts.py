@@ -329,6 +329,29 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     return (u - bias).to(torch.int8).reshape(n, -1)
 
 
+def q8_code_form(codes: torch.Tensor) -> str:
+    """The kernels' qtype for q8_0 codes [N, K]: "q8_0.s5" when every code
+    lies in -16..15 (Q5_0's q - 16), else "q8_0" (bytes)."""
+    fits = codes.numel() and -16 <= int(codes.min()) and int(codes.max()) <= 15
+    return "q8_0.s5" if fits else "q8_0"
+
+
+def pack_q8_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """q8_0's int8 codes [N, K] in 5 bits as csrc_cpu/linear/q8_packed.h lays
+    them out, u = q + 16, per 32-block 20 bytes: 16 bytes of nibbles (byte l:
+    element l in bits 0-3, element 16 + l in bits 4-7), then 4 bytes of
+    fifth bits (element e's in byte e % 4, bit e / 4). Returns (uint8 [N,
+    K/32 * 20], "q8_0.s5"), or (codes, "q8_0") when a code is outside -16..15."""
+    qtype = q8_code_form(codes)
+    if qtype == "q8_0":
+        return codes, qtype
+    n, k = codes.shape
+    u = (codes.to(torch.int16) + 16).view(n, k // 32, 32)
+    nibbles = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
+    fifth = ((u >> 4).view(n, k // 32, 8, 4) << torch.arange(8, dtype=torch.int16).view(8, 1)).sum(-2)
+    return torch.cat([nibbles, fifth], dim=2).to(torch.uint8).reshape(n, -1).contiguous(), qtype
+
+
 def dequantize_layout(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """The float32 matrix of a layout's fields (w as the module docstring says)."""
     if layout in HALF_LAYOUTS:

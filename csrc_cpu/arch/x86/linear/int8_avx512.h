@@ -27,6 +27,12 @@ static_assert(kPanel == kI8ChunkRows, "a work item is one panel");
 // bytes, dword s of each row (codes 4s.. in the low nibbles, 16 + 4s.. in the high).
 constexpr int64_t kNibbleBlockBytes = kBlockBytes / 2;
 constexpr int64_t nibble_offset(int64_t b, int s, int c) { return ((b * 4 + s) * kCols + c) * 64; }
+// A block of a persistent packed q8_0 panel (q8_packed.h): the packed rows'
+// 5 dwords per block transposed, [5][kCols][kLanes][4] bytes (4 of nibbles,
+// then the fifth bits): as many bytes as the packed codes.
+constexpr int kPackedQ8Dwords = 5;
+constexpr int64_t kPackedQ8BlockBytes = kPackedQ8Dwords * kCols * 64;
+constexpr int64_t packed_q8_offset(int64_t b, int s, int c) { return ((b * kPackedQ8Dwords + s) * kCols + c) * 64; }
 
 // Where a chunk's panel lives: the thread's scratch (Int8Panel), or the
 // caller's persistent copy (build_panel_chunk: codes, then d, then q4_1's m,
@@ -46,6 +52,7 @@ struct PanelView {
   // next) is prefetched into L2, as the packed rows' reads do.
   int64_t ahead = 0;
   uint8_t* nibbles = nullptr;  // [nb] blocks of kNibbleBlockBytes (nibble_offset), persistent 4-bit panels
+  uint8_t* packed_q8 = nullptr;  // [nb] blocks of kPackedQ8BlockBytes (packed_q8_offset), persistent packed q8_0
   PanelScales scales = PanelScales::F32;
   const uint16_t* d16 = nullptr;  // F16: [nb][kPanel] fp16 d, then q4_1's m
   const uint16_t* m16 = nullptr;

@@ -49,6 +49,7 @@
 #include "attention/kernel_common.h"
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined
@@ -151,11 +152,60 @@ PAGED_ALWAYS_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_s
   hi_step = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 }
 
+// Step t's unsigned codes u = q + 16 of q8_0's 5-bit packed codes
+// (q8_packed.h): its 4 low bits (`low`, as nibble_steps makes them) with
+// bit t of each byte of the block's fifth-bit dword moved to bit 4: a shift
+// and one ternary-logic op (low | (shifted & 0x10)).
+PAGED_ALWAYS_INLINE __m512i packed_q8_step(__m512i low, __m512i fifth, int t) {
+  const __m512i shifted = t <= 4 ? _mm512_slli_epi32(fifth, unsigned(4 - t)) : _mm512_srli_epi32(fifth, unsigned(t - 4));
+  return _mm512_ternarylogic_epi32(low, shifted, _mm512_set1_epi8(0x10), 0xF8);
+}
+
+// The 8 steps' u of a block from its transposed dwords v[0 .. 4] (4 nibble
+// dwords, then the fifth bits): w[2s + h] = step 4h + s (direct_block's order).
+PAGED_ALWAYS_INLINE void packed_q8_steps(const __m512i v[5], __m512i w[8]) {
+  for (int s = 0; s < 4; ++s) {
+    nibble_steps(v[s], w[2 * s], w[2 * s + 1]);
+    for (int h = 0; h < 2; ++h) w[2 * s + h] = packed_q8_step(w[2 * s + h], v[4], 4 * h + s);
+  }
+}
+
+// Packed q8_0 rows' blocks per 16 x 16 dword transpose (15 of its dwords).
+constexpr int64_t kPackedQ8Blocks = 3;
+static_assert(kPackedQ8Dwords * 4 == kQ8PackedBlockBytes, "a packed block is 5 dwords");
+
 // Column c (rows n0 .. n0 + rows) of the panel's unsigned codes: bytes in
 // p.codes, or for 4-bit codes with p.nibbles (persistent panels) the
 // transposed nibble dwords as they are (kNibbleBlockBytes per block).
+// Column c of packed q8_0 codes' panel (q8_packed.h): bytes q + 128 = u +
+// 112, or a persistent panel's transposed dwords as they are (p.packed_q8).
+void build_packed_q8_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
+  const __m512i bias = _mm512_set1_epi8(0x70);
+  __m512i v[16];
+  for (int64_t b0 = 0; b0 < nb; b0 += kPackedQ8Blocks) {
+    const int64_t blocks = std::min(kPackedQ8Blocks, nb - b0);
+    load_rows(a.qs + n0 * row_bytes, row_bytes, rows, b0 * kQ8PackedBlockBytes, blocks * kPackedQ8Dwords, v);
+    transpose16(v);
+    for (int64_t i = 0; i < blocks; ++i) {
+      if (p.packed_q8) {
+        for (int s = 0; s < kPackedQ8Dwords; ++s)
+          _mm512_store_si512(p.packed_q8 + packed_q8_offset(b0 + i, s, c), v[kPackedQ8Dwords * i + s]);
+        continue;
+      }
+      __m512i w[8];
+      packed_q8_steps(v + kPackedQ8Dwords * i, w);
+      uint8_t* dst = p.codes + (b0 + i) * kBlockBytes + c * 64;
+      for (int s = 0; s < 4; ++s)
+        for (int h = 0; h < 2; ++h)
+          _mm512_store_si512(dst + (4 * h + s) * kCols * 64, _mm512_add_epi8(w[2 * s + h], bias));
+    }
+  }
+}
+
 template <QType T>
 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+  if (T == QType::Q8_0 && q8_packed(a)) return build_packed_q8_column(a, n0, rows, c, p);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
   const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
   const __m512i bias = _mm512_set1_epi8(char(0x80));
@@ -340,14 +390,15 @@ void tile(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t n0, const
 // One block b of column c for few rows of x (R): the block's sums of the R
 // rows of codes x with its 8 steps of weight codes w (steps s and 4 + s at
 // w[2s], w[2s + 1]; two chains, steps 0-3 and 4-7), then acc's fp32 step.
-template <QType T, int R>
+// CorrShift: the sums start at corr >> CorrShift (packed q8_0's u = q + 16).
+template <QType T, int R, int CorrShift = 0>
 PAGED_ALWAYS_INLINE void direct_block(const LinearArgs& a, const PanelView& p, int64_t b, int c, const __m512i w[8],
                                       __m512 acc[R]) {
   const int64_t nb = a.blocks(), K = a.K;
   const auto sums = [&](const int8_t* x, const int32_t* corr, __m512i isum[R]) PAGED_ALWAYS_INLINE_LAMBDA {
     __m512i dot[2][R];
     for (int r = 0; r < R; ++r) {
-      dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b]);
+      dot[0][r] = T == QType::Q4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[r * nb + b] >> CorrShift);
       dot[1][r] = _mm512_setzero_si512();
     }
     for (int s = 0; s < 4; ++s)
@@ -425,12 +476,85 @@ void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const _
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0 + c * kLanes, mask[c], acc[c][r]);
 }
 
+// Few rows of x (M = R <= kDirectRows) on q8_0's 5-bit packed codes, read in
+// place: 3 blocks of 16 rows per transpose, each block's codes widened in
+// registers to u = q + 16 and multiplied as direct_column does, from the
+// sums' start corr / 8 (corr = -128 * sum xq for q + 128: here -16 * sum
+// xq, exact). The same int32 sums and steps as the byte form's; the weight
+// streams 20 bytes a block instead of 32.
+template <int R>
+void packed_q8_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
+  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
+  const int rows = __builtin_popcount(mask);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512i v[16];
+  for (int64_t b0 = 0; b0 < nb; b0 += kPackedQ8Blocks) {
+    const int64_t blocks = std::min(kPackedQ8Blocks, nb - b0);
+    load_rows(a.qs + n0 * row_bytes, row_bytes, rows, b0 * kQ8PackedBlockBytes, blocks * kPackedQ8Dwords, v);
+    transpose16(v);
+    for (int64_t i = 0; i < blocks; ++i) {
+      __m512i w[8];
+      packed_q8_steps(v + kPackedQ8Dwords * i, w);
+      direct_block<QType::Q8_0, R, 3>(a, p, b0 + i, c, w, acc);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
+}
+
+// The same on a persistent packed q8_0 panel, both columns at once, its
+// bytes in order (one sequential stream, prefetching as nibble_columns does).
+template <int R>
+void packed_q8_panel_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
+  const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
+  __m512 acc[kCols][R];
+  for (int c = 0; c < kCols; ++c)
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_block_share(p.packed_q8, chunk, nb, b, p.ahead);
+    for (int c = 0; c < kCols; ++c) {
+      __m512i v[kPackedQ8Dwords], w[8];
+      for (int s = 0; s < kPackedQ8Dwords; ++s) v[s] = _mm512_load_si512(p.packed_q8 + packed_q8_offset(b, s, c));
+      packed_q8_steps(v, w);
+      direct_block<QType::Q8_0, R, 3>(a, p, b, c, w, acc[c]);
+    }
+  }
+  for (int c = 0; c < kCols; ++c)
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0 + c * kLanes, mask[c], acc[c][r]);
+}
+
+// A persistent packed q8_0 chunk widened to the byte panel's codes (q + 128)
+// for the tiles, a block's share of the chunk after next prefetched per block.
+void widen_packed_q8(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
+  const __m512i bias = _mm512_set1_epi8(0x70);
+  for (int64_t b = 0; b < nb; ++b) {
+    prefetch_block_share(p.packed_q8, chunk, nb, b, p.ahead);
+    for (int c = 0; c < kCols; ++c) {
+      __m512i v[kPackedQ8Dwords], w[8];
+      for (int s = 0; s < kPackedQ8Dwords; ++s) v[s] = _mm512_load_si512(p.packed_q8 + packed_q8_offset(b, s, c));
+      packed_q8_steps(v, w);
+      for (int s = 0; s < 4; ++s)
+        for (int h = 0; h < 2; ++h)
+          _mm512_store_si512(codes + b * kBlockBytes + ((4 * h + s) * kCols + c) * 64, _mm512_add_epi8(w[2 * s + h], bias));
+    }
+  }
+}
+
+using NibbleFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, const __mmask16 mask[kCols]);
+template <int... R>
+constexpr std::array<NibbleFn, sizeof...(R)> packed_panel_table(std::integer_sequence<int, R...>) {
+  return {&packed_q8_panel_columns<R + 1>...};
+}
+
 using DirectFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, int c, __mmask16 mask);
+template <int... R>
+constexpr std::array<DirectFn, sizeof...(R)> packed_q8_table(std::integer_sequence<int, R...>) {
+  return {&packed_q8_column<R + 1>...};
+}
 template <QType T, int... R>
 constexpr std::array<DirectFn, sizeof...(R)> direct_table(std::integer_sequence<int, R...>) {
   return {&direct_column<T, R + 1>...};
 }
-using NibbleFn = void (*)(const LinearArgs&, const PanelView&, int64_t n0, const __mmask16 mask[kCols]);
 template <QType T, int... R>
 constexpr std::array<NibbleFn, sizeof...(R)> nibble_table(std::integer_sequence<int, R...>) {
   return {&nibble_columns<T, R + 1>...};
@@ -451,12 +575,14 @@ PAGED_TARGET_END()
 // A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
 // or 4-bit nibbles), then its scales in the panels' form: d, then q4_1's m
 // (Compact: their bytes, then their supers).
-PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form) {
+// (`packed`: q8_0's 5-bit packed codes, kept as their transposed dwords)
+PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form, bool packed) {
   auto* base = const_cast<uint8_t*>(chunk);
   const bool nibbles = t != QType::Q8_0, q4_1 = t == QType::Q4_1;
-  uint8_t* scales = base + nb * (nibbles ? kNibbleBlockBytes : kBlockBytes);
-  PanelView p{nibbles ? nullptr : base, nullptr, nullptr};
+  uint8_t* scales = base + nb * (packed ? kPackedQ8BlockBytes : nibbles ? kNibbleBlockBytes : kBlockBytes);
+  PanelView p{nibbles || packed ? nullptr : base, nullptr, nullptr};
   p.nibbles = nibbles ? base : nullptr;
+  p.packed_q8 = packed ? base : nullptr;
   p.scales = form;
   const int64_t values = nb * kPanel;  // of d, and of m
   switch (form) {
@@ -593,20 +719,30 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
   // 4-bit ones serve nibble_columns up to kDirectRows and the tiles above.
   constexpr bool q8 = T == QType::Q8_0;
-  const bool few = a.M <= kDirectRows && !(a.panels && q8);
+  const bool packed_panels = a.panels && q8 && q8_packed(a);  // few rows read them in place, as nibbles
+  const bool few = a.M <= kDirectRows && !(a.panels && q8 && !packed_panels);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
-  const PanelView p = chunk_panel(a, n0, n1, few || a.panels, scratch);  // persistent: read in place
+  // persistent: read in place (packed q8_0's widened to bytes for the tiles)
+  const PanelView p = chunk_panel(a, n0, n1, few || (a.panels && !packed_panels), scratch);
   if (!few) return tiles<T>(a, float_scales(p, T, a.blocks(), scratch), 0, a.M, n0, n1);
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
   if (a.panels) {  // in passes of up to kNibbleRows x rows (a second pass reads the chunk from L2)
+    static constexpr auto packed = packed_panel_table(std::make_integer_sequence<int, kDirectRows>());
     const int64_t passes = (a.M + kNibbleRows - 1) / kNibbleRows;
     for (int64_t i = 0, r0 = 0; i < passes; ++i) {
       const int64_t count = a.M / passes + (i < a.M % passes);
-      nibble[size_t(count - 1)](x_rows(a, r0, count), p, n0, mask);
+      (packed_panels ? packed : nibble)[size_t(count - 1)](x_rows(a, r0, count), p, n0, mask);
       r0 += count;
     }
     return;
+  }
+  if constexpr (q8) {
+    if (q8_packed(a)) {
+      static constexpr auto packed = packed_q8_table(std::make_integer_sequence<int, kDirectRows>());
+      for (int c = 0; c < kCols && mask[c]; ++c) packed[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
+      return;
+    }
   }
   for (int c = 0; c < kCols && mask[c]; ++c) direct[size_t(a.M - 1)](a, p, n0 + c * kLanes, c, mask[c]);
 }
@@ -697,7 +833,8 @@ PAGED_TARGET_END()  // baseline: panel_chunk_bytes
 int64_t panel_chunk_bytes(const LinearArgs& a, PanelScales scales) {
   if (a.qtype == QType::S16) return s16_panel_chunk_bytes(a, scales);
   const int64_t nb = a.blocks();
-  return nb * (a.qtype == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes) + panel_scale_bytes(a.qtype, nb, scales);
+  const int64_t codes = q8_packed(a) ? kPackedQ8BlockBytes : a.qtype == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes;
+  return nb * codes + panel_scale_bytes(a.qtype, nb, scales);
 }
 
 namespace {
@@ -737,13 +874,16 @@ float scale_value(const PanelView& p, bool offsets, int64_t b, int64_t lane) {
 void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
   if (a.qtype == QType::S16) return s16_unpack_panel_chunk(a, n0, n1, src);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales);
+  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales, q8_packed(a));
   const bool q8 = a.qtype == QType::Q8_0, q4_1 = a.qtype == QType::Q4_1;
   auto* qs = const_cast<uint8_t*>(a.qs);
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t lane = n - n0, c = lane / kLanes, i = lane % kLanes;
     uint8_t* row = qs + n * row_bytes;
-    for (int64_t b = 0; b < nb; ++b)
+    for (int64_t b = 0; p.packed_q8 && b < nb; ++b)  // a packed block is its 5 dwords
+      for (int s = 0; s < kPackedQ8Dwords; ++s)
+        std::memcpy(row + b * kQ8PackedBlockBytes + 4 * s, p.packed_q8 + packed_q8_offset(b, s, int(c)) + 4 * i, 4);
+    for (int64_t b = 0; !p.packed_q8 && b < nb; ++b)
       for (int s = 0; s < (q8 ? kSteps : 4); ++s)
         for (int e = 0; e < 4; ++e)
           row[b * (q8 ? kBlock : kBlock / 2) + 4 * s + e] =
@@ -777,9 +917,9 @@ void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   const int64_t nb = a.blocks();
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  PanelView p = chunk_view(dst, T, nb, a.panel_scales);
-  if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, false, p);
+  PanelView p = chunk_view(dst, T, nb, a.panel_scales, q8_packed(a));
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
+  if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, true, p);  // the scales
   if (p.scales == PanelScales::Compact) {
     if constexpr (T == QType::Q4_1) {  // only q4_1 has compact scales, always with compact m (checked at the boundary)
       transpose_compact_bytes(a.d8, a.K, n0, n1, const_cast<int8_t*>(p.d8), const_cast<float*>(p.d_super));
@@ -811,7 +951,7 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
   const int64_t nb = a.blocks();
   if (a.panels) {
     const int64_t chunk = panel_chunk_bytes(a, a.panel_scales);
-    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales);
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales, q8_packed(a));
     p.ahead = (kAhead / kPanel) * chunk;
     // This build reads the codes where they lie (and prefetches the chunk
     // kAhead rows on as it does); the AMX builds want a 4-bit chunk's codes
@@ -820,6 +960,13 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
       scratch.codes.resize(size_t(nb * kBlockBytes));
       if (scratch.widened != p.nibbles) widen_nibbles(p, nb, chunk, scratch.codes.data());
       scratch.widened = p.nibbles;
+      p.codes = scratch.codes.data();
+      p.ahead = 0;
+    }
+    if (!scales_only && p.packed_q8) {  // the tiles' bytes, once per chunk (the AMX builds' tiles too)
+      scratch.codes.resize(size_t(nb * kBlockBytes));
+      if (scratch.widened != p.packed_q8) widen_packed_q8(p, nb, chunk, scratch.codes.data());
+      scratch.widened = p.packed_q8;
       p.codes = scratch.codes.data();
       p.ahead = 0;
     }

@@ -1,0 +1,92 @@
+// q8_0 codes packed into 5 bits (qtype "q8_0.s5"): the q8_0 layout
+// (w = d[n, k/32] * q) for matrices whose codes all lie in -16..15, which is
+// what GGUF's Q5_0 unpacks into (codes q - 16). llama.cpp writes Q5_0 for the
+// rows of a Q4_K_M file whose length is not a multiple of 256 (Gemma 3 1B's
+// 1152, Qwen2.5-0.5B's 896, SmolLM2's 576 and 960), so a byte per code read
+// 1.6x the file's bits there; packed, a block is 20 bytes against the byte
+// form's 32.
+//
+// Per 32-block of a row, 20 bytes: 16 bytes of nibbles (byte l: element l's
+// low 4 bits in bits 0-3, element 16 + l's in bits 4-7), then 4 bytes of
+// fifth bits (element e's in byte 16 + e % 4, bit e / 4), of u = q + 16. The
+// fifth bits' order is the kernels': a block's elements 4t .. 4t + 3 are the
+// bytes of one dword of codes (step t), and their fifth bits are bit t of
+// the fifth-bit dword's bytes, so one shift and one mask put them at bit 4
+// of each byte.
+//
+// A build whose table says q8_reads_packed (avx512, and amx through it)
+// reads them in place: calls of few rows widen each block's 4 nibble dwords
+// and its fifth-bit dword in registers, larger calls build their per-call
+// panel from them. For every other build the drivers unpack each work
+// item's rows into the calling thread's int8 scratch just before the q8_0
+// kernel runs (quant_linear.cpp: ~10 instructions per 32 codes, which cost
+// a 0.5B Q4_K_M decode 0.7x of its byte form's speed on Zen 4). Either way
+// every build computes the byte form's bits, and the weight streams packed.
+#pragma once
+
+#include <cstdint>
+
+#include "linear/aligned.h"
+#include "linear/quant_linear.h"
+
+namespace paged::cpu::linear {
+
+constexpr int kQ8PackedBits = 5;
+constexpr int kQ8PackedBias = 16;  // u = q + 16
+constexpr int64_t kQ8PackedBlockBytes = 20;  // per 32 weights: 16 nibble bytes, 4 bytes of fifth bits
+
+inline bool q8_packed(const LinearArgs& a) { return a.qtype == QType::Q8_0 && a.code_bits == kQ8PackedBits; }
+
+// Rows [0, rows) of packed rows (K / 32 * 20 bytes each) into int8 [rows, K]
+// (the definition; Kernels::q8_unpack gives the same bytes).
+inline void unpack_q8_rows(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out) {
+  const int64_t nb = K / kBlock;
+  for (int64_t i = 0; i < rows * nb; ++i) {
+    const uint8_t* src = packed + i * kQ8PackedBlockBytes;
+    int8_t* dst = out + i * kBlock;
+    for (int e = 0; e < kBlock; ++e) {
+      const int nibble = (src[e & 15] >> (e < 16 ? 0 : 4)) & 15, fifth = (src[16 + e % 4] >> (e / 4)) & 1;
+      dst[e] = int8_t((nibble | fifth << 4) - kQ8PackedBias);
+    }
+  }
+}
+
+// One row's codes [K] (each in -16..15) packed as above into out (K / 32 * 20 bytes).
+inline void pack_q8_row(const int8_t* codes, int64_t K, uint8_t* out) {
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    uint8_t* dst = out + b * kQ8PackedBlockBytes;
+    for (int i = 0; i < kQ8PackedBlockBytes; ++i) dst[i] = 0;
+    for (int e = 0; e < kBlock; ++e) {
+      const int u = codes[b * kBlock + e] + kQ8PackedBias;
+      dst[e & 15] |= uint8_t((u & 15) << (e < 16 ? 0 : 4));
+      dst[16 + e % 4] |= uint8_t((u >> 4) << (e / 4));
+    }
+  }
+}
+
+// A work item's codes, unpacked just before its kernel runs: rows [n0, n1)
+// into the calling thread's buffer (a work item's rows: 18-156 KiB at 0.5-8B
+// shapes, so they stay in L1/L2 for the kernel), a.qs rebased so that row n
+// is at qs + n * K as for the byte form (only rows [n0, n1) are read through
+// it; prefetches past them compute their addresses as integers, as
+// compact_scales.h's ItemWidener does for scales). a itself unless packed.
+struct ItemCodes {
+  Q8Unpack fn = unpack_q8_rows;  // the build's (Kernels::q8_unpack), same bytes
+  LinearArgs item(LinearArgs a, int64_t n0, int64_t n1) const {
+    if (!q8_packed(a)) return a;
+    static thread_local AlignedVector<int8_t> buf;
+    const auto count = size_t((n1 - n0) * a.K);
+    if (buf.size() < count) buf.resize(count);
+    fn(a.qs + n0 * a.row_bytes(), a.K, n1 - n0, buf.data());
+    a.qs = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(buf.data()) - uintptr_t(n0 * a.K));
+    a.code_bits = 8;
+    return a;
+  }
+};
+inline ItemCodes item_codes(Q8Unpack fn) { return {fn ? fn : unpack_q8_rows}; }
+
+namespace isa_avx2 {  // arch/x86/linear/q8_unpack_avx2.cpp
+void q8_unpack(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
+}
+
+}  // namespace paged::cpu::linear
