@@ -1,0 +1,179 @@
+"""q8_0's packed codes (csrc_cpu/linear/q8_packed.h; quant_layouts.pack_q8_codes):
+a q8_0 matrix whose codes all lie in -16..15 (GGUF's Q5_0) held in 5 bits,
+read in place by the avx512 build (registers, persistent panels) and
+unpacked per work item by the others.
+
+Oracles: the same matrix with its codes as int8 bytes (the q8_0 form
+tests/test_quant_linear_int8.py checks against exact arithmetic), bitwise, on
+every path, build and row count this CPU runs; gguf's dequantizer (through
+quant_layouts) for the values; the Python packer, written apart from the C++
+one, for the bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from paged.core.models.loaders.quant_layouts import pack_q8_codes, q8_code_form, unpack
+
+C = pytest.importorskip("paged._C_cpu")
+pytest.importorskip("gguf")
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from paged.backends.cpu.attention import dl  # noqa: E402
+from paged.core.models.loaders.packed import PackedBlocks  # noqa: E402
+from test_compact_scales import linear, same_bits  # noqa: E402  (quant_linear into a NaN-filled out; bitwise ==)
+from test_quant_layouts import random_blocks  # noqa: E402
+from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
+
+
+def q8_matrix(n: int, k: int, seed: int, lo: int = -16, hi: int = 15):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(lo, hi + 1, (n, k), generator=gen, dtype=torch.int32).to(torch.int8)
+    codes[0, 0], codes[-1, -1] = lo, hi
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()  # fp16 values, as GGUF's
+    return codes, d
+
+
+def panels_of(qtype: str, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor | None:
+    if not C.weight_panel_layout():
+        return None
+    panels = torch.empty(C.weight_panel_bytes(qtype, dl(qs), dl(d), None), dtype=torch.uint8)
+    C.build_weight_panels(qtype, dl(qs), dl(d), None, dl(panels))
+    return panels
+
+
+@pytest.mark.parametrize("lo,hi,form", [(-16, 15, "q8_0.s5"), (-8, 7, "q8_0.s5"), (-17, 15, "q8_0"),
+                                        (-16, 16, "q8_0"), (-128, 127, "q8_0")])
+def test_pack_round_trips_where_the_codes_fit(lo, hi, form):
+    codes, _ = q8_matrix(5, 96, seed=hi - lo, lo=lo, hi=hi)
+    qs, qtype = pack_q8_codes(codes)
+    assert qtype == form == q8_code_form(codes)
+    if form == "q8_0":
+        assert qs is codes
+        return
+    assert qs.dtype == torch.uint8 and qs.shape == (5, 96 // 32 * 20)
+    back = torch.empty_like(codes)
+    for n in range(5):  # q8_packed.h's layout read back by hand
+        for e in range(96):
+            blk = qs[n, e // 32 * 20:(e // 32 + 1) * 20].tolist()
+            i = e % 32
+            u = (blk[i & 15] >> (0 if i < 16 else 4)) & 15 | ((blk[16 + i % 4] >> (i // 4)) & 1) << 4
+            back[n, e] = u - 16
+    assert torch.equal(back, codes)
+
+
+def test_extension_packs_as_the_python_packer_and_refuses_what_does_not_fit():
+    codes, _ = q8_matrix(37, 288, seed=4)
+    want, qtype = pack_q8_codes(codes)
+    out = torch.empty_like(want)
+    C.pack_codes(dl(codes), qtype, dl(out))
+    assert torch.equal(out, want)
+    codes[3, 40] = 16
+    with pytest.raises(ValueError, match=r"codes: expected codes in \[-16, 15\] for qtype 'q8_0.s5', got code 16 at \[3, 40\]"):
+        C.pack_codes(dl(codes), "q8_0.s5", dl(out))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        C.pack_codes(dl(codes[:, :40].contiguous()), "q8_0.s5", dl(out))
+    with pytest.raises(ValueError, match="qtype"):
+        C.pack_codes(dl(codes), "q8_0", dl(out))
+
+
+def test_dequantize_packed_equals_bytes():
+    codes, d = q8_matrix(37, 160, seed=3)
+    qs, qtype = pack_q8_codes(codes)
+    want, got = torch.empty(37, 160), torch.empty(37, 160)
+    C.quant_dequantize("q8_0", dl(codes), dl(d), None, dl(want))
+    C.quant_dequantize(qtype, dl(qs), dl(d), None, dl(got))
+    assert same_bits(got, want)
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 70, 96), (2, 33, 288), (3, 45, 896), (8, 37, 160), (9, 65, 96),
+                                      (40, 45, 288)])
+@pytest.mark.parametrize("activations", ["float32", "int8", "int8x2"])
+def test_linear_packed_equals_bytes(isa, rows, n, k, activations):
+    """Each build and row count path: avx512 reads the packed rows (1-8
+    rows) and builds its tile panel from them (more), the others unpack each
+    work item; K not a multiple of 256 (what Q5_0 is written for), N not a
+    multiple of the 32-row work item; a two-term split."""
+    codes, d = q8_matrix(n, k, seed=rows * 31 + n)
+    qs, qtype = pack_q8_codes(codes)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
+        want = linear("q8_0", x, codes, d, None, activations, split)
+        assert same_bits(linear(qtype, x, qs, d, None, activations, split), want)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 33])
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+def test_persistent_panels_of_packed_codes(rows, activations):
+    """The avx512 panels of packed codes (their transposed dwords) hold as
+    many bytes as the codes, give the byte form's bits at every row count,
+    and unpack back to the packed arrays bit for bit."""
+    codes, d = q8_matrix(77, 288, seed=rows)
+    qs, qtype = pack_q8_codes(codes)
+    panels = panels_of(qtype, qs, d)
+    if panels is None:
+        pytest.skip(f"linear build {C.linear_isa()!r} has no weight panels (avx512 / amx: AVX-512 VNNI CPUs)")
+    assert panels.numel() < panels_of("q8_0", codes, d).numel()
+    x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
+    want = linear("q8_0", x, codes, d, None, activations)
+    out = torch.full_like(want, float("nan"))
+    C.quant_linear(dl(x), qtype, dl(qs), dl(d), None, dl(out), activations, -1, dl(panels))
+    assert same_bits(out, want)
+    back_qs, back_d = torch.zeros_like(qs), torch.zeros_like(d)
+    C.unpack_weight_panels(qtype, dl(panels), dl(back_qs), dl(back_d), None, 0)
+    assert torch.equal(back_qs, qs) and torch.equal(back_d, d)
+
+
+def test_rows_alone_and_batched_on_two_threads(isa):
+    codes, d = q8_matrix(130, 896, seed=9)
+    qs, qtype = pack_q8_codes(codes)
+    x = torch.randn(11, 896, generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([linear(qtype, x[r:r + 1], qs, d, None, "int8x2") for r in range(11)])
+        torch.set_num_threads(2)
+        assert same_bits(linear(qtype, x, qs, d, None, "int8x2"), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_gguf_q5_0_runs_packed(monkeypatch, setting):
+    """CpuPackedLinear holds a Q5_0 matrix in 5 bits (PAGED_Q8_PACKED=1; the
+    default packs where the build reads them in place) or as bytes ("0"),
+    with the same outputs and gguf's values for its embedding rows."""
+    from paged.backends.cpu import quant_linear as ql
+
+    monkeypatch.setenv("PAGED_Q8_PACKED", setting)
+    rows, cols = 48, 96 * 3
+    blocks = PackedBlocks(Q.Q5_0, torch.from_numpy(random_blocks(Q.Q5_0, rows, cols, seed=11)), (rows, cols))
+    w = ql.CpuPackedLinear(blocks, activations="int8x2")
+    _, codes, d, _ = unpack(Q.Q5_0, blocks.blocks, (rows, cols))
+    assert w.kernel_qtype == ("q8_0.s5" if setting == "1" else "q8_0")
+    assert w.qs.numel() == (rows * cols // 32 * 20 if setting == "1" else codes.numel())
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
+    for r in (1, 5):
+        assert same_bits(w.linear(x[:r]), linear("q8_0", x[:r], codes, d, None, "int8x2"))
+    ids = torch.tensor([0, 47, 3])
+    assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
+
+
+def test_bad_setting_and_packed_input_are_one_clear_error(monkeypatch):
+    from paged.backends.cpu import quant_linear as ql
+
+    monkeypatch.setenv("PAGED_Q8_PACKED", "yes")
+    with pytest.raises(ValueError, match="PAGED_Q8_PACKED: expected '0', '1' or 'auto', got 'yes'"):
+        ql.pack_q8_codes()
+    codes, d = q8_matrix(4, 96, seed=1)
+    qs, qtype = pack_q8_codes(codes)
+    out = torch.empty(1, 4)
+    x = torch.randn(1, 96)
+    with pytest.raises(ValueError, match="qs"):  # a row that is not whole blocks of 20 bytes
+        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="qs"):  # int8 codes named as packed
+        C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
+        C.quant_linear(dl(torch.randn(1, 128)), qtype, dl(qs), dl(d), None, dl(out), "int8")
