@@ -3,6 +3,8 @@
     # a random-weight Llama of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32/4 heads,
     # FFN 5632, tied embeddings, the default model's tokenizer), F16, then quantized
     python benchmarks/quant_types.py make --out /tmp/q1b --llama-quantize PATH [--types Q4_0,Q4_K_M,...]
+    # or Qwen2.5-0.5B's shape (hidden 896: K-quant presets fall back to Q5_0 / Q8_0 on most rows)
+    python benchmarks/quant_types.py make --shape qwen0.5b --out /tmp/q05 --llama-quantize PATH
 
     # per file: prefill and batch-1 decode tok/s, weight GB/s, RSS after load
     python benchmarks/quant_types.py run /tmp/q1b/*.gguf [--llama-bench PATH] [--json PATH]
@@ -52,7 +54,11 @@ def _all_cpus() -> None:
         os.sched_setaffinity(0, START_CPUS)
 
 
-SHAPE = dict(hidden=2048, layers=22, heads=32, kv_heads=4, ffn=5632, context=2048)
+#: `make --shape`: TinyLlama-1.1B's (every row a multiple of 256), and Qwen2.5-0.5B's (hidden 896, which
+#: llama.cpp's K-quant presets write as Q5_0 / Q5_1 / Q8_0: the fallbacks of rows not a multiple of 256)
+SHAPES = {"tinyllama": dict(hidden=2048, layers=22, heads=32, kv_heads=4, ffn=5632, context=2048),
+          "qwen0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, context=2048)}
+SHAPE = SHAPES["tinyllama"]
 TYPES = ("Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")
 
 
@@ -140,7 +146,9 @@ def quantize_files(args, stem: str, write_f16, quantize_flags=lambda t: []) -> i
 
 
 def make(args) -> int:
-    return quantize_files(args, "tinyllama-shape", write_f16_model)
+    global SHAPE
+    SHAPE = SHAPES[args.shape]
+    return quantize_files(args, f"{args.shape}-shape", write_f16_model)
 
 
 def rss_bytes() -> int:
@@ -334,8 +342,8 @@ def run(args) -> int:
     return 0
 
 
-def parse_arguments(doc: str, types: tuple[str, ...], what: str) -> argparse.Namespace:
-    """`make` and `run`'s options, shared with benchmarks/moe.py."""
+def parse_arguments(doc: str, types: tuple[str, ...], what: str, shapes: tuple[str, ...] = ()) -> argparse.Namespace:
+    """`make` and `run`'s options, shared with benchmarks/moe.py (``shapes``: make's --shape choices)."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     mk = sub.add_parser("make", help="write the F16 model and its quantizations")
@@ -343,6 +351,9 @@ def parse_arguments(doc: str, types: tuple[str, ...], what: str) -> argparse.Nam
     mk.add_argument("--types", default=",".join(types))
     mk.add_argument("--llama-quantize", default=None, metavar="PATH")
     mk.add_argument("--threads", type=positive_int, default=len(os.sched_getaffinity(0)))
+    if shapes:
+        mk.add_argument("--shape", choices=shapes, default=shapes[0],
+                        help="the model's shape (files are named <shape>-shape-<TYPE>.gguf)")
     rn = sub.add_parser("run", help=f"measure paged (and llama.cpp) on {what}")
     rn.add_argument("files", nargs="+")
     rn.add_argument("--llama-bench", default=None, metavar="PATH")
@@ -361,7 +372,7 @@ def parse_arguments(doc: str, types: tuple[str, ...], what: str) -> argparse.Nam
 
 
 def main() -> int:
-    args = parse_arguments(__doc__, TYPES, "GGUF files")
+    args = parse_arguments(__doc__, TYPES, "GGUF files", shapes=tuple(SHAPES))
     return make(args) if args.cmd == "make" else run(args)
 
 
