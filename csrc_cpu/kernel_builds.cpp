@@ -174,6 +174,7 @@ std::vector<LinearBuild> linear_builds() {
     k.widen_compact = isa_avx2::widen_compact;
     k.s16_unpack = isa_avx2::s16_unpack;
     k.q8_unpack = isa_avx2::q8_unpack;
+    k.q8_reads_packed = true;  // the ymm int8 kernels (avx2, avxvnni) and avx512's read them in place
     k.s16_packed_few_rows = true;
     k.s16_few_rows_reads_compact = true;
     return k;
@@ -194,7 +195,6 @@ std::vector<LinearBuild> linear_builds() {
     k.s16_rows = isa_avx512::s16_rows;
     k.s16_byte_tiles = true;
     k.int8_reads_compact_scales = true;
-    k.q8_reads_packed = true;  // avx512's int8_rows, and amx's panels built by it
     return k;
   };
 #endif

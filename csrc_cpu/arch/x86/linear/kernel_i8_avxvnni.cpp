@@ -13,6 +13,7 @@
 
 #include "arch/target.h"
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 
 PAGED_TARGET_BEGIN("avx2,fma,f16c,avxvnni")
