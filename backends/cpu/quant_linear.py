@@ -82,8 +82,8 @@ def pack_q8_codes() -> bool:
     llama.cpp's fallback for K-quant rows not a multiple of 256) keep them
     in 5 bits ("q8_0.s5", csrc_cpu/linear/q8_packed.h; same bits):
     PAGED_Q8_PACKED "auto" (the default: where the active linear build reads
-    them in place, avx512 and amx; the others would unpack them per work
-    item, slower than bytes), "1" (always) or "0" (bytes)."""
+    them in place, every x86 build past scalar; scalar and NEON would unpack
+    them per work item, slower than bytes), "1" (always) or "0" (bytes)."""
     from paged import _C_cpu
 
     value = os.environ.get("PAGED_Q8_PACKED", "auto")

@@ -14,14 +14,15 @@
 // the fifth-bit dword's bytes, so one shift and one mask put them at bit 4
 // of each byte.
 //
-// A build whose table says q8_reads_packed (avx512, and amx through it)
+// A build whose table says q8_reads_packed (every x86 build past scalar)
 // reads them in place: calls of few rows widen each block's 4 nibble dwords
 // and its fifth-bit dword in registers, larger calls build their per-call
-// panel from them. For every other build the drivers unpack each work
-// item's rows into the calling thread's int8 scratch just before the q8_0
-// kernel runs (quant_linear.cpp: ~10 instructions per 32 codes, which cost
-// a 0.5B Q4_K_M decode 0.7x of its byte form's speed on Zen 4). Either way
-// every build computes the byte form's bits, and the weight streams packed.
+// panels from them (avx512's persistent panels hold the dwords transposed).
+// For the other builds (scalar, NEON) the drivers unpack each work item's
+// rows into the calling thread's int8 scratch just before the q8_0 kernel
+// runs (quant_linear.cpp: ~10 instructions per 32 codes, which cost a 0.5B
+// Q4_K_M decode 0.7x of its byte form's speed on Zen 4). Either way every
+// build computes the byte form's bits, and the weight streams packed.
 #pragma once
 
 #include <cstdint>
