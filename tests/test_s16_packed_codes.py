@@ -85,10 +85,21 @@ def test_extension_packer_refuses_what_the_form_cannot_hold():
         C.pack_codes(dl(codes), "s16.u6", dl(out))
 
 
-def test_rows_not_whole_groups_stay_bytes():
-    codes = codes_in(0, 31, 3, 288, seed=2)  # K = 288: packed groups are 256 weights
+@pytest.mark.parametrize("span,form", [((0, 31), "s16.u5b"), ((-16, 15), "s16.s5b"), ((0, 15), "s16.u5b"),
+                                       ((0, 63), "s16"), ((-32, 31), "s16")], ids=str)
+def test_rows_not_whole_groups_pack_per_block_or_stay_bytes(span, form):
+    """K = 288: packed groups are 256 weights, so 5-bit codes (Q5_1's, Q5_0's
+    there) pack per 32-block (q8_packed.h's form) and wider ones stay bytes."""
+    codes = codes_in(*span, 3, 288, seed=2)
     qs, qtype = pack_s16_codes(codes)
-    assert qtype == "s16" and qs is codes
+    assert qtype == form
+    if form == "s16":
+        assert qs is codes
+        return
+    assert qs.shape == (3, 288 // 32 * 20) and torch.equal(unpack_s16_codes(qs, qtype), codes)
+    out = torch.empty_like(qs)
+    C.pack_codes(dl(codes), qtype, dl(out))
+    assert torch.equal(out, qs)
 
 
 def test_packed_layout_is_the_documented_bytes():
@@ -181,3 +192,87 @@ def test_bad_packed_input_is_one_clear_error():
         C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
     with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
         C.quant_linear(dl(torch.randn(1, 512)), qtype, dl(qs), dl(d), None, dl(out), "int8")
+
+
+def half_pair_matrix(lo: int, hi: int, n: int, k: int, seed: int, offsets: bool):
+    """s16 codes with each block's two halves on one fp16 scale (and offset),
+    as Q5_1 / Q5_0 unpack: (codes, float32 [N, K/16] d, m, fp16 [N, K/32] d, m)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    d16 = (torch.rand(n, k // 32, generator=gen) * 0.02).half()
+    m16 = (torch.randn(n, k // 32, generator=gen) * 0.01).half() if offsets else None
+    wide = lambda t: None if t is None else t.float().repeat_interleave(2, dim=1).contiguous()  # noqa: E731
+    return codes_in(lo, hi, n, k, seed), wide(d16), wide(m16), d16, m16
+
+
+@pytest.mark.parametrize("span", [(0, 31), (-16, 15)], ids=str)
+@pytest.mark.parametrize("rows,n,k", [(1, 70, 288), (3, 33, 896), (8, 37, 96), (11, 65, 288), (40, 45, 160)])
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+@pytest.mark.parametrize("offsets", [False, True], ids=["no_m", "m"])
+def test_block_packed_codes_and_half_pairs_equal_bytes(isa, span, rows, n, k, activations, offsets):
+    """Rows whose K is not a multiple of 256: codes packed per 32-block (read
+    in place by the x86 few-rows kernel, unpacked per work item otherwise)
+    and fp16 half-pair scales (widened per work item) give the bits of int8
+    codes with float32 scales per 16, alone or in any combination."""
+    codes, d, m, d16, m16 = half_pair_matrix(*span, n, k, seed=rows * 7 + n, offsets=offsets)
+    qs, qtype = pack_s16_codes(codes)
+    assert qtype.endswith("5b")
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
+        want = linear("s16", x, codes, d, m, activations, split)
+        assert same_bits(linear(qtype, x, qs, d, m, activations, split), want)
+        assert same_bits(linear("s16", x, codes, d16, m16, activations, split), want)
+        assert same_bits(linear(qtype, x, qs, d16, m16, activations, split), want)
+    got = torch.empty(n, k)
+    C.quant_dequantize(qtype, dl(qs), dl(d16), None if m16 is None else dl(m16), dl(got))
+    want = torch.empty(n, k)
+    C.quant_dequantize("s16", dl(codes), dl(d), None if m is None else dl(m), dl(want))
+    assert same_bits(got, want)
+
+
+def test_gguf_q5_1_rows_not_whole_groups_run_packed():
+    """A Q5_1 matrix whose K is not a multiple of 256 (llama.cpp's fallback
+    for Q5_K there) keeps its codes in 5 bits per block and its d and m as
+    fp16 pairs: half the bytes of int8 codes with float32 scales
+    per 16, the same outputs, gguf's values as embedding rows."""
+    from paged.backends.cpu import quant_linear as ql
+
+    rows, cols = 48, 288
+    blocks = PackedBlocks(Q.Q5_1, torch.from_numpy(random_blocks(Q.Q5_1, rows, cols, seed=11)), (rows, cols))
+    _, codes, d, m = unpack(Q.Q5_1, blocks.blocks, (rows, cols))
+    w = ql.CpuPackedLinear(blocks, activations="int8x2")
+    assert w.kernel_qtype == "s16.u5b" and w.d.dtype == torch.float16 and w.d.shape == (rows, cols // 32)
+    held = sum(t.numel() * t.element_size() for t in (w.qs, w.d, w.m))
+    assert held * 2 == sum(t.numel() * t.element_size() for t in (codes, d, m))  # 0.75 bytes a weight, not 1.5
+    x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
+    for r in (1, 5):
+        assert same_bits(w.linear(x[:r]), linear("s16", x[:r], codes, d, m, "int8x2"))
+    ids = torch.tensor([0, 47, 3])
+    assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
+
+
+def test_half_pairs_only_where_exact():
+    from paged.backends.cpu.quant_linear import _half_pairs
+
+    _, d, m, d16, m16 = half_pair_matrix(0, 31, 4, 96, seed=3, offsets=True)
+    hd, hm = _half_pairs(d, m)
+    assert torch.equal(hd, d16) and torch.equal(hm, m16)
+    d[1, 3] += 1e-3  # halves that differ, or a value fp16 cannot hold: float32 kept
+    assert _half_pairs(d, m) == (d, m)
+    d2 = d.clone()
+    d2[1, 3] = d2[1, 2] = 0.1
+    assert _half_pairs(d2, None)[0] is d2
+
+
+def test_block_packed_and_half_pair_errors():
+    codes, d, m, d16, m16 = half_pair_matrix(0, 31, 4, 96, seed=5, offsets=True)
+    qs, qtype = pack_s16_codes(codes)
+    x, out = torch.randn(1, 96), torch.empty(1, 4)
+    with pytest.raises(ValueError, match=r"d: expected shape \[4, 3\], got shape \[4, 2\] \(fp16 half-pair scales"):
+        C.quant_linear(dl(x), qtype, dl(qs), dl(d16[:, :2].contiguous()), dl(m16), dl(out), "int8")
+    with pytest.raises(ValueError, match="m: expected dtype float16"):
+        C.quant_linear(dl(x), qtype, dl(qs), dl(d16), dl(m), dl(out), "int8")
+    with pytest.raises(ValueError, match="qs"):  # a row that is not whole blocks of 20 bytes
+        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d16), dl(m16), dl(out), "int8")
+    if C.weight_panel_layout():
+        with pytest.raises(ValueError, match="no panel layout"):
+            C.weight_panel_bytes(qtype, dl(qs), dl(d16), dl(m16))

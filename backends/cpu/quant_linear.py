@@ -75,6 +75,10 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 #: unpacked per work item, same bits; PAGED_S16_PACKED=0 keeps a byte per
 #: code (for paired timing).
 PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
+#: and for rows whose K is not a multiple of 256, 5-bit codes per 32-block
+#: ("s16.u5b") and fp16 half-pair scales (Q5_1 / Q5_0 there: _half_pairs);
+#: PAGED_S16_BLOCKS=0 keeps those rows' bytes and float32 scales (paired timing)
+PACK_S16_BLOCKS = os.environ.get("PAGED_S16_BLOCKS", "1") != "0"
 
 
 def pack_q8_codes() -> bool:
@@ -183,8 +187,13 @@ class CpuPackedLinear:
         # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) and
         # q8_0's into 5 ("q8_0.s5") where they fit
         self.kernel_qtype = self.qtype
-        if (self.qtype == "s16" and PACK_S16_CODES) or (self.qtype == "q8_0" and pack_q8_codes()):
+        blocks = packed.shape[1] % 256 != 0  # s16 rows without compact scales or 256-groups
+        if (self.qtype == "s16" and PACK_S16_CODES and (PACK_S16_BLOCKS or not blocks)) or \
+                (self.qtype == "q8_0" and pack_q8_codes()):
             qs, self.kernel_qtype = _packed_codes(qs, self.qtype)
+        if self.qtype == "s16" and PACK_S16_CODES and PACK_S16_BLOCKS and blocks and d is not None \
+                and d.dtype == torch.float32:
+            d, m = _half_pairs(d, m)
         self._arrays: tuple | None = (qs, d, m)  # None while only the panels hold them (release_packed)
         self._released: list = []  # the released arrays' (shape, dtype)
         self.out_features, self.in_features = packed.shape
@@ -396,10 +405,29 @@ def _packed_codes(codes: torch.Tensor, layout: str) -> tuple[torch.Tensor, str]:
     if qtype == layout:
         return codes, qtype
     n, k = codes.shape
-    row_bytes = k // 32 * 20 if layout == "q8_0" else k // 256 * 32 * packed_code_bits(qtype)[0]
+    per_block = layout == "q8_0" or qtype.endswith("b")  # 20 bytes per 32-block (csrc_cpu/linear/q8_packed.h)
+    row_bytes = k // 32 * 20 if per_block else k // 256 * 32 * packed_code_bits(qtype)[0]
     out = torch.empty((n, row_bytes), dtype=torch.uint8)
     _C_cpu.pack_codes(dl(codes), qtype, dl(out))
     return out, qtype
+
+
+def _half_pairs(d: torch.Tensor, m: torch.Tensor | None) -> tuple:
+    """s16's float32 scales (and offsets) [N, K/16] as fp16 [N, K/32] when
+    each block's two halves hold one fp16 value (Q5_1's and Q5_0's d and m,
+    repeated per half: csrc_cpu/linear/s16.h, "Half-pair scales"), else as
+    they are: 0.125 bytes a weight where they were 0.5, for the rows whose
+    K is not a multiple of 256 (those have no compact scales)."""
+    def pairs(t: torch.Tensor):
+        first = t[:, 0::2]
+        half = first.half()
+        exact = torch.equal(first, t[:, 1::2]) and torch.equal(half.float().view(torch.int32), first.view(torch.int32))
+        return half.contiguous() if exact else None
+
+    hd, hm = pairs(d), None if m is None else pairs(m)
+    if hd is None or (m is not None and hm is None):
+        return d, m
+    return hd, hm
 
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
@@ -410,7 +438,7 @@ PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0", "q8_0.s5")
 
 def has_panel_layout(kernel_qtype: str) -> bool:
     """Whether a matrix of this kernel qtype can keep persistent panels."""
-    return kernel_qtype in PANEL_LAYOUTS or kernel_qtype.startswith("s16.")
+    return kernel_qtype in PANEL_LAYOUTS or (kernel_qtype.startswith("s16.") and not kernel_qtype.endswith("b"))
 #: weight rows per panel chunk (csrc_cpu/linear/int8.h kI8ChunkRows)
 PANEL_ROWS = 32
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <vector>
 
+#include "attention/kernel_common.h"
 #include "linear/quant_linear.h"
 
 namespace paged::cpu::linear {
@@ -49,9 +50,19 @@ struct ItemScales {
   const float* d;
   const float* m;
 };
+// Rows [n0, n1) of fp16 half-pair scales (s16.h) widened, each value for
+// both halves of its block (the plain loop; Kernels::widen_half_pairs gives
+// the same floats: a widening is exact).
+inline void widen_half_pair_rows(const uint16_t* h, int64_t nb, int64_t n0, int64_t n1, float* out) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t b = 0; b < nb; ++b) out[n * 2 * nb + 2 * b] = out[n * 2 * nb + 2 * b + 1] = attn::f16_to_float(h[n * nb + b]);
+}
+
 struct ItemWidener {
   WidenCompact fn = widen_compact_rows;  // the build's (Kernels::widen_compact), same values
+  WidenHalfPairs pairs = widen_half_pair_rows;  // the build's (Kernels::widen_half_pairs)
   ItemScales rows(const LinearArgs& a, int64_t n0, int64_t n1) const {
+    if (a.d16) return half_pair_rows(a, n0, n1);
     if (!a.d8) return {a.d, a.m};
     static thread_local std::vector<float> buf;
     const int64_t per_row = a.scales(), count = (n1 - n0) * per_row;
@@ -66,6 +77,19 @@ struct ItemWidener {
     return {d, m};
   }
   // a with rows [n0, n1)'s scales widened (a itself without compact scales).
+  // s16's fp16 half-pair scales (LinearArgs::d16 / m16): each block's value
+  // for both of its halves, as float32 (exact: a widening).
+  ItemScales half_pair_rows(const LinearArgs& a, int64_t n0, int64_t n1) const {
+    static thread_local std::vector<float> buf;
+    const int64_t nb = a.K / kBlock, count = (n1 - n0) * 2 * nb;
+    if (buf.size() < size_t(2 * count)) buf.resize(size_t(2 * count));
+    const auto widen = [&](const uint16_t* src, float* dst) {
+      float* const rows = rebased(dst, n0 * 2 * nb);
+      pairs(src, nb, n0, n1, rows);
+      return rows;
+    };
+    return {widen(a.d16, buf.data()), a.m16 ? widen(a.m16, buf.data() + count) : nullptr};
+  }
   LinearArgs item(LinearArgs a, int64_t n0, int64_t n1) const {
     const ItemScales s = rows(a, n0, n1);
     a.d = s.d;
@@ -80,12 +104,22 @@ struct ItemWidener {
     return reinterpret_cast<float*>(reinterpret_cast<uintptr_t>(p) - uintptr_t(elements) * sizeof(float));
   }
 };
-inline ItemWidener item_widener(WidenCompact fn) { return {fn ? fn : widen_compact_rows}; }
+inline ItemWidener item_widener(const Kernels& k) {
+  return {k.widen_compact ? k.widen_compact : widen_compact_rows,
+          k.widen_half_pairs ? k.widen_half_pairs : widen_half_pair_rows};
+}
 
 // All rows of a's compact scales into the calling thread's [N, scales]
 // scratch, a.d / a.m pointed at it (the whole-matrix user: dequantization).
 // No-op without compact scales.
-inline void widen_all_rows(LinearArgs& a, WidenCompact fn) {
+inline void widen_all_rows(LinearArgs& a, const Kernels& k) {
+  const WidenCompact fn = k.widen_compact;
+  if (a.d16) {
+    const ItemScales s = item_widener(k).half_pair_rows(a, 0, a.N);
+    a.d = s.d;
+    a.m = s.m;
+    return;
+  }
   if (!a.d8) return;
   static thread_local std::vector<float> d, m;
   const auto size = size_t(a.N * a.scales());

@@ -39,26 +39,26 @@ constexpr int64_t kQ8PackedBlockBytes = 20;  // per 32 weights: 16 nibble bytes,
 inline bool q8_packed(const LinearArgs& a) { return a.qtype == QType::Q8_0 && a.code_bits == kQ8PackedBits; }
 
 // Rows [0, rows) of packed rows (K / 32 * 20 bytes each) into int8 [rows, K]
-// (the definition; Kernels::q8_unpack gives the same bytes).
-inline void unpack_q8_rows(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out) {
+// (the definition; Kernels::block5_unpack gives the same bytes).
+inline void unpack_block5_rows(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out) {
   const int64_t nb = K / kBlock;
   for (int64_t i = 0; i < rows * nb; ++i) {
     const uint8_t* src = packed + i * kQ8PackedBlockBytes;
     int8_t* dst = out + i * kBlock;
     for (int e = 0; e < kBlock; ++e) {
       const int nibble = (src[e & 15] >> (e < 16 ? 0 : 4)) & 15, fifth = (src[16 + e % 4] >> (e / 4)) & 1;
-      dst[e] = int8_t((nibble | fifth << 4) - kQ8PackedBias);
+      dst[e] = int8_t((nibble | fifth << 4) - bias);
     }
   }
 }
 
 // One row's codes [K] (each in -16..15) packed as above into out (K / 32 * 20 bytes).
-inline void pack_q8_row(const int8_t* codes, int64_t K, uint8_t* out) {
+inline void pack_block5_row(const int8_t* codes, int64_t K, int bias, uint8_t* out) {
   for (int64_t b = 0; b < K / kBlock; ++b) {
     uint8_t* dst = out + b * kQ8PackedBlockBytes;
     for (int i = 0; i < kQ8PackedBlockBytes; ++i) dst[i] = 0;
     for (int e = 0; e < kBlock; ++e) {
-      const int u = codes[b * kBlock + e] + kQ8PackedBias;
+      const int u = codes[b * kBlock + e] + bias;
       dst[e & 15] |= uint8_t((u & 15) << (e < 16 ? 0 : 4));
       dst[16 + e % 4] |= uint8_t((u >> 4) << (e / 4));
     }
@@ -72,22 +72,22 @@ inline void pack_q8_row(const int8_t* codes, int64_t K, uint8_t* out) {
 // it; prefetches past them compute their addresses as integers, as
 // compact_scales.h's ItemWidener does for scales). a itself unless packed.
 struct ItemCodes {
-  Q8Unpack fn = unpack_q8_rows;  // the build's (Kernels::q8_unpack), same bytes
+  Block5Unpack fn = unpack_block5_rows;  // the build's (Kernels::block5_unpack), same bytes
   LinearArgs item(LinearArgs a, int64_t n0, int64_t n1) const {
     if (!q8_packed(a)) return a;
     static thread_local AlignedVector<int8_t> buf;
     const auto count = size_t((n1 - n0) * a.K);
     if (buf.size() < count) buf.resize(count);
-    fn(a.qs + n0 * a.row_bytes(), a.K, n1 - n0, buf.data());
+    fn(a.qs + n0 * a.row_bytes(), a.K, kQ8PackedBias, n1 - n0, buf.data());
     a.qs = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(buf.data()) - uintptr_t(n0 * a.K));
     a.code_bits = 8;
     return a;
   }
 };
-inline ItemCodes item_codes(Q8Unpack fn) { return {fn ? fn : unpack_q8_rows}; }
+inline ItemCodes item_codes(Block5Unpack fn) { return {fn ? fn : unpack_block5_rows}; }
 
-namespace isa_avx2 {  // arch/x86/linear/q8_unpack_avx2.cpp
-void q8_unpack(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
+namespace isa_avx2 {  // arch/x86/linear/block5_unpack_avx2.cpp
+void block5_unpack(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out);
 }
 
 }  // namespace paged::cpu::linear

@@ -36,6 +36,7 @@ constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whol
 void parse_qtype(LinearArgs& a, const std::string& s) {
   a.code_bits = 8;
   a.code_bias = 0;
+  a.code_blocks = false;
   if (s == "q4_0") a.qtype = QType::Q4_0;
   else if (s == "q4_1") a.qtype = QType::Q4_1;
   else if (s == "q8_0") a.qtype = QType::Q8_0;
@@ -43,6 +44,11 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
     a.qtype = QType::Q8_0;
     a.code_bits = kQ8PackedBits;
     a.code_bias = kQ8PackedBias;
+  } else if (s == "s16.u5b" || s == "s16.s5b") {  // per 32-block (q8_packed.h)
+    a.qtype = QType::S16;
+    a.code_bits = 5;
+    a.code_bias = s[4] == 's' ? 16 : 0;
+    a.code_blocks = true;
   } else if (s == "s16") a.qtype = QType::S16;
   else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '4' && s[5] <= '6') {
     a.qtype = QType::S16;
@@ -50,7 +56,7 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
     a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
   } else {
     fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes ('s16.u4' .. 's16.u6', "
-         "'s16.s4' .. 's16.s6')",
+         "'s16.s4' .. 's16.s6', 's16.u5b', 's16.s5b')",
          "'" + s + "'");
   }
 }
@@ -64,6 +70,8 @@ void require_shape(const attn::TensorArg& t, int64_t rows, int64_t cols, const s
 }
 
 bool absent(const std::optional<Array>& a) { return !a.has_value() || a->size() == 0; }
+
+const nb::dlpack::dtype kFloat16{uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
 
 }  // namespace
 
@@ -92,9 +100,9 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   const bool bytes = !packed && (a.qtype == QType::Q8_0 || a.qtype == QType::S16);  // one int8 code per weight
   const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
   // packed codes come in groups: s16's of 256 weights (s16.h), q8_0's of 32 (q8_packed.h)
-  const bool q8 = a.qtype == QType::Q8_0;
-  const int64_t group_bytes = q8 ? kQ8PackedBlockBytes : s16_packed_group_bytes(a.code_bits);
-  const int64_t group = q8 ? kBlock : kS16PackedGroup;
+  const bool blocks = a.qtype == QType::Q8_0 || a.code_blocks;
+  const int64_t group_bytes = blocks ? kQ8PackedBlockBytes : s16_packed_group_bytes(a.code_bits);
+  const int64_t group = blocks ? kBlock : kS16PackedGroup;
   a.N = tq.dim(0);
   a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / group_bytes * group : 2 * tq.dim(1);
   if (a.N < 1 || a.K < kBlock || a.K % kBlock != 0 || (packed && tq.dim(1) % group_bytes != 0))
@@ -110,6 +118,19 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   const std::string per_group = s16 ? "one scale per 16 weights of each row" : "one scale per 32 weights of each row";
   a.qs = static_cast<const uint8_t*>(tq.data);
   a.d8 = a.m8 = nullptr;
+  a.d16 = a.m16 = nullptr;
+  if (s16 && d.dtype() == kFloat16) {  // half-pair scales (s16.h): widened by the drivers
+    const std::string form = "fp16 half-pair scales: one per 32 weights of each row";
+    const attn::TensorArg td = matrix("d", d, kFloat16);
+    require_shape(td, a.N, a.blocks(), form);
+    a.d16 = static_cast<const uint16_t*>(td.data);
+    a.d = a.m = nullptr;  // the driver points them at the call's widened copy
+    if (absent(m)) return;
+    const attn::TensorArg tm = matrix("m", *m, kFloat16);
+    require_shape(tm, a.N, a.blocks(), form);
+    a.m16 = static_cast<const uint16_t*>(tm.data);
+    return;
+  }
   const bool compact = (a.qtype == QType::Q4_1 || s16) && d.dtype() == nb::dtype<uint8_t>();
   if (compact) {  // compact scales (compact_scales.h): widened by the drivers
     if (a.K % kCompactWeights)
@@ -251,9 +272,9 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   int32_t* const lo_corr = two_rows ? at_least(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
-  const ItemWidener widen = item_widener(kernels.widen_compact);
+  const ItemWidener widen = item_widener(kernels);
   // packed q8_0 codes: each chunk unpacks its rows below
-  const ItemCodes unpack = item_codes(kernels.q8_unpack);
+  const ItemCodes unpack = item_codes(kernels.block5_unpack);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -422,8 +443,8 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const int64_t chunks = (a.N + kRowsPerChunk - 1) / kRowsPerChunk;
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
   // compact scales: each chunk widens its rows
-  const ItemWidener widen = item_widener(kernels.widen_compact);
-  const ItemCodes unpack = item_codes(kernels.q8_unpack);  // packed q8_0 codes, per chunk
+  const ItemWidener widen = item_widener(kernels);
+  const ItemCodes unpack = item_codes(kernels.block5_unpack);  // packed q8_0 codes, per chunk
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
@@ -435,9 +456,10 @@ void pack_codes(const Array& codes, const std::string& qtype, const Array& out) 
   LinearArgs a;
   parse_qtype(a, qtype);
   if (a.code_bits == 8)
-    fail("qtype", "a packed form ('q8_0.s5', 's16.u4' .. 's16.u6', 's16.s4' .. 's16.s6')", "'" + qtype + "'");
-  const bool q8 = a.qtype == QType::Q8_0;
-  const int64_t group = q8 ? kBlock : kS16PackedGroup;  // weights per group of packed codes
+    fail("qtype", "a packed form ('q8_0.s5', 's16.u4' .. 's16.u6', 's16.s4' .. 's16.s6', 's16.u5b', 's16.s5b')",
+         "'" + qtype + "'");
+  const bool blocks = a.qtype == QType::Q8_0 || a.code_blocks;  // q8_packed.h's form
+  const int64_t group = blocks ? kBlock : kS16PackedGroup;  // weights per group of packed codes
   const attn::TensorArg tc = matrix("codes", codes, nb::dtype<int8_t>());
   a.N = tc.dim(0);
   a.K = tc.dim(1);
@@ -457,7 +479,7 @@ void pack_codes(const Array& codes, const std::string& qtype, const Array& out) 
     for (int64_t n = 0; n < a.N; ++n) {
       for (int64_t k = 0; k < a.K; ++k)
         if (c[n * a.K + k] < lo || c[n * a.K + k] > hi) bad = std::max(bad, n * a.K + k);
-      if (q8) pack_q8_row(c + n * a.K, a.K, dst + n * a.row_bytes());
+      if (blocks) pack_block5_row(c + n * a.K, a.K, bias, dst + n * a.row_bytes());
       else pack_s16_row(c + n * a.K, a.K, bits, bias, dst + n * a.row_bytes());
     }
   }
@@ -479,9 +501,9 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   const int64_t nb = a.blocks();
   nb::gil_scoped_release no_gil;
   // compact scales: all rows, before the parallel loop
-  widen_all_rows(a, active_kernels().widen_compact);
+  widen_all_rows(a, active_kernels());
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
-  const ItemCodes unpack = item_codes(active_kernels().q8_unpack);
+  const ItemCodes unpack = item_codes(active_kernels().block5_unpack);
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and
   // the values stay exactly gguf's.

@@ -92,14 +92,23 @@ struct LinearArgs {
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
   // S16's codes: 8 = int8 [N, K] as they lie; 4, 5 or 6 = packed into that
   // many bits per code with code_bias added (s16.h, "Packed codes"); Q8_0's:
-  // 8, or 5 (q8_packed.h: 20 bytes per block, which only the drivers read)
+  // 8, or 5 (q8_packed.h: 20 bytes per 32-block)
   int code_bits = 8;
   int code_bias = 0;
+  // S16's 5-bit codes packed per 32-block as q8_0's (q8_packed.h; qtype
+  // "s16.u5b" / "s16.s5b": rows whose K is not a multiple of 256), which
+  // the s16 driver unpacks per work item for every build
+  bool code_blocks = false;
   // Compact scales (compact_scales.h; q4_1 and s16): d and m (m8 may be
   // null) in that form, and d / m above point at the call's widened copy
   // (null until the driver widens)
   const uint8_t* d8 = nullptr;
   const uint8_t* m8 = nullptr;
+  // S16's scales as fp16 pairs (s16.h, "Half-pair scales"): d16 (and m16)
+  // [N, K/32], each value the scale of both halves of its block; d / m
+  // likewise point at the call's widened copy
+  const uint16_t* d16 = nullptr;
+  const uint16_t* m16 = nullptr;
   const float* xs = nullptr;      // [K/32, M] block sums of x, xs[b * M + r] (block-major:
                                   // a block's sums of consecutive rows are adjacent)
   // int8 path (int8.h), each [M, ...] row-major:
@@ -132,11 +141,11 @@ struct LinearArgs {
   bool panel_offsets = false;
   float* out = nullptr;           // [M, N]
   int64_t blocks() const { return K / kBlock; }
-  bool has_offsets() const { return m || m8 || panel_offsets; }
+  bool has_offsets() const { return m || m8 || m16 || panel_offsets; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
+    if (code_bits < 8 && (qtype == QType::Q8_0 || code_blocks)) return K / kBlock * 20;  // q8_packed.h
     if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
-    if (qtype == QType::Q8_0 && code_bits < 8) return K / kBlock * 20;        // q8_packed.h
     return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
   }
 };
@@ -164,10 +173,12 @@ struct HalfArgs;
 using HalfKernel = void (*)(const HalfArgs& h, int64_t n0, int64_t n1);
 // rows [n0, n1) of compact scales (`scales` per row over K weights) into float32 [N, scales]
 using WidenCompact = void (*)(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
+// rows [n0, n1) of fp16 half-pair scales [N, nb] (s16.h) into float32 [N, 2 nb], each value twice
+using WidenHalfPairs = void (*)(const uint16_t* h, int64_t nb, int64_t n0, int64_t n1, float* out);
 // rows [0, rows) of s16 packed codes (s16.h) into int8 [rows, K]
 using S16Unpack = void (*)(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
-// rows [0, rows) of q8_0's packed codes (q8_packed.h) into int8 [rows, K]
-using Q8Unpack = void (*)(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
+// rows [0, rows) of 5-bit codes packed per 32-block (q8_packed.h; u = q + bias) into int8 [rows, K]
+using Block5Unpack = void (*)(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -198,10 +209,12 @@ struct Kernels {
   HalfKernel half_rows = nullptr;
   // compact scales' widening (compact_scales.h; null: its plain loop)
   WidenCompact widen_compact = nullptr;
+  // s16's fp16 half-pair scales' widening (compact_scales.h; null: its plain loop)
+  WidenHalfPairs widen_half_pairs = nullptr;
   // s16's packed codes into int8 (s16.h; null: its plain loop, unpack_s16_rows)
   S16Unpack s16_unpack = nullptr;
-  // q8_0's packed codes into int8 (q8_packed.h; null: its plain loop, unpack_q8_rows)
-  Q8Unpack q8_unpack = nullptr;
+  // 5-bit codes packed per 32-block (q8_0's, s16's "s16.u5b") into int8 (q8_packed.h; null: its plain loop, unpack_block5_rows)
+  Block5Unpack block5_unpack = nullptr;
   // int8_rows reads q8_0's packed codes itself (q8_packed.h), in calls of any rows
   bool q8_reads_packed = false;
   // s16_rows reads packed codes itself in calls of at most kS16FewRows rows
@@ -221,6 +234,7 @@ namespace isa_avx2 {  // x86-64 (arch/x86/linear/kernel_i16_avx2.cpp, kernel_f32
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void fp32_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);
 void widen_compact(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int64_t n1, float* out);
+void widen_half_pairs(const uint16_t* h, int64_t nb, int64_t n0, int64_t n1, float* out);
 }  // namespace isa_avx2
 namespace isa_neon {  // aarch64 (arch/arm/linear/kernel_neon.cpp)
 void int16_rows(const LinearArgs& a, int64_t n0, int64_t n1, std::vector<float>& scratch);

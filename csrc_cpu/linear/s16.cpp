@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "runtime/parallel.h"
 
 namespace paged::cpu::linear {
@@ -62,16 +63,23 @@ constexpr int64_t kFewRowsUnpack = 4;
 // kernel(s, n0, n1) on int8 codes: a.qs as it lies, or packed codes
 // unpacked into this thread's scratch (a worker's own: each unpacks the
 // rows it runs), unless the kernel reads them itself (`reads_packed`).
-void run_rows(S16Kernel kernel, S16Unpack unpack, bool reads_packed, S16Args s, int64_t n0, int64_t n1) {
+void run_rows(S16Kernel kernel, S16Unpack unpack, Block5Unpack unpack5, bool reads_packed, S16Args s, int64_t n0,
+              int64_t n1) {
   const LinearArgs& a = *s.a;
   if (a.code_bits == 8) s.codes = reinterpret_cast<const int8_t*>(a.qs);
   if (a.code_bits == 8 || reads_packed) return kernel(s, n0, n1);
   static thread_local std::vector<int8_t> rows;
+  LinearArgs bytes = a;  // what the kernel reads: the unpacked rows, as byte codes
+  bytes.code_bits = 8;
+  bytes.code_bias = 0;
+  bytes.code_blocks = false;
+  s.a = &bytes;
   const int64_t step = a.M <= kS16FewRows ? kFewRowsUnpack : n1 - n0;
   if (rows.size() < size_t(step * a.K)) rows.resize(size_t(step * a.K));
   for (int64_t n = n0; n < n1; n += step) {
     const int64_t end = std::min(n1, n + step);
-    unpack(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, end - n, rows.data());
+    if (a.code_blocks) unpack5(a.qs + n * a.row_bytes(), a.K, a.code_bias, end - n, rows.data());
+    else unpack(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, end - n, rows.data());
     s.codes = rows.data();
     s.codes_row0 = n;
     kernel(s, n, end);
@@ -91,7 +99,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   int32_t* const lo_corr = two_rows ? grow(scratch.lo_corr, two_rows * nb) : nullptr;
   const Kernels kernels = active_kernels();
   // compact scales: each chunk widens its rows below
-  const ItemWidener widen = item_widener(kernels.widen_compact);
+  const ItemWidener widen = item_widener(kernels);
   float* const half = a.has_offsets() ? grow(scratch.half, M * nh) : nullptr;  // offsets (compact: widened per item)
   const bool parallel = M * a.N * K >= kSerialMacs;
   // per row group (s16.h): packed codes read in place, the bias of its half sums, c16
@@ -118,6 +126,7 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
   });
   const S16Kernel kernel = s16_kernel();
   const S16Unpack unpack = kernels.s16_unpack ? kernels.s16_unpack : unpack_s16_rows;
+  const Block5Unpack unpack5 = kernels.block5_unpack ? kernels.block5_unpack : unpack_block5_rows;
   auto run = [&](int64_t r0, int64_t r1, bool two_terms) {
     if (r1 <= r0) return;
     LinearArgs g = a;
@@ -134,10 +143,12 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (a.panels) return kernel(s, n0, n1);  // persistent panels: the build's kernel reads them itself
       // compact scales widened here, or by the few-rows kernel in registers
-      const LinearArgs item = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows ? g : widen.item(g, n0, n1);
+      // (half-pair scales are always widened here)
+      const bool compact_read = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows && !g.d16;
+      const LinearArgs item = compact_read ? g : widen.item(g, n0, n1);
       S16Args si = s;
       si.a = &item;
-      run_rows(kernel, unpack, packed_rows, si, n0, n1);
+      run_rows(kernel, unpack, unpack5, packed_rows, si, n0, n1);
     });
   };
   run(0, two_rows, true);
@@ -152,7 +163,8 @@ void s16_dequantize(const LinearArgs& a, float* out) {
     const int8_t* codes = reinterpret_cast<const int8_t*>(a.qs) + n * K;
     if (a.code_bits != 8) {
       if (row.size() < size_t(K)) row.resize(size_t(K));
-      unpack_s16_rows(a.qs + n * a.row_bytes(), K, a.code_bits, a.code_bias, 1, row.data());
+      if (a.code_blocks) unpack_block5_rows(a.qs + n * a.row_bytes(), K, a.code_bias, 1, row.data());
+      else unpack_s16_rows(a.qs + n * a.row_bytes(), K, a.code_bits, a.code_bias, 1, row.data());
       codes = row.data();
     }
     for (int64_t k = 0; k < K; ++k) {

@@ -161,7 +161,8 @@ struct S16Args {
 constexpr int64_t kS16PanelRows = 48;
 inline int64_t s16_few_rows_limit(const LinearArgs& a) { return a.panels ? kS16PanelRows : kS16FewRows; }
 inline bool s16_reads_packed(const Kernels& k, const LinearArgs& a, int64_t rows) {
-  return k.s16_packed_few_rows && rows <= s16_few_rows_limit(a) && a.code_bits < 8;
+  // (codes packed per 32-block have no panels: the few-rows kernel reads them up to kS16FewRows rows)
+  return k.s16_packed_few_rows && rows <= (a.code_blocks ? kS16FewRows : s16_few_rows_limit(a)) && a.code_bits < 8;
 }
 inline int32_t s16_group_bias(const Kernels& k, const LinearArgs& a, int64_t rows, bool two_terms) {
   if (s16_reads_packed(k, a, rows)) return a.code_bias;

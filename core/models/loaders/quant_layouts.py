@@ -273,8 +273,13 @@ def _packed_form(lo: int, hi: int) -> tuple[int, int] | None:
 def s16_code_form(codes: torch.Tensor) -> str:
     """The kernels' qtype for s16 codes [N, K] packed into the fewest bits
     that hold them ("s16.u5" for codes 0..31, "s16.s6" for -32..31), or
-    "s16" (bytes) past 6 bits or for K not a multiple of 256."""
-    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() and codes.shape[1] % 256 == 0 else None
+    "s16" (bytes) past 6 bits. For K not a multiple of 256, 5-bit codes
+    (Q5_1's 0..31, Q5_0's -16..15) are packed per 32-block ("s16.u5b",
+    "s16.s5b": pack_q8_codes' form), other codes stay bytes."""
+    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() else None
+    if form is not None and codes.shape[1] % 256:
+        form = (5, form[1]) if form[0] <= 5 else None
+        return "s16" if form is None else f"s16.{'s' if form[1] else 'u'}5b"
     return "s16" if form is None else f"s16.{'s' if form[1] else 'u'}{form[0]}"
 
 
@@ -300,6 +305,8 @@ def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
         return codes, "s16"
     n, k = codes.shape
     bits, bias = packed_code_bits(qtype)
+    if qtype.endswith("b"):
+        return _pack_block5(codes, 16 if bias else 0), qtype
     u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 256, 8, 32)  # [row, group, block, element]
     nibbles = (u[:, :, 0::2] & 0x0F) | ((u[:, :, 1::2] & 0x0F) << 4)  # [n, g, 4, 32]
     fields = [nibbles]
@@ -318,6 +325,11 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
         return packed
     bits, bias = packed_code_bits(qtype)
     n = packed.shape[0]
+    if qtype.endswith("b"):  # per 32-block (pack_q8_codes' form)
+        v = packed.view(n, -1, 20).to(torch.int16)
+        low = torch.cat([v[..., :16] & 15, v[..., :16] >> 4], dim=2)  # elements 0-15, 16-31
+        fifth = (v[..., 16:].unsqueeze(2) >> torch.arange(8, dtype=torch.int16).view(8, 1)) & 1  # [n, b, 8, 4]
+        return ((low | fifth.reshape(n, -1, 32) << 4) - bias).to(torch.int8).reshape(n, -1)
     v = packed.reshape(n, -1, bits, 32)  # per group: 4 nibble vectors, bits - 4 planes
     nib = v[:, :, :4].to(torch.int16)
     u = torch.stack([nib & 0x0F, nib >> 4], dim=3).reshape(n, -1, 8, 32)  # block 2i, 2i + 1
@@ -345,11 +357,16 @@ def pack_q8_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
     qtype = q8_code_form(codes)
     if qtype == "q8_0":
         return codes, qtype
+    return _pack_block5(codes, 16), qtype
+
+
+def _pack_block5(codes: torch.Tensor, bias: int) -> torch.Tensor:
+    """Codes [N, K] (u = code + bias in 0..31) in pack_q8_codes' 20-byte blocks."""
     n, k = codes.shape
-    u = (codes.to(torch.int16) + 16).view(n, k // 32, 32)
+    u = (codes.to(torch.int16) + bias).view(n, k // 32, 32)
     nibbles = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
     fifth = ((u >> 4).view(n, k // 32, 8, 4) << torch.arange(8, dtype=torch.int16).view(8, 1)).sum(-2)
-    return torch.cat([nibbles, fifth], dim=2).to(torch.uint8).reshape(n, -1).contiguous(), qtype
+    return torch.cat([nibbles, fifth], dim=2).to(torch.uint8).reshape(n, -1).contiguous()
 
 
 def dequantize_layout(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:

@@ -25,6 +25,7 @@
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 
 PAGED_TARGET_BEGIN("avx2,fma")

@@ -28,6 +28,7 @@
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 
 // GCC 12 reports its own AVX-512 intrinsic headers (the deliberately undefined

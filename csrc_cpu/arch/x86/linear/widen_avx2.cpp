@@ -10,7 +10,7 @@
 #include "arch/target.h"
 #include "linear/compact_scales.h"
 
-PAGED_TARGET_BEGIN("avx2")
+PAGED_TARGET_BEGIN("avx2,f16c")
 
 namespace paged::cpu::linear::isa_avx2 {
 
@@ -28,6 +28,23 @@ void widen_compact(const uint8_t* c, int64_t scales, int64_t K, int64_t n0, int6
         _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(bytes), s));
       }
     }
+  }
+}
+
+// s16's fp16 half-pair scales (compact_scales.h, widen_half_pair_rows): 8
+// values converted at once, each duplicated for its block's two halves.
+void widen_half_pairs(const uint16_t* h, int64_t nb, int64_t n0, int64_t n1, float* out) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint16_t* src = h + n * nb;
+    float* dst = out + n * 2 * nb;
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + b)));
+      const __m256 lo = _mm256_unpacklo_ps(v, v), hi = _mm256_unpackhi_ps(v, v);  // per 128-bit lane: 0 0 1 1 | 4 4 5 5
+      _mm256_storeu_ps(dst + 2 * b, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_storeu_ps(dst + 2 * b + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+    for (; b < nb; ++b) dst[2 * b] = dst[2 * b + 1] = _cvtsh_ss(src[b]);
   }
 }
 
