@@ -83,6 +83,18 @@ constexpr int64_t kS16FewRows = 8;
 // rows (the AVX2 kernel: vpmaddubsw on u, then bias * the half sums of x,
 // S16Args::half_bias, subtracted: the same exact int32 sums). Every build
 // computes the bits of the int8 form.
+// Rows whose K is not a multiple of 256 (llama.cpp's Q5_1 / Q5_0 fallback
+// rows) pack 5-bit codes per 32-block instead ("s16.u5b", "s16.s5b";
+// LinearArgs::code_blocks): q8_packed.h's 20-byte blocks, u = q + bias,
+// which the x86 few-rows kernel reads in place (BlockCodes) and every other
+// path unpacks per work item.
+//
+// Half-pair scales (LinearArgs::d16 / m16, fp16 [N, K/32]): where each
+// block's two halves share one fp16 scale (and offset), as Q5_1's and
+// Q5_0's do, and K is not a multiple of 256 (no compact scales there), the
+// values are kept once per block; the drivers widen each work item's rows
+// to the float32 per-16 values (exact). 0.75 bytes a Q5_1 weight instead of
+// 1.5 with byte codes and float32 scales.
 constexpr int64_t kS16PackedGroup = 256;  // weights per group of packed codes
 constexpr int64_t s16_packed_group_bytes(int bits) { return 32 * bits; }
 

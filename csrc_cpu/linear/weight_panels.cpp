@@ -74,8 +74,8 @@ int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8Chunk
 // Panels are q4_0 / q4_1 / q8_0's (bytes or packed) and s16's packed codes'.
 void require_panel_qtype(const LinearArgs& a) {
   if (a.qtype == QType::S16 && (a.code_bits == 8 || a.code_blocks || a.d16))
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5' or packed s16 codes ('s16.u4' .. 's16.s6'; byte codes, codes "
-         "packed per block and half-pair scales have no panel layout)",
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5' or packed s16 codes ('s16.u4' .. 's16.s6'; byte codes have no "
+         "panel layout, nor do codes packed per block or half-pair scales)",
          "'s16' codes of that form");
 }
 
