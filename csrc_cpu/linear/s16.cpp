@@ -143,8 +143,8 @@ void s16_linear(LinearArgs& a, int64_t two_rows) {
       const int64_t n0 = c * kI8ChunkRows, n1 = std::min(a.N, (c + 1) * kI8ChunkRows);
       if (a.panels) return kernel(s, n0, n1);  // persistent panels: the build's kernel reads them itself
       // compact scales widened here, or by the few-rows kernel in registers
-      // (half-pair scales are always widened here)
-      const bool compact_read = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows && !g.d16;
+      // (compact scales and fp16 half pairs alike)
+      const bool compact_read = kernels.s16_few_rows_reads_compact && g.M <= kS16FewRows;
       const LinearArgs item = compact_read ? g : widen.item(g, n0, n1);
       S16Args si = s;
       si.a = &item;

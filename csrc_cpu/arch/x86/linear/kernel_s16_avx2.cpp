@@ -28,7 +28,7 @@
 #include "linear/q8_packed.h"
 #include "linear/s16.h"
 
-PAGED_TARGET_BEGIN("avx2,fma")
+PAGED_TARGET_BEGIN("avx2,fma,f16c")
 
 namespace paged::cpu::linear::isa_avx2 {
 namespace {
