@@ -452,28 +452,37 @@ void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, _
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
 
-// The same for a persistent 4-bit panel, both columns (rows under mask[c])
-// at once: each block's codes are 4 nibble vectors a column, read in place
-// and widened in registers, the chunk's bytes in order (one sequential
-// stream, as the hardware prefetchers like it). While a block is read, the
-// chunk's lines `p.ahead` bytes on are prefetched, its share of them per block.
-template <QType T, int R>
-void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
+// Both columns of a persistent panel (rows under mask[c]) at once: block by
+// block, the chunk's bytes in order (one sequential stream, as the hardware
+// prefetchers like it), `steps(b, c, w)` widening block b of column c in
+// registers to direct_block's 8 steps. While a block is read, the chunk's
+// lines `p.ahead` bytes on are prefetched, its share of them per block.
+template <QType T, int R, int CorrShift, class Steps>
+PAGED_ALWAYS_INLINE void panel_columns(const LinearArgs& a, const PanelView& p, const uint8_t* base, int64_t n0,
+                                       const __mmask16 mask[kCols], Steps steps) {
   const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
   __m512 acc[kCols][R];
   for (int c = 0; c < kCols; ++c)
     for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
+    prefetch_block_share(base, chunk, nb, b, p.ahead);
     for (int c = 0; c < kCols; ++c) {
       __m512i w[8];
-      for (int s = 0; s < 4; ++s)
-        nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
-      direct_block<T, R>(a, p, b, c, w, acc[c]);
+      steps(b, c, w);
+      direct_block<T, R, CorrShift>(a, p, b, c, w, acc[c]);
     }
   }
   for (int c = 0; c < kCols; ++c)
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0 + c * kLanes, mask[c], acc[c][r]);
+}
+
+// A persistent 4-bit panel: each block's codes are 4 nibble vectors a column.
+template <QType T, int R>
+void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
+  panel_columns<T, R, 0>(a, p, p.nibbles, n0, mask, [&](int64_t b, int c, __m512i w[8]) PAGED_ALWAYS_INLINE_LAMBDA {
+    for (int s = 0; s < 4; ++s)
+      nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
+  });
 }
 
 // Few rows of x (M = R <= kDirectRows) on q8_0's 5-bit packed codes, read in
@@ -502,25 +511,16 @@ void packed_q8_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
 
-// The same on a persistent packed q8_0 panel, both columns at once, its
-// bytes in order (one sequential stream, prefetching as nibble_columns does).
+// A persistent packed q8_0 panel (5 dwords a block and column), from the
+// sums' start corr / 8 as packed_q8_column.
 template <int R>
 void packed_q8_panel_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
-  const int64_t nb = a.blocks(), chunk = p.ahead / (kAhead / kPanel);
-  __m512 acc[kCols][R];
-  for (int c = 0; c < kCols; ++c)
-    for (int r = 0; r < R; ++r) acc[c][r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    prefetch_block_share(p.packed_q8, chunk, nb, b, p.ahead);
-    for (int c = 0; c < kCols; ++c) {
-      __m512i v[kPackedQ8Dwords], w[8];
-      for (int s = 0; s < kPackedQ8Dwords; ++s) v[s] = _mm512_load_si512(p.packed_q8 + packed_q8_offset(b, s, c));
-      packed_q8_steps(v, w);
-      direct_block<QType::Q8_0, R, 3>(a, p, b, c, w, acc[c]);
-    }
-  }
-  for (int c = 0; c < kCols; ++c)
-    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0 + c * kLanes, mask[c], acc[c][r]);
+  panel_columns<QType::Q8_0, R, 3>(a, p, p.packed_q8, n0, mask, [&](int64_t b, int c, __m512i w[8])
+                                                                     PAGED_ALWAYS_INLINE_LAMBDA {
+    __m512i v[kPackedQ8Dwords];
+    for (int s = 0; s < kPackedQ8Dwords; ++s) v[s] = _mm512_load_si512(p.packed_q8 + packed_q8_offset(b, s, c));
+    packed_q8_steps(v, w);
+  });
 }
 
 // A persistent packed q8_0 chunk widened to the byte panel's codes (q + 128)
