@@ -3,7 +3,9 @@
 // one order of operations per output in every build): the int16 path
 // (M <= kInt16MaxRows), the fp32 path, and the int8 path with its quantizer
 // of x, for q4_0 / q4_1 / q8_0, output counts that leave partial tiles;
-// and the s16 layout's kernel on int8 and on packed codes (check_s16);
+// and the s16 layout's kernel on int8 and on packed codes (check_s16), q8_0's
+// and s16's 5-bit codes packed per 32-block, with fp16 half-pair scales
+// (check_packed_blocks);
 // on x86-64, the persistent panels in every scale form (check_panel_forms).
 // The int16 inputs are random valid codes and scales rather than a
 // quantization of x: the kernels must agree on any such input.
@@ -17,6 +19,7 @@
 #include "linear/aligned.h"
 #include "linear/compact_scales.h"
 #include "linear/int8.h"
+#include "linear/q8_packed.h"
 #include "linear/s16.h"
 #if defined(PAGED_ISA_X86)
 #include "arch/x86/linear/int8_avx512.h"
@@ -187,19 +190,26 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
 // persistent panels built chunk by chunk, read with the weight's pointers
 // nulled as quant_linear.cpp does; unpack_panel_chunk must give the packed
 // codes and scales back byte for byte.
+// With `blocks`, 5-bit codes packed per 32-block (q8_packed.h) and, with
+// `half_pairs`, the scales as fp16 [N, K/32] (the weight's d and m pairs).
 std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool two_terms, int bits, int bias,
-                           bool panels = false) {
+                           bool panels = false, bool blocks = false, bool half_pairs = false) {
   const int64_t K = w.K, nh = K / kS16Half, nb = K / kBlock;
   std::vector<float> out;
   LinearArgs a = args(w, x, out);
   a.qtype = QType::S16;
   a.code_bits = bits;
   a.code_bias = bias;
+  a.code_blocks = blocks;
   a.x8_lo = two_terms ? x.x8_lo.data() : nullptr;
   std::vector<int8_t> codes(size_t(w.N * K));  // the weight's int8 codes, for the kernel or to pack
   std::memcpy(codes.data(), w.qs.data(), codes.size());
   std::vector<uint8_t> packed;
-  if (bits != 8) {  // s16.h's layout, written here from its comment
+  if (blocks) {
+    packed.assign(size_t(w.N * a.row_bytes()), 0);
+    for (int64_t n = 0; n < w.N; ++n) pack_block5_row(codes.data() + n * K, K, bias, packed.data() + n * a.row_bytes());
+    a.qs = packed.data();
+  } else if (bits != 8) {  // s16.h's layout, written here from its comment
     packed.assign(size_t(w.N * a.row_bytes()), 0);
     for (int64_t n = 0; n < w.N; ++n)
       for (int64_t k = 0; k < K; ++k) {
@@ -231,6 +241,14 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
     a.qs = nullptr;
     a.d = a.m = nullptr;
   }
+  std::vector<uint16_t> d16, m16;  // half pairs: each block's first half's value (its pair's, by construction)
+  if (half_pairs) {
+    for (int64_t i = 0; i < w.N * nb; ++i) d16.push_back(attn::float_to_f16(w.d[size_t(2 * i)]));
+    for (int64_t i = 0; !w.m.empty() && i < w.N * nb; ++i) m16.push_back(attn::float_to_f16(w.m[size_t(2 * i)]));
+    a.d = a.m = nullptr;
+    a.d16 = d16.data();
+    a.m16 = m16.empty() ? nullptr : m16.data();
+  }
   std::vector<float> xs(size_t(x.M * nh));  // the half sums (s16.cpp), and bias times them
   std::vector<int32_t> half_bias(size_t(x.M * nh));
   std::vector<int16_t> c16(size_t(x.M * K));
@@ -250,15 +268,24 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
              s16_reads_c16(k, a, x.M, two_terms) ? c16.data() : nullptr};
   const S16Kernel kernel = k.s16_rows ? k.s16_rows : isa_scalar::s16_rows;
   const S16Unpack unpack = k.s16_unpack ? k.s16_unpack : unpack_s16_rows;
+  const Block5Unpack unpack5 = k.block5_unpack ? k.block5_unpack : unpack_block5_rows;
+  // scales: compact forms read by the few-rows kernel, else widened per work item (s16.cpp)
+  const bool scales_read = k.s16_few_rows_reads_compact && x.M <= kS16FewRows;
+  const ItemWidener widen = item_widener(k);
   std::vector<int8_t> rows(size_t(kI8ChunkRows * K));
   for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
     const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
+    LinearArgs item = scales_read || panels ? a : widen.item(a, n0, n1);
+    sa.a = &item;
     sa.codes = codes.data();
     sa.codes_row0 = 0;
     if (panels) {
       sa.codes = nullptr;  // the kernel reads the panels
     } else if (bits != 8 && !reads_packed) {
-      unpack(a.qs + n0 * a.row_bytes(), K, bits, bias, n1 - n0, rows.data());
+      if (blocks) unpack5(a.qs + n0 * a.row_bytes(), K, bias, n1 - n0, rows.data());
+      else unpack(a.qs + n0 * a.row_bytes(), K, bits, bias, n1 - n0, rows.data());
+      item.code_bits = 8;  // the kernel reads the unpacked rows as bytes
+      item.code_blocks = false;
       sa.codes = rows.data();
       sa.codes_row0 = n0;
     } else if (bits != 8) {
@@ -296,6 +323,101 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
                          (long long)M, two_terms ? "int8x2" : "int8", offsets ? "offsets" : "no offsets");
         }
       }
+}
+
+// Codes packed per 32-block (q8_packed.h) against the scalar build on bytes:
+// q8_0's 5-bit codes through int8_rows (read in place where the build says
+// q8_reads_packed, else unpacked per work item by its block5_unpack, as
+// quant_linear.cpp does; the avx512 panels of them too, and their unpacking
+// back to the packed rows), and s16's ("s16.u5b") with float32 and fp16
+// half-pair scales through s16_rows; K not a multiple of 256.
+void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
+  const Block5Unpack unpack5 = b.kernel.block5_unpack ? b.kernel.block5_unpack : unpack_block5_rows;
+  for (int64_t K : {32, 288, 896}) {
+    Weight w = random_weight(QType::Q8_0, 70, K);
+    for (uint8_t& c : w.qs) c = uint8_t(int8_t(uniform_int(-16, 15)));
+    std::vector<uint8_t> packed(size_t(w.N * K / kBlock * kQ8PackedBlockBytes));
+    for (int64_t n = 0; n < w.N; ++n)
+      pack_block5_row(reinterpret_cast<const int8_t*>(w.qs.data()) + n * K, K, kQ8PackedBias,
+                      packed.data() + n * K / kBlock * kQ8PackedBlockBytes);
+    std::vector<int8_t> back(w.qs.size());
+    unpack5(packed.data(), K, kQ8PackedBias, w.N, back.data());
+    DRIVER_CHECK(std::memcmp(back.data(), w.qs.data(), back.size()) == 0, "%s block5_unpack, K=%lld: other bytes",
+                 b.name, (long long)K);
+    for (int64_t M : {1, 3, 8, 9, 17, 40})
+      for (Path p : {Path::Int8, Path::Int8x2}) {
+        const X x = random_x(w, M, isa_scalar::x8_quantize);
+        const std::vector<float> want = run(s.kernel, p, w, x);
+        std::vector<float> got;
+        LinearArgs a = args(w, x, got);
+        a.code_bits = kQ8PackedBits;
+        a.code_bias = kQ8PackedBias;
+        a.qs = packed.data();
+        if (p == Path::Int8x2) {
+          a.x8_lo = x.x8_lo.data();
+          a.x8_lo_corr = x.x8_lo_corr.data();
+        }
+        std::vector<int16_t> c16;  // the pair tiles' x16, as quant_linear.cpp makes it
+        if (p == Path::Int8x2 && b.kernel.pair_tiles && M >= pair_min_rows(QType::Q8_0)) {
+          c16.resize(size_t(M * K));
+          for (int64_t r = 0; r < M; ++r)
+            pair_codes(x.x8.data() + r * K, x.x8_lo.data() + r * K, K, c16.data() + r * K);
+          a.x16 = c16.data();
+        }
+        const ItemCodes unpack = item_codes(b.kernel.block5_unpack);
+        Int8Panel panel;
+        for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
+          const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
+          b.kernel.int8_rows(b.kernel.q8_reads_packed ? a : unpack.item(a, n0, n1), n0, n1, panel);
+        }
+        DRIVER_CHECK(same_bits(got, want), "%s q8_0.s5, K=%lld M=%lld %s: not bitwise the scalar build's bytes", b.name,
+                     (long long)K, (long long)M, path_name(p));
+        if (!b.kernel.panel_chunk_bytes || !b.kernel.q8_reads_packed) continue;
+        a.panel_scales = PanelScales::F32;
+        const int64_t chunk = b.kernel.panel_chunk_bytes(a, a.panel_scales), chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
+        AlignedVector<uint8_t> panels(size_t(chunks * chunk));
+        for (int64_t c = 0; c < chunks; ++c)
+          b.kernel.build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
+        std::vector<uint8_t> qs(packed.size());
+        std::vector<float> d(w.d.size());
+        LinearArgs unpacked = a;
+        unpacked.qs = qs.data();
+        unpacked.d = d.data();
+        for (int64_t c = 0; c < chunks; ++c)
+          b.kernel.unpack_panel_chunk(unpacked, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
+                                      panels.data() + c * chunk);
+        DRIVER_CHECK(qs == packed && same_bits(d, w.d), "%s q8_0.s5 panels, K=%lld: unpacked, not the weight's arrays",
+                     b.name, (long long)K);
+        LinearArgs cached = a;
+        std::fill(got.begin(), got.end(), NAN);
+        cached.panels = panels.data();
+        cached.qs = nullptr;
+        cached.d = nullptr;
+        for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) b.kernel.int8_rows(cached, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
+        DRIVER_CHECK(same_bits(got, want), "%s q8_0.s5 panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
+                     b.name, (long long)K, (long long)M, path_name(p));
+      }
+  }
+  for (bool offsets : {false, true})
+    for (int64_t M : {1, 3, 8, 9, 20}) {
+      Weight w{QType::Q8_0, 37, 288, {}, {}, {}};  // s16 codes 0..31, K not a multiple of 256
+      for (int64_t i = 0; i < w.N * w.K; ++i) w.qs.push_back(uint8_t(int8_t(uniform_int(0, 31))));
+      const auto pair_of = [](float v) { return attn::f16_to_float(attn::float_to_f16(v)); };
+      for (int64_t i = 0; i < w.N * w.K / kBlock; ++i) {  // each block's halves on one fp16 value
+        const float d = pair_of(uniform(-0.02f, 0.02f)), m = pair_of(uniform(-0.1f, 0.1f));
+        w.d.insert(w.d.end(), {d, d});
+        if (offsets) w.m.insert(w.m.end(), {m, m});
+      }
+      const X x = random_x(w, M, isa_scalar::x8_quantize);
+      for (bool two_terms : {false, true}) {
+        const std::vector<float> want = run_s16(s.kernel, w, x, two_terms, 8, 0);
+        for (bool half_pairs : {false, true})
+          DRIVER_CHECK(same_bits(run_s16(b.kernel, w, x, two_terms, 5, 0, false, true, half_pairs), want),
+                       "%s s16.u5b, M=%lld, %s, %s, %s scales: not bitwise equal to scalar", b.name, (long long)M,
+                       two_terms ? "int8x2" : "int8", offsets ? "offsets" : "no offsets",
+                       half_pairs ? "half-pair" : "float32");
+      }
+    }
 }
 
 #if defined(PAGED_ISA_X86)
@@ -458,6 +580,7 @@ int main(int argc, char** argv) {
       }
     }
     check_s16(b, s);
+    check_packed_blocks(b, s);
   });
 #if defined(PAGED_ISA_X86)
   check_widened_panels();
