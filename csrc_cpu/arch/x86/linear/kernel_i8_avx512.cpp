@@ -174,34 +174,41 @@ PAGED_ALWAYS_INLINE void packed_q8_steps(const __m512i v[5], __m512i w[8]) {
 constexpr int64_t kPackedQ8Blocks = 3;
 static_assert(kPackedQ8Dwords * 4 == kQ8PackedBlockBytes, "a packed block is 5 dwords");
 
-// Column c (rows n0 .. n0 + rows) of the panel's unsigned codes: bytes in
-// p.codes, or for 4-bit codes with p.nibbles (persistent panels) the
-// transposed nibble dwords as they are (kNibbleBlockBytes per block).
-// Column c of packed q8_0 codes' panel (q8_packed.h): bytes q + 128 = u +
-// 112, or a persistent panel's transposed dwords as they are (p.packed_q8).
-void build_packed_q8_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+// Packed q8_0 rows n0 .. n0 + rows (q8_packed.h) block by block:
+// `block(b, v)` with v block b's 5 dwords of the 16 rows, transposed (3
+// blocks per 16 x 16 transpose).
+template <class Block>
+PAGED_ALWAYS_INLINE void packed_q8_blocks(const LinearArgs& a, int64_t n0, int rows, Block block) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const __m512i bias = _mm512_set1_epi8(0x70);
   __m512i v[16];
   for (int64_t b0 = 0; b0 < nb; b0 += kPackedQ8Blocks) {
     const int64_t blocks = std::min(kPackedQ8Blocks, nb - b0);
     load_rows(a.qs + n0 * row_bytes, row_bytes, rows, b0 * kQ8PackedBlockBytes, blocks * kPackedQ8Dwords, v);
     transpose16(v);
-    for (int64_t i = 0; i < blocks; ++i) {
-      if (p.packed_q8) {
-        for (int s = 0; s < kPackedQ8Dwords; ++s)
-          _mm512_store_si512(p.packed_q8 + packed_q8_offset(b0 + i, s, c), v[kPackedQ8Dwords * i + s]);
-        continue;
-      }
-      __m512i w[8];
-      packed_q8_steps(v + kPackedQ8Dwords * i, w);
-      uint8_t* dst = p.codes + (b0 + i) * kBlockBytes + c * 64;
-      for (int s = 0; s < 4; ++s)
-        for (int h = 0; h < 2; ++h)
-          _mm512_store_si512(dst + (4 * h + s) * kCols * 64, _mm512_add_epi8(w[2 * s + h], bias));
-    }
+    for (int64_t i = 0; i < blocks; ++i) block(b0 + i, v + kPackedQ8Dwords * i);
   }
 }
+
+// Column c of packed q8_0 codes' panel: bytes q + 128 = u + 112, or a
+// persistent panel's transposed dwords as they are (p.packed_q8).
+void build_packed_q8_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
+  const __m512i bias = _mm512_set1_epi8(0x70);
+  packed_q8_blocks(a, n0, rows, [&](int64_t b, const __m512i* v) PAGED_ALWAYS_INLINE_LAMBDA {
+    if (p.packed_q8) {
+      for (int s = 0; s < kPackedQ8Dwords; ++s) _mm512_store_si512(p.packed_q8 + packed_q8_offset(b, s, c), v[s]);
+      return;
+    }
+    __m512i w[8];
+    packed_q8_steps(v, w);
+    uint8_t* dst = p.codes + b * kBlockBytes + c * 64;
+    for (int s = 0; s < 4; ++s)
+      for (int h = 0; h < 2; ++h) _mm512_store_si512(dst + (4 * h + s) * kCols * 64, _mm512_add_epi8(w[2 * s + h], bias));
+  });
+}
+
+// Column c (rows n0 .. n0 + rows) of the panel's unsigned codes: bytes in
+// p.codes, or for 4-bit codes with p.nibbles (persistent panels) the
+// transposed nibble dwords as they are (kNibbleBlockBytes per block).
 
 template <QType T>
 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
@@ -493,21 +500,13 @@ void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const _
 // streams 20 bytes a block instead of 32.
 template <int R>
 void packed_q8_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
-  const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const int rows = __builtin_popcount(mask);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  __m512i v[16];
-  for (int64_t b0 = 0; b0 < nb; b0 += kPackedQ8Blocks) {
-    const int64_t blocks = std::min(kPackedQ8Blocks, nb - b0);
-    load_rows(a.qs + n0 * row_bytes, row_bytes, rows, b0 * kQ8PackedBlockBytes, blocks * kPackedQ8Dwords, v);
-    transpose16(v);
-    for (int64_t i = 0; i < blocks; ++i) {
-      __m512i w[8];
-      packed_q8_steps(v + kPackedQ8Dwords * i, w);
-      direct_block<QType::Q8_0, R, 3>(a, p, b0 + i, c, w, acc);
-    }
-  }
+  packed_q8_blocks(a, n0, __builtin_popcount(mask), [&](int64_t b, const __m512i* v) PAGED_ALWAYS_INLINE_LAMBDA {
+    __m512i w[8];
+    packed_q8_steps(v, w);
+    direct_block<QType::Q8_0, R, 3>(a, p, b, c, w, acc);
+  });
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(a.out + r * a.N + n0, mask, acc[r]);
 }
 
