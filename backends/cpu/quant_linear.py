@@ -188,11 +188,10 @@ class CpuPackedLinear:
         # q8_0's into 5 ("q8_0.s5") where they fit
         self.kernel_qtype = self.qtype
         blocks = packed.shape[1] % 256 != 0  # s16 rows without compact scales or 256-groups
-        if (self.qtype == "s16" and PACK_S16_CODES and (PACK_S16_BLOCKS or not blocks)) or \
-                (self.qtype == "q8_0" and pack_q8_codes()):
+        s16_packs = self.qtype == "s16" and PACK_S16_CODES and (PACK_S16_BLOCKS or not blocks)
+        if s16_packs or (self.qtype == "q8_0" and pack_q8_codes()):
             qs, self.kernel_qtype = _packed_codes(qs, self.qtype)
-        if self.qtype == "s16" and PACK_S16_CODES and PACK_S16_BLOCKS and blocks and d is not None \
-                and d.dtype == torch.float32:
+        if s16_packs and blocks and d is not None and d.dtype == torch.float32:
             d, m = _half_pairs(d, m)
         self._arrays: tuple | None = (qs, d, m)  # None while only the panels hold them (release_packed)
         self._released: list = []  # the released arrays' (shape, dtype)

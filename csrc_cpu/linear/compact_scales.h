@@ -76,7 +76,6 @@ struct ItemWidener {
     }
     return {d, m};
   }
-  // a with rows [n0, n1)'s scales widened (a itself without compact scales).
   // s16's fp16 half-pair scales (LinearArgs::d16 / m16): each block's value
   // for both of its halves, as float32 (exact: a widening).
   ItemScales half_pair_rows(const LinearArgs& a, int64_t n0, int64_t n1) const {
@@ -90,6 +89,7 @@ struct ItemWidener {
     };
     return {widen(a.d16, buf.data()), a.m16 ? widen(a.m16, buf.data() + count) : nullptr};
   }
+  // a with rows [n0, n1)'s scales widened (a itself without compact scales).
   LinearArgs item(LinearArgs a, int64_t n0, int64_t n1) const {
     const ItemScales s = rows(a, n0, n1);
     a.d = s.d;

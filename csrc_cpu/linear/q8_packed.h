@@ -34,7 +34,6 @@ namespace paged::cpu::linear {
 
 constexpr int kQ8PackedBits = 5;
 constexpr int kQ8PackedBias = 16;  // u = q + 16
-constexpr int64_t kQ8PackedBlockBytes = 20;  // per 32 weights: 16 nibble bytes, 4 bytes of fifth bits
 
 inline bool q8_packed(const LinearArgs& a) { return a.qtype == QType::Q8_0 && a.code_bits == kQ8PackedBits; }
 

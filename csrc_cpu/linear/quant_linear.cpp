@@ -47,7 +47,7 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
   } else if (s == "s16.u5b" || s == "s16.s5b") {  // per 32-block (q8_packed.h)
     a.qtype = QType::S16;
     a.code_bits = 5;
-    a.code_bias = s[4] == 's' ? 16 : 0;
+    a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
     a.code_blocks = true;
   } else if (s == "s16") a.qtype = QType::S16;
   else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '4' && s[5] <= '6') {
@@ -338,6 +338,9 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   if (bf16 && a.M > two_rows)
     bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(*bf16, a.x + two_rows * K, a.M - two_rows, K, parallel),
                   nullptr, a.out + two_rows * N};
+  // packed q8_0 codes: unpacked per chunk for a build that does not read
+  // them, and for the bf16 rows (with panels qs is null: never)
+  const bool unpack_codes = q8_packed(a) && a.qs && (!kernels.q8_reads_packed || bf.M);
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
@@ -346,9 +349,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     const int64_t n0 = c * kI8ChunkRows, n1 = std::min(N, n0 + kI8ChunkRows);
     // compact scales widened here, or by the kernel as it transposes them
     const ItemScales sc = kernels.int8_reads_compact_scales ? ItemScales{a.d, a.m} : widen.rows(a, n0, n1);
-    // packed q8_0 codes: unpacked once per chunk for a build that does not read them (and the bf16 rows)
-    const bool unpacked = q8_packed(a) && a.qs && (!kernels.q8_reads_packed || bf.M);  // (panels: qs null)
-    const LinearArgs codes_item = unpacked ? unpack.item(a, n0, n1) : a;
+    const LinearArgs codes_item = unpack_codes ? unpack.item(a, n0, n1) : a;
     const auto with_scales = [&](LinearArgs g, bool packed_read) {
       g.d = sc.d;
       g.m = sc.m;

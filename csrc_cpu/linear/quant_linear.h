@@ -47,6 +47,8 @@
 namespace paged::cpu::linear {
 
 constexpr int64_t kBlock = 32;  // weights per quant block along K
+// Bytes per 32-block of 5-bit codes packed per block (q8_packed.h): 16 of nibbles, 4 of fifth bits
+constexpr int64_t kQ8PackedBlockBytes = 20;
 constexpr int64_t kSerialMacs = int64_t(1) << 16;  // calls below this many multiply-adds stay on the calling thread
 constexpr int kLanes = 8;       // fp32 accumulator lanes per output
 constexpr int32_t kActMax = 32767;  // int16 activations lie in [-kActMax, kActMax]
@@ -144,7 +146,7 @@ struct LinearArgs {
   bool has_offsets() const { return m || m8 || m16 || panel_offsets; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
-    if (code_bits < 8 && (qtype == QType::Q8_0 || code_blocks)) return K / kBlock * 20;  // q8_packed.h
+    if (code_bits < 8 && (qtype == QType::Q8_0 || code_blocks)) return K / kBlock * kQ8PackedBlockBytes;
     if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
     return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
   }
