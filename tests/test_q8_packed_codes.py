@@ -26,6 +26,8 @@ from paged.core.models.loaders.packed import PackedBlocks  # noqa: E402
 from test_compact_scales import linear, same_bits  # noqa: E402  (quant_linear into a NaN-filled out; bitwise ==)
 from test_quant_layouts import random_blocks  # noqa: E402
 from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
+from test_quant_linear_int8 import rows_alone_equal_in_calls  # noqa: E402
+from test_s16_packed_codes import assert_packed_shape_errors  # noqa: E402
 
 
 def q8_matrix(n: int, k: int, seed: int, lo: int = -16, hi: int = 15):
@@ -126,18 +128,14 @@ def test_persistent_panels_of_packed_codes(rows, activations):
     assert torch.equal(back_qs, qs) and torch.equal(back_d, d)
 
 
-def test_rows_alone_and_batched_on_two_threads(isa):
+def test_rows_alone_equal_rows_in_calls():
+    """Each row alone (scalar build, 1 thread) == the same rows in calls of
+    several sizes, every build, 1 and 2 threads."""
     codes, d = q8_matrix(130, 896, seed=9)
     qs, qtype = pack_q8_codes(codes)
     x = torch.randn(11, 896, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([linear(qtype, x[r:r + 1], qs, d, None, "int8x2") for r in range(11)])
-        torch.set_num_threads(2)
-        assert same_bits(linear(qtype, x, qs, d, None, "int8x2"), alone)
-    finally:
-        torch.set_num_threads(threads)
+    rows_alone_equal_in_calls(lambda x, t, qs, d, m: linear(t, x, qs, d, m, "int8x2"), x, qtype, qs, d, None,
+                              sizes=(1, 3, 8, 11))
 
 
 @pytest.mark.parametrize("setting", ["1", "0"])
@@ -169,11 +167,4 @@ def test_bad_setting_and_packed_input_are_one_clear_error(monkeypatch):
         ql.pack_q8_codes()
     codes, d = q8_matrix(4, 96, seed=1)
     qs, qtype = pack_q8_codes(codes)
-    out = torch.empty(1, 4)
-    x = torch.randn(1, 96)
-    with pytest.raises(ValueError, match="qs"):  # a row that is not whole blocks of 20 bytes
-        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="qs"):  # int8 codes named as packed
-        C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
-        C.quant_linear(dl(torch.randn(1, 128)), qtype, dl(qs), dl(d), None, dl(out), "int8")
+    assert_packed_shape_errors(qtype, qs, codes, d)  # rows not whole 20-byte blocks, int8 codes, x's width

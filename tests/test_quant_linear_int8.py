@@ -204,6 +204,7 @@ def rows_alone_equal_in_calls(fn, x, qtype, qs, d, m, sizes) -> torch.Tensor:
     finally:
         C.set_linear_isa("auto")
         torch.set_num_threads(threads)
+        torch.set_num_threads(threads)
     return alone
 
 

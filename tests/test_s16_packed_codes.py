@@ -26,6 +26,7 @@ from paged.core.models.loaders.packed import PackedBlocks  # noqa: E402
 from test_compact_scales import linear, same_bits  # noqa: E402  (quant_linear into a NaN-filled out; bitwise ==)
 from test_quant_layouts import random_blocks  # noqa: E402
 from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
+from test_quant_linear_int8 import rows_alone_equal_in_calls  # noqa: E402
 
 # code range -> the form that must hold it (fewest bits; unsigned before signed)
 FORMS = [((0, 3), "s16.u4"), ((-4, 3), "s16.s4"), ((0, 15), "s16.u4"), ((-8, 7), "s16.s4"), ((0, 31), "s16.u5"),
@@ -144,18 +145,14 @@ def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations, off
         assert same_bits(linear(qtype, x, qs, d, m, activations, split), want)
 
 
-def test_linear_packed_rows_alone_and_on_two_threads(isa):
+def test_linear_packed_rows_alone_equal_rows_in_calls():
+    """Each row alone (scalar build, 1 thread) == the same rows in calls of
+    several sizes, every build, 1 and 2 threads."""
     codes, d, m = s16_matrix(0, 31, 130, 512, seed=9, offsets=True)
     qs, qtype = pack_s16_codes(codes)
     x = torch.randn(7, 512, generator=torch.Generator().manual_seed(2))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        alone = torch.cat([linear(qtype, x[r:r + 1], qs, d, m, "int8x2") for r in range(7)])
-        torch.set_num_threads(2)
-        assert same_bits(linear(qtype, x, qs, d, m, "int8x2"), alone)
-    finally:
-        torch.set_num_threads(threads)
+    rows_alone_equal_in_calls(lambda x, t, qs, d, m: linear(t, x, qs, d, m, "int8x2"), x, qtype, qs, d, m,
+                              sizes=(1, 2, 7))
 
 
 @pytest.mark.parametrize("qtype,form", [(Q.Q5_K, "s16.u5"), (Q.Q6_K, "s16.s6"), (Q.Q3_K, "s16.s4"),
@@ -179,19 +176,26 @@ def test_gguf_k_quants_run_packed(qtype, form):
     assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
 
 
+def assert_packed_shape_errors(qtype: str, qs: torch.Tensor, codes: torch.Tensor, d: torch.Tensor) -> None:
+    """quant_linear on packed codes of `qtype`: a row that is not whole
+    groups, int8 codes named as packed, and an x whose width is not the
+    packed row's K are each one ValueError naming the argument."""
+    n, k = codes.shape
+    out, x = torch.empty(1, n), torch.randn(1, k)
+    with pytest.raises(ValueError, match="qs"):
+        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="qs"):
+        C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
+    with pytest.raises(ValueError, match="x"):
+        C.quant_linear(dl(torch.randn(1, 2 * k)), qtype, dl(qs), dl(d), None, dl(out), "int8")
+
+
 def test_bad_packed_input_is_one_clear_error():
     codes, d, _ = s16_matrix(0, 31, 4, 256, seed=1, offsets=False)
     qs, qtype = pack_s16_codes(codes)
-    out = torch.empty(1, 4)
-    x = torch.randn(1, 256)
     with pytest.raises(ValueError, match="qtype"):
-        C.quant_linear(dl(x), "s16.u7", dl(qs), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="qs"):  # a row that is not whole groups of 160 bytes
-        C.quant_linear(dl(x), qtype, dl(qs[:, :-1].contiguous()), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="qs"):  # int8 codes named as packed
-        C.quant_linear(dl(x), qtype, dl(codes), dl(d), None, dl(out), "int8")
-    with pytest.raises(ValueError, match="x"):  # x's width against the packed row's K
-        C.quant_linear(dl(torch.randn(1, 512)), qtype, dl(qs), dl(d), None, dl(out), "int8")
+        C.quant_linear(dl(torch.randn(1, 256)), "s16.u7", dl(qs), dl(d), None, dl(torch.empty(1, 4)), "int8")
+    assert_packed_shape_errors(qtype, qs, codes, d)
 
 
 def half_pair_matrix(lo: int, hi: int, n: int, k: int, seed: int, offsets: bool):
