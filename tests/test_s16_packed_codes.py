@@ -1,6 +1,6 @@
 """s16's packed codes (csrc_cpu/linear/s16.h, "Packed codes";
 quant_layouts.pack_s16_codes): the int8 codes of an s16 matrix held in the
-fewest bits (4-6) that hold them, read directly by the AVX2 kernel in calls
+fewest bits (2-6) that hold them, read directly by the AVX2 kernel in calls
 of 1-3 rows and unpacked by the driver per work item otherwise.
 
 Oracles: the same matrix with its codes as int8 bytes (the form
@@ -29,7 +29,8 @@ from test_quant_linear import isa  # noqa: E402,F401  (once per linear build thi
 from test_quant_linear_int8 import rows_alone_equal_in_calls  # noqa: E402
 
 # code range -> the form that must hold it (fewest bits; unsigned before signed)
-FORMS = [((0, 3), "s16.u4"), ((-4, 3), "s16.s4"), ((0, 15), "s16.u4"), ((-8, 7), "s16.s4"), ((0, 31), "s16.u5"),
+FORMS = [((0, 3), "s16.u2"), ((-2, 1), "s16.s2"), ((0, 7), "s16.u3"), ((-4, 3), "s16.s3"), ((-3, 3), "s16.s3"),
+         ((0, 15), "s16.u4"), ((-8, 7), "s16.s4"), ((-5, 3), "s16.s4"), ((0, 31), "s16.u5"),
          ((-16, 15), "s16.s5"), ((0, 63), "s16.u6"), ((-32, 31), "s16.s6"), ((-9, 7), "s16.s5"),
          ((-33, 31), "s16"), ((0, 64), "s16"), ((-128, 127), "s16")]
 
@@ -61,6 +62,15 @@ def test_pack_takes_the_fewest_bits_and_round_trips(span, form):
     assert torch.equal(unpack_s16_codes(qs, qtype), codes)
 
 
+@pytest.mark.parametrize("span,form", [((0, 3), "s16.u4"), ((-4, 3), "s16.s4"), ((0, 31), "s16.u5")], ids=str)
+def test_narrow_codes_stay_in_four_bits_when_asked(span, form):
+    """min_bits=4 (PAGED_S16_NARROW=0, for paired timing) packs 2- and
+    3-bit codes in 4 bits as before, wider ones as always."""
+    codes = codes_in(*span, 3, 256, seed=4)
+    qs, qtype = pack_s16_codes(codes, min_bits=4)
+    assert qtype == form and torch.equal(unpack_s16_codes(qs, qtype), codes)
+
+
 @pytest.mark.parametrize("span,form", [f for f in FORMS if f[1] != "s16"], ids=[f for _, f in FORMS if f != "s16"])
 def test_extension_packs_as_the_python_packer(span, form):
     """_C_cpu.pack_codes (what CpuPackedLinear loads with) == the
@@ -87,6 +97,7 @@ def test_extension_packer_refuses_what_the_form_cannot_hold():
 
 
 @pytest.mark.parametrize("span,form", [((0, 31), "s16.u5b"), ((-16, 15), "s16.s5b"), ((0, 15), "s16.u5b"),
+                                       ((0, 3), "s16.u5b"), ((-4, 3), "s16.s5b"),
                                        ((0, 63), "s16"), ((-32, 31), "s16")], ids=str)
 def test_rows_not_whole_groups_pack_per_block_or_stay_bytes(span, form):
     """K = 288: packed groups are 256 weights, so 5-bit codes (Q5_1's, Q5_0's
@@ -117,7 +128,23 @@ def test_packed_layout_is_the_documented_bytes():
     assert qs.view(-1).tolist() == want
 
 
-@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-4, 3), (0, 63)], ids=str)
+def test_packed_narrow_layout_is_the_documented_bytes():
+    """Below 4 bits (s16.h): two vectors of 2-bit fields (vector i, byte l,
+    bits 2j, 2j + 1 = u & 3 of block 4i + j's element l), then for 3 bits
+    one vector of the third bits (byte l, bit j = u >> 2 of block j's
+    element l)."""
+    u = (torch.arange(256, dtype=torch.int16) * 5 + 1) % 8
+    for bits, codes in ((3, u - 4), (2, (u & 3) - 2)):
+        qs, qtype = pack_s16_codes(codes.to(torch.int8).view(1, 256))
+        assert qtype == f"s16.s{bits}"
+        v = (codes + (1 << (bits - 1))).tolist()
+        want = [sum((v[32 * (4 * i + j) + lane] & 3) << (2 * j) for j in range(4)) for i in range(2) for lane in range(32)]
+        if bits == 3:
+            want += [sum((v[32 * j + lane] >> 2) << j for j in range(8)) for lane in range(32)]
+        assert qs.view(-1).tolist() == want
+
+
+@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-4, 3), (0, 3), (0, 63)], ids=str)
 @pytest.mark.parametrize("offsets", [False, True], ids=["no_m", "m"])
 def test_dequantize_packed_equals_int8_codes(span, offsets):
     codes, d, m = s16_matrix(*span, 37, 256, seed=3, offsets=offsets)
@@ -128,7 +155,7 @@ def test_dequantize_packed_equals_int8_codes(span, offsets):
     assert same_bits(got, want)
 
 
-@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-8, 7), (0, 63)], ids=str)
+@pytest.mark.parametrize("span", [(0, 31), (-32, 31), (-8, 7), (0, 63), (0, 3), (-4, 3)], ids=str)
 @pytest.mark.parametrize("rows,n,k", [(1, 70, 256), (2, 9, 512), (3, 33, 768), (4, 40, 256), (8, 37, 512),
                                       (11, 65, 512), (40, 45, 256)])
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
@@ -155,8 +182,8 @@ def test_linear_packed_rows_alone_equal_rows_in_calls():
                               sizes=(1, 2, 7))
 
 
-@pytest.mark.parametrize("qtype,form", [(Q.Q5_K, "s16.u5"), (Q.Q6_K, "s16.s6"), (Q.Q3_K, "s16.s4"),
-                                        (Q.Q2_K, "s16.u4"), (Q.Q5_1, "s16.u5")], ids=lambda v: getattr(v, "name", v))
+@pytest.mark.parametrize("qtype,form", [(Q.Q5_K, "s16.u5"), (Q.Q6_K, "s16.s6"), (Q.Q3_K, "s16.s3"),
+                                        (Q.Q2_K, "s16.u2"), (Q.Q5_1, "s16.u5")], ids=lambda v: getattr(v, "name", v))
 def test_gguf_k_quants_run_packed(qtype, form):
     """The engine's CpuPackedLinear packs each type's codes into its bits,
     holds fewer bytes, and computes the int8-codes matrix's bits; its

@@ -71,7 +71,7 @@ DENSE_ROWS = int(os.environ.get("PAGED_DENSE_PREFILL_ROWS", "256"))
 
 
 #: s16 matrices keep their codes packed into the fewest bits that hold them
-#: (4-6: Q5_K's in 5, Q6_K's in 6; csrc_cpu/linear/s16.h, "Packed codes"),
+#: (2-6: Q2_K's in 2, Q3_K's in 3, Q5_K's in 5, Q6_K's in 6; csrc_cpu/linear/s16.h, "Packed codes"),
 #: unpacked per work item, same bits; PAGED_S16_PACKED=0 keeps a byte per
 #: code (for paired timing).
 PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
@@ -79,6 +79,9 @@ PACK_S16_CODES = os.environ.get("PAGED_S16_PACKED", "1") != "0"
 #: ("s16.u5b") and fp16 half-pair scales (Q5_1 / Q5_0 there: _half_pairs);
 #: PAGED_S16_BLOCKS=0 keeps those rows' bytes and float32 scales (paired timing)
 PACK_S16_BLOCKS = os.environ.get("PAGED_S16_BLOCKS", "1") != "0"
+#: s16 codes of 2 or 3 bits (Q2_K's, Q3_K's) packed in as many bits; PAGED_S16_NARROW=0 packs them
+#: in 4 as before (paired timing)
+S16_MIN_BITS = 2 if os.environ.get("PAGED_S16_NARROW", "1") != "0" else 4
 
 
 def pack_q8_codes() -> bool:
@@ -184,7 +187,7 @@ class CpuPackedLinear:
         self.parts = [CpuPackedLinear(p, activations, one_term) for p in packed.parts] \
             if packed.kernel_type == "parts" else None
         qs, d, m = (None, None, None) if self.parts else packed.fields()
-        # the kernels' name for the layout: s16's codes packed into 4-6 bits ("s16.u5", ...) and
+        # the kernels' name for the layout: s16's codes packed into 2-6 bits ("s16.u5", ...) and
         # q8_0's into 5 ("q8_0.s5") where they fit
         self.kernel_qtype = self.qtype
         blocks = packed.shape[1] % 256 != 0  # s16 rows without compact scales or 256-groups
@@ -400,7 +403,7 @@ def _packed_codes(codes: torch.Tensor, layout: str) -> tuple[torch.Tensor, str]:
     file's load); bytes stay as they are."""
     from paged import _C_cpu
 
-    qtype = s16_code_form(codes) if layout == "s16" else q8_code_form(codes)
+    qtype = s16_code_form(codes, S16_MIN_BITS) if layout == "s16" else q8_code_form(codes)
     if qtype == layout:
         return codes, qtype
     n, k = codes.shape
@@ -431,7 +434,7 @@ def _half_pairs(d: torch.Tensor, m: torch.Tensor | None) -> tuple:
 
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
 #: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles, q8_0's packed codes too),
-#: and s16's codes packed into 4-6 bits ("s16.u5", ...: has_panel_layout)
+#: and s16's codes packed into 2-6 bits ("s16.u5", ...: has_panel_layout)
 PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0", "q8_0.s5")
 
 

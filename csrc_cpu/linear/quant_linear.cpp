@@ -31,7 +31,7 @@ using attn::fail;
 constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whole AVX2 register tiles)
 
 // "s16" with packed codes (s16.h): "s16.u<bits>" holds codes 0 .. 2^bits - 1,
-// "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 4-6;
+// "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 2-6;
 // "q8_0.s5": q8_0 with codes -16..15 in 5 bits (q8_packed.h).
 void parse_qtype(LinearArgs& a, const std::string& s) {
   a.code_bits = 8;
@@ -50,13 +50,13 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
     a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
     a.code_blocks = true;
   } else if (s == "s16") a.qtype = QType::S16;
-  else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '4' && s[5] <= '6') {
+  else if (s.size() == 6 && s.compare(0, 4, "s16.") == 0 && (s[4] == 'u' || s[4] == 's') && s[5] >= '2' && s[5] <= '6') {
     a.qtype = QType::S16;
     a.code_bits = s[5] - '0';
     a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
   } else {
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes ('s16.u4' .. 's16.u6', "
-         "'s16.s4' .. 's16.s6', 's16.u5b', 's16.s5b')",
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes ('s16.u2' .. 's16.u6', "
+         "'s16.s2' .. 's16.s6', 's16.u5b', 's16.s5b')",
          "'" + s + "'");
   }
 }
@@ -457,7 +457,7 @@ void pack_codes(const Array& codes, const std::string& qtype, const Array& out) 
   LinearArgs a;
   parse_qtype(a, qtype);
   if (a.code_bits == 8)
-    fail("qtype", "a packed form ('q8_0.s5', 's16.u4' .. 's16.u6', 's16.s4' .. 's16.s6', 's16.u5b', 's16.s5b')",
+    fail("qtype", "a packed form ('q8_0.s5', 's16.u2' .. 's16.u6', 's16.s2' .. 's16.s6', 's16.u5b', 's16.s5b')",
          "'" + qtype + "'");
   const bool blocks = a.qtype == QType::Q8_0 || a.code_blocks;  // q8_packed.h's form
   const int64_t group = blocks ? kBlock : kS16PackedGroup;  // weights per group of packed codes

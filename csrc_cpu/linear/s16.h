@@ -4,7 +4,7 @@
 // finer than 32 weights (Q2_K, Q3_K, Q6_K) or whose codes have 5 bits (Q5_1,
 // Q5_K) unpacks into it exactly (core/models/loaders/quant_layouts.py), and
 // so does every other layout (a fused matrix whose rows come in several
-// types). The codes may be packed into 4-6 bits (below, "Packed codes").
+// types). The codes may be packed into 2-6 bits (below, "Packed codes").
 //
 // It runs on the int8 paths only (activations "int8" / "int8x2"; float32
 // activations dequantize it and take the dense GEMM). x is quantized as for
@@ -66,17 +66,19 @@ inline void pair_codes(const int8_t* hi, const int8_t* lo, int64_t K, int16_t* c
 // measured at 1-9 rows, docs/cpu-linear.md).
 constexpr int64_t kS16FewRows = 8;
 
-// Packed codes (LinearArgs::code_bits 4, 5 or 6; qtype "s16.u5" and the
+// Packed codes (LinearArgs::code_bits 2 to 6; qtype "s16.u5" and the
 // like at the boundary; K a multiple of 256): a code q is held as u = q +
 // code_bias, 0 <= u < 2^bits, and each group of 256 weights of a row (8
-// blocks of 32) as 32 * bits bytes: four 32-byte vectors of nibbles (vector
-// i, byte l: block 2i's element l in bits 0-3, block 2i + 1's in bits 4-7),
-// then h = bits - 4 vectors of high bits (u >> 4 of block j's element l in
-// byte l of vector j / (8/h), at bit h * (j % (8/h))). One vector load then
-// serves two blocks' nibbles and one high vector 8/h blocks' high bits (an
-// and and a shift per block, whatever h).
-// Q5_K's codes 0..31 take 5 bits (0.63 bytes a weight against the int8
-// byte), Q6_K's -32..31 six (bias 32). Calls of more than kS16FewRows rows
+// blocks of 32) as 32 * bits bytes: B 32-byte vectors of the low B bits
+// (B = 4 from 4 bits, 2 below: s16_base_bits; vector i, byte l: block
+// (8/B) i + j's element l at bit B j, so nibbles for B = 4), then H = bits
+// - B vectors of high bits (u >> B of block j's element l in byte l of
+// vector j / (8/H), at bit H * (j % (8/H))). One vector load then serves
+// 8/B blocks' low bits and one high vector 8/H blocks' high bits (an and
+// and a shift per block, whatever the width).
+// Q2_K's codes 0..3 take 2 bits, Q3_K's -4..3 three (bias 4), Q5_K's 0..31
+// five (0.63 bytes a weight against the int8 byte), Q6_K's -32..31 six
+// (bias 32). Calls of more than kS16FewRows rows
 // never see them: the driver unpacks each work item's rows into the calling
 // thread's int8 scratch just before the kernel runs (s16.cpp); a build whose
 // table says s16_packed_few_rows reads them directly in calls of fewer
@@ -97,6 +99,16 @@ constexpr int64_t kS16FewRows = 8;
 // 1.5 with byte codes and float32 scales.
 constexpr int64_t kS16PackedGroup = 256;  // weights per group of packed codes
 constexpr int64_t s16_packed_group_bytes(int bits) { return 32 * bits; }
+// The low bits of a packed code that lie in the group's first vectors (above).
+constexpr int s16_base_bits(int bits) { return bits >= 4 ? 4 : 2; }
+
+// Block j's element l of a packed group (above): u = q + bias.
+inline int s16_packed_code(const uint8_t* group, int bits, int j, int l) {
+  const int B = s16_base_bits(bits), H = bits - B;
+  int u = (group[32 * (j / (8 / B)) + l] >> (B * (j % (8 / B)))) & ((1 << B) - 1);
+  if (H > 0) u |= ((group[32 * B + 32 * (j / (8 / H)) + l] >> (H * (j % (8 / H)))) & ((1 << H) - 1)) << B;
+  return u;
+}
 
 // Rows [0, rows) of packed codes into int8 [rows, K] (the definition; the
 // x86 builds' Kernels::s16_unpack gives the same bytes).
@@ -107,21 +119,14 @@ inline void unpack_s16_rows(const uint8_t* packed, int64_t K, int bits, int bias
       const uint8_t* src = packed + (n * (K / kS16PackedGroup) + g) * group_bytes;
       int8_t* dst = out + n * K + g * kS16PackedGroup;
       for (int j = 0; j < 8; ++j)
-        for (int l = 0; l < kBlock; ++l) {
-          int u = (src[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
-          if (const int h = bits - 4; h > 0) {
-            const int per = 8 / h;  // blocks per high vector
-            u |= ((src[128 + 32 * (j / per) + l] >> (h * (j % per))) & ((1 << h) - 1)) << 4;
-          }
-          dst[j * kBlock + l] = int8_t(u - bias);
-        }
+        for (int l = 0; l < kBlock; ++l) dst[j * kBlock + l] = int8_t(s16_packed_code(src, bits, j, l) - bias);
     }
 }
 
 // Row `codes` [K] (each inside the form's range) packed as above into out
 // (row_bytes; the definition, as unpack_s16_rows).
 inline void pack_s16_row(const int8_t* codes, int64_t K, int bits, int bias, uint8_t* out) {
-  const int h = bits - 4;
+  const int B = s16_base_bits(bits), H = bits - B;
   const int64_t group_bytes = s16_packed_group_bytes(bits);
   for (int64_t i = 0; i < K / kS16PackedGroup * group_bytes; ++i) out[i] = 0;
   for (int64_t g = 0; g < K / kS16PackedGroup; ++g) {
@@ -129,8 +134,8 @@ inline void pack_s16_row(const int8_t* codes, int64_t K, int bits, int bias, uin
     for (int j = 0; j < 8; ++j)
       for (int l = 0; l < kBlock; ++l) {
         const int u = (codes[g * kS16PackedGroup + j * kBlock + l] + bias) & ((1 << bits) - 1);
-        group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
-        if (h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
+        group[32 * (j / (8 / B)) + l] |= uint8_t((u & ((1 << B) - 1)) << (B * (j % (8 / B))));
+        if (H > 0) group[32 * B + 32 * (j / (8 / H)) + l] |= uint8_t((u >> B) << (H * (j % (8 / H))));
       }
   }
 }

@@ -185,7 +185,7 @@ void check_quantizer(const LinearBuild& b, const LinearBuild& s, QType t, int64_
 // The s16 layout (s16.h): a build's s16 kernel on int8 codes and on packed
 // codes (its own unpacking, or its direct reads of calls of few rows, as
 // s16.cpp drives them) against the scalar definition on int8 codes, for
-// int8 and int8x2 x, with and without offsets, 4-6 bit codes.
+// int8 and int8x2 x, with and without offsets, 2-6 bit codes.
 // With `panels` (a build with a panel layout, packed codes), the weight's
 // persistent panels built chunk by chunk, read with the weight's pointers
 // nulled as quant_linear.cpp does; unpack_panel_chunk must give the packed
@@ -215,8 +215,9 @@ std::vector<float> run_s16(const Kernels& k, const Weight& w, const X& x, bool t
       for (int64_t k = 0; k < K; ++k) {
         const int u = codes[size_t(n * K + k)] + bias, j = int(k % kS16PackedGroup) / kBlock, l = int(k % kBlock);
         uint8_t* group = packed.data() + n * a.row_bytes() + k / kS16PackedGroup * s16_packed_group_bytes(bits);
-        group[32 * (j / 2) + l] |= uint8_t((u & 15) << (4 * (j % 2)));
-        if (const int h = bits - 4; h > 0) group[128 + 32 * (j / (8 / h)) + l] |= uint8_t((u >> 4) << (h * (j % (8 / h))));
+        const int base = bits >= 4 ? 4 : 2, h = bits - base;  // the low bits' planes, then the high bits'
+        group[32 * (j / (8 / base)) + l] |= uint8_t((u & ((1 << base) - 1)) << (base * (j % (8 / base))));
+        if (h > 0) group[32 * base + 32 * (j / (8 / h)) + l] |= uint8_t((u >> base) << (h * (j % (8 / h))));
       }
     a.qs = packed.data();
   }
@@ -300,7 +301,7 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
   struct Form {
     int bits, lo, hi;
   };
-  const Form forms[] = {{8, -128, 127}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
+  const Form forms[] = {{8, -128, 127}, {2, 0, 3}, {3, -4, 3}, {4, -8, 7}, {5, 0, 31}, {6, -32, 31}, {6, 0, 63}};
   for (const Form& f : forms)
     for (bool offsets : {false, true})
       for (int64_t M : {1, 2, 3, 5, 9, 20, 60}) {  // tiles of 4 x rows from 9 (persistent panels: in place to 48)

@@ -28,7 +28,7 @@ IQ4_NL -> q8_0 (codes q - 16 and the IQ4_NL table's values); Q2_K, Q3_K,
 Q5_1, Q5_K, Q6_K -> s16 (per-16 scales, and mins where the type has them);
 F16 and BF16 -> f16 and bf16, their own 16-bit values (a view of the
 blocks: no copy, no float32 widening). The CPU's packed linear then holds
-s16's codes in 4-6 bits (``pack_s16_codes``; Q5_K's in 5, Q6_K's in 6).
+s16's codes in 2-6 bits (``pack_s16_codes``; Q2_K's in 2, Q3_K's in 3, Q5_K's in 5, Q6_K's in 6).
 Why each is exact: a product of an fp16 scale and a sub-scale of at most 8
 bits has at most 19 significant bits (exact in float32), and the layouts
 apply the remaining multiply and add in the order gguf's dequantizer does.
@@ -257,26 +257,27 @@ def as_s16(layout: str, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | Non
 
 
 #: code bits s16's packed codes may take (csrc_cpu/linear/s16.h, "Packed codes")
-PACKED_CODE_BITS = (4, 5, 6)
+PACKED_CODE_BITS = (2, 3, 4, 5, 6)
 
 
-def _packed_form(lo: int, hi: int) -> tuple[int, int] | None:
-    """(bits, bias) of the fewest bits holding codes lo..hi, unsigned (bias
-    0) before signed (bias 2^(bits-1)); None past 6 bits."""
+def _packed_form(lo: int, hi: int, min_bits: int = 2) -> tuple[int, int] | None:
+    """(bits, bias) of the fewest bits (at least min_bits) holding codes
+    lo..hi, unsigned (bias 0) before signed (bias 2^(bits-1)); None past 6 bits."""
     for bits in PACKED_CODE_BITS:
         for bias in (0, 1 << (bits - 1)):
-            if 0 <= lo + bias and hi + bias < (1 << bits):
+            if bits >= min_bits and 0 <= lo + bias and hi + bias < (1 << bits):
                 return bits, bias
     return None
 
 
-def s16_code_form(codes: torch.Tensor) -> str:
+def s16_code_form(codes: torch.Tensor, min_bits: int = 2) -> str:
     """The kernels' qtype for s16 codes [N, K] packed into the fewest bits
-    that hold them ("s16.u5" for codes 0..31, "s16.s6" for -32..31), or
+    (at least min_bits) that hold them ("s16.u2" for Q2_K's codes 0..3,
+    "s16.s3" for Q3_K's -4..3, "s16.u5" for 0..31, "s16.s6" for -32..31), or
     "s16" (bytes) past 6 bits. For K not a multiple of 256, 5-bit codes
     (Q5_1's 0..31, Q5_0's -16..15) are packed per 32-block ("s16.u5b",
     "s16.s5b": pack_q8_codes' form), other codes stay bytes."""
-    form = _packed_form(int(codes.min()), int(codes.max())) if codes.numel() else None
+    form = _packed_form(int(codes.min()), int(codes.max()), min_bits) if codes.numel() else None
     if form is not None and codes.shape[1] % 256:
         form = (5, form[1]) if form[0] <= 5 else None
         return "s16" if form is None else f"s16.{'s' if form[1] else 'u'}5b"
@@ -289,33 +290,48 @@ def packed_code_bits(qtype: str) -> tuple[int, int]:
     return bits, (1 << (bits - 1)) if qtype[4] == "s" else 0
 
 
-def pack_s16_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """s16's int8 codes [N, K] packed into the fewest bits that hold every
-    code (Q5_K's 0..31 in 5, Q6_K's -32..31 in 6, Q2_K / Q3_K's in 4), as
-    csrc_cpu/linear/s16.h lays them out: u = q + bias, per 256 weights (8
-    blocks of 32) four 32-byte vectors of nibbles (vector i, byte l: block
-    2i's element l low, block 2i + 1's high) then h = bits - 4 vectors of
-    the high bits (u >> 4 of block j's element l in byte l of vector j /
+def pack_s16_codes(codes: torch.Tensor, min_bits: int = 2) -> tuple[torch.Tensor, str]:
+    """s16's int8 codes [N, K] packed into the fewest bits (at least
+    min_bits) that hold every code (Q2_K's 0..3 in 2, Q3_K's -4..3 in 3,
+    Q5_K's 0..31 in 5, Q6_K's -32..31 in 6), as csrc_cpu/linear/s16.h lays
+    them out: u = q + bias, per 256 weights (8 blocks of 32) B vectors of
+    32 bytes of the low B bits (B = 4 from 4 bits, else 2; vector i, byte l:
+    block (8/B) i + j's element l at bit B j) then h = bits - B vectors of
+    the high bits (u >> B of block j's element l in byte l of vector j /
     (8/h), at bit h * (j % (8/h))).
-    Returns (uint8 [N, K/256 * (128 + 32 (bits - 4))], the kernels' qtype:
-    "s16.u5" for codes 0..31, "s16.s6" for -32..31), or (codes, "s16") when
-    they need more than 6 bits or K is not a multiple of 256."""
-    qtype = s16_code_form(codes)
+    Returns (uint8 [N, K/256 * 32 bits], the kernels' qtype: "s16.u5" for
+    codes 0..31, "s16.s6" for -32..31), or (codes, "s16") when they need
+    more than 6 bits or K is not a multiple of 256."""
+    qtype = s16_code_form(codes, min_bits)
     if qtype == "s16":
         return codes, "s16"
     n, k = codes.shape
     bits, bias = packed_code_bits(qtype)
     if qtype.endswith("b"):
         return _pack_block5(codes, 16 if bias else 0), qtype
-    u = (codes.to(torch.int16) + bias).to(torch.uint8).view(n, k // 256, 8, 32)  # [row, group, block, element]
-    nibbles = (u[:, :, 0::2] & 0x0F) | ((u[:, :, 1::2] & 0x0F) << 4)  # [n, g, 4, 32]
-    fields = [nibbles]
-    h = bits - 4  # high bits per code: 8 / h blocks' fields per byte of a high vector
-    if h:
-        high = (u >> 4).to(torch.int16).view(n, k // 256, h, 8 // h, 32)  # [.., vector, field, element]
-        shifts = (h * torch.arange(8 // h, dtype=torch.int16)).view(1, 1, 1, -1, 1)
-        fields.append((high << shifts).sum(3).to(torch.uint8))  # [n, g, h, 32]
+    u = (codes.to(torch.int16) + bias).view(n, k // 256, 8, 32)  # [row, group, block, element]
+    base = 4 if bits >= 4 else 2
+    fields = [_bit_planes(u & ((1 << base) - 1), base)]
+    if bits > base:
+        fields.append(_bit_planes(u >> base, bits - base))
     return torch.cat(fields, dim=2).reshape(n, -1).contiguous(), f"s16.{'s' if bias else 'u'}{bits}"
+
+
+def _bit_planes(fields: torch.Tensor, width: int) -> torch.Tensor:
+    """Fields of ``width`` bits of 8 blocks [n, g, 8, 32] (int16) as width
+    vectors of 32 bytes [n, g, width, 32]: block j in vector j / (8/width)
+    at bit width * (j % (8/width))."""
+    n, g = fields.shape[:2]
+    shifts = (width * torch.arange(8 // width, dtype=torch.int16)).view(1, 1, 1, -1, 1)
+    return (fields.view(n, g, width, 8 // width, 32) << shifts).sum(3).to(torch.uint8)
+
+
+def _from_bit_planes(planes: torch.Tensor, width: int) -> torch.Tensor:
+    """_bit_planes' inverse: [n, g, width, 32] uint8 to [n, g, 8, 32] int16."""
+    n, g = planes.shape[:2]
+    shifts = (width * torch.arange(8 // width, dtype=torch.int16)).view(1, 1, 1, -1, 1)
+    fields = (planes.to(torch.int16).unsqueeze(3) >> shifts) & ((1 << width) - 1)
+    return fields.reshape(n, g, 8, 32)
 
 
 def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -330,14 +346,11 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
         low = torch.cat([v[..., :16] & 15, v[..., :16] >> 4], dim=2)  # elements 0-15, 16-31
         fifth = (v[..., 16:].unsqueeze(2) >> torch.arange(8, dtype=torch.int16).view(8, 1)) & 1  # [n, b, 8, 4]
         return ((low | fifth.reshape(n, -1, 32) << 4) - bias).to(torch.int8).reshape(n, -1)
-    v = packed.reshape(n, -1, bits, 32)  # per group: 4 nibble vectors, bits - 4 planes
-    nib = v[:, :, :4].to(torch.int16)
-    u = torch.stack([nib & 0x0F, nib >> 4], dim=3).reshape(n, -1, 8, 32)  # block 2i, 2i + 1
-    h = bits - 4
-    if h:
-        shifts = (h * torch.arange(8 // h, dtype=torch.int16)).view(1, 1, 1, -1, 1)
-        high = (v[:, :, 4:].to(torch.int16).unsqueeze(3) >> shifts) & ((1 << h) - 1)  # [n, g, h, 8 / h, 32]
-        u |= high.reshape(n, -1, 8, 32) << 4
+    v = packed.reshape(n, -1, bits, 32)  # per group: the low bits' vectors, then the high bits'
+    base = 4 if bits >= 4 else 2
+    u = _from_bit_planes(v[:, :, :base], base)
+    if bits > base:
+        u |= _from_bit_planes(v[:, :, base:], bits - base) << base
     return (u - bias).to(torch.int8).reshape(n, -1)
 
 

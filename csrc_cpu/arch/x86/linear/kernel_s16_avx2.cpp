@@ -46,21 +46,16 @@ inline __m256i dot4x2(__m256i u, __m256i hi, __m256i lo) {
 
 #include "arch/x86/linear/s16_ymm.inc"
 
-template <int H>
+template <int Bits>
 void unpack_rows(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out) {
   const __m256i vbias = _mm256_set1_epi8(char(bias));
   const auto* src = reinterpret_cast<const __m256i*>(packed);
-  for (int64_t g = 0; g < rows * (K / kS16PackedGroup); ++g, src += 4 + H) {
-    __m256i high[H > 0 ? H : 1];  // the group's high-bit vectors
-    for (int v = 0; v < H; ++v) high[v] = _mm256_loadu_si256(src + 4 + v);
+  for (int64_t g = 0; g < rows * (K / kS16PackedGroup); ++g, src += Bits) {
     auto* dst = reinterpret_cast<__m256i*>(out + g * kS16PackedGroup);
-    each_block([&](auto j) {
-      const __m256i u = packed_block<H, decltype(j)::value>(_mm256_loadu_si256(src + j / 2), high);
-      _mm256_storeu_si256(dst + j, _mm256_sub_epi8(u, vbias));
-    }, std::make_integer_sequence<int, 8>());
+    each_block([&](auto j) { _mm256_storeu_si256(dst + j, _mm256_sub_epi8(packed_block<Bits, decltype(j)::value>(src), vbias)); },
+               std::make_integer_sequence<int, 8>());
   }
 }
-
 
 // ---- Prompt rows: 8 weight rows per vector ----
 
@@ -151,9 +146,11 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
 
 void s16_unpack(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out) {
   switch (bits) {
-    case 4: return unpack_rows<0>(packed, K, bias, rows, out);
-    case 5: return unpack_rows<1>(packed, K, bias, rows, out);
-    default: return unpack_rows<2>(packed, K, bias, rows, out);
+    case 2: return unpack_rows<2>(packed, K, bias, rows, out);
+    case 3: return unpack_rows<3>(packed, K, bias, rows, out);
+    case 4: return unpack_rows<4>(packed, K, bias, rows, out);
+    case 5: return unpack_rows<5>(packed, K, bias, rows, out);
+    default: return unpack_rows<6>(packed, K, bias, rows, out);
   }
 }
 

@@ -173,19 +173,20 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
 // or the pair panel's int16 pairs of q (its two 8-row columns); the scales
 // widened into lanes; the offsets' sums by the scalar order in lanes
 // (chunk_offsets' chains, 16 outputs a vector).
-template <int H, bool Bytes>
+template <int Bits, bool Bytes>
 void persistent_codes(const S16Column& col, int zc, int64_t nb, int bias, PairPanel& p) {
   const __m512i to_byte = _mm512_set1_epi8(char(128 - bias)), to_code = _mm512_set1_epi8(char(bias));
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* w = col.codes + b * (4 + H) * 64;
-    __m512i nib[4], high[H > 0 ? H : 1];
-    for (int i = 0; i < 4; ++i) nib[i] = _mm512_load_si512(w + i * 64);
-    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (4 + i) * 64);
+    constexpr int B = s16_base_bits(Bits), H = Bits - B;
+    const uint8_t* w = col.codes + b * Bits * 64;
+    __m512i base[B], high[H > 0 ? H : 1];
+    for (int i = 0; i < B; ++i) base[i] = _mm512_load_si512(w + i * 64);
+    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (B + i) * 64);
     const auto half = [&](auto hc) {
       constexpr int h = decltype(hc)::value;
       const auto step = [&](auto sc) {
         constexpr int st = decltype(sc)::value;
-        const __m512i u = step_codes<H, h, st>(nib[st], high);
+        const __m512i u = step_codes<Bits, h, st>(base, high);
         if constexpr (Bytes) {
           _mm512_store_si512(p.codes.data() + b * kBlockBytes + ((4 * h + st) * kZmmCols + zc) * 64,
                              _mm512_add_epi8(u, to_byte));
@@ -218,10 +219,12 @@ void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], P
   for (int zc = 0; zc < kZmmCols; ++zc) {
     const S16Column col = sh.column(chunk, zc);
     for (int64_t g = 0; g < sh.nh; ++g) _mm512_store_ps(p.d.data() + g * kPanel + zc * zmm_lanes, lane_scales(col, 0, g));
-    switch (sh.H) {
-      case 0: persistent_codes<0, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
-      case 1: persistent_codes<1, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
-      default: persistent_codes<2, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+    switch (sh.bits) {
+      case 2: persistent_codes<2, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      case 3: persistent_codes<3, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      case 4: persistent_codes<4, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      case 5: persistent_codes<5, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
+      default: persistent_codes<6, Bytes>(col, zc, sh.nb, a.code_bias, p); break;
     }
     if (sh.offsets) column_offsets(col, s.xs, a.M, {p.offsets.data() + zc * zmm_lanes, kPanel, 0xFFFF, false});
   }

@@ -25,7 +25,7 @@ constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_p
 
 // Where one column's codes and scales lie in a chunk.
 struct S16Column {
-  const uint8_t* codes;     // [nb][4 + H][16 rows][4]
+  const uint8_t* codes;     // [nb][bits][16 rows][4]
   const uint8_t* scales[2]; // d, m (null without offsets), each in `form`
   int64_t nh;
   PanelScales form;
@@ -33,12 +33,12 @@ struct S16Column {
 
 struct S16Shape {
   int64_t nb, nh;
-  int H;
+  int bits;
   bool offsets;
   PanelScales form;
   explicit S16Shape(const LinearArgs& a, PanelScales f)
-      : nb(a.K / kBlock), nh(a.K / kS16Half), H(a.code_bits - 4), offsets(a.has_offsets()), form(f) {}
-  int64_t block_bytes() const { return (4 + H) * 64; }
+      : nb(a.K / kBlock), nh(a.K / kS16Half), bits(a.code_bits), offsets(a.has_offsets()), form(f) {}
+  int64_t block_bytes() const { return bits * 64; }
   int64_t scale_bytes() const {  // one of d / m, one column
     switch (form) {
       case PanelScales::F16: return nh * kLanes * 2;
@@ -151,18 +151,20 @@ inline void column_offsets(const S16Column& col, const float* xs, int64_t M, con
   if (r < M) offset_rows<1, 8>(m.data(), xs, nh, r, o);
 }
 
-// Step s of half h of a block: u of 16 rows' 4 codes a lane, from its
-// nibble dword and the block's H high dwords (the field moved to bit 4 by an
-// and and an immediate shift; it never leaves its byte).
-template <int H, int h, int s>
-PAGED_ALWAYS_INLINE __m512i step_codes(__m512i nibbles, const __m512i* high) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512i u = _mm512_and_si512(h ? _mm512_srli_epi16(nibbles, 4) : nibbles, low);
+// Step s of half h of a block (f = 4h + s): u of 16 rows' 4 codes a
+// lane, from its base dword (f % B, at bit B (f / B)) and its high dword's
+// field (H * f / 8, at bit H * f % 8), moved to bit B by an and and an
+// immediate shift (no field leaves its byte).
+template <int Bits, int h, int s>
+PAGED_ALWAYS_INLINE __m512i step_codes(const __m512i* base, const __m512i* high) {
+  constexpr int B = s16_base_bits(Bits), H = Bits - B, f = 4 * h + s, low_at = B * (f / B);
+  const __m512i low = low_at ? _mm512_srli_epi16(base[f % B], low_at) : base[f % B];
+  __m512i u = _mm512_and_si512(low, _mm512_set1_epi8(char((1 << B) - 1)));
   if constexpr (H > 0) {
-    constexpr int f = 4 * h + s, at = H * f % 8;
+    constexpr int at = H * f % 8;
     const __m512i field = _mm512_and_si512(high[H * f / 8], _mm512_set1_epi8(char(((1 << H) - 1) << at)));
-    if constexpr (at <= 4) u = _mm512_or_si512(u, _mm512_slli_epi16(field, 4 - at));
-    else u = _mm512_or_si512(u, _mm512_srli_epi16(field, at - 4));
+    if constexpr (at <= B) u = _mm512_or_si512(u, _mm512_slli_epi16(field, B - at));
+    else u = _mm512_or_si512(u, _mm512_srli_epi16(field, at - B));
   }
   return u;
 }

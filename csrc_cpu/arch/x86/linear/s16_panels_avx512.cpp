@@ -10,13 +10,14 @@
 // sums need no reduction: ~0.2 instructions a weight at one x row.
 //
 // A chunk of 32 weight rows is two columns of 16, each column one stream:
-//   codes: per 32-block b, 4 nibble dwords of each row (dword s: the codes
-//     u = q + bias of step s of the first half, elements 4s .. 4s+3, in the
-//     low nibbles, of the second half, 16 + 4s .., in the high nibbles),
-//     then H = bits - 4 dwords of their high bits (step f = 4h + s's H
-//     bits of element j at bit H*f % 8 of byte j of dword H*f / 8), each
-//     dword index one zmm of the 16 rows: (4 + H) * 64 bytes a block, the
-//     packed codes' size;
+//   codes: per 32-block b, B = s16_base_bits(bits) base dwords of each row
+//     (step f = 4h + s's codes u = q + bias, elements 4f .. 4f+3, their low
+//     B bits at bit B (f / B) of dword f % B: for B = 4, dword s holds step
+//     s of the first half in its low nibbles, of the second in its high),
+//     then H = bits - B dwords of their high bits (step f's H bits of
+//     element j at bit H*f % 8 of byte j of dword H*f / 8), each dword
+//     index one zmm of the 16 rows: bits * 64 bytes a block, the packed
+//     codes' size;
 //   scales: d, then m where the weight has offsets, per half g the 16 rows'
 //     values in the panels' form (PanelScales): float32 or fp16 [nh][16],
 //     or compact bytes [nh][16] (CompactPairs: [nh / 2][16]) then supers
@@ -73,31 +74,32 @@ float scale_at(const S16Column& col, int o, int64_t g, int i) {
 }
 
 // A row's block (32 codes q) into lane i of its column's block (block_bytes
-// from `block`), and back. The nibble dwords are the block's bytes 0-15 and
-// 16-31 side by side; the high fields go dword by dword: step f = 4h + s's
-// high bits (u >> 4 of bytes 16h + 4s .. + 3, one byte each) shifted by
-// H*f % 8 into dword H*f / 8 (no field crosses its byte).
-void encode_block(const int8_t* q, int bias, int H, int i, uint8_t* block) {
-  uint8_t u[kBlock];
-  for (int k = 0; k < kBlock; ++k) u[k] = uint8_t(q[k] + bias);
-  for (int k = 0; k < 16; ++k) block[(k / 4) * 64 + 4 * i + k % 4] = uint8_t((u[k] & 15) | (u[16 + k] & 15) << 4);
-  uint32_t high[2] = {};
-  for (int f = 0; f < 8 && H; ++f) {
-    uint32_t field;
-    std::memcpy(&field, u + 4 * f, 4);  // steps 0-3 of the first half, then of the second: bytes 4f .. 4f + 3
-    high[H * f / 8] |= ((field >> 4) & 0x0F0F0F0Fu) << (H * f % 8);
+// from `block`), and back. Step f = 4h + s (elements 4f .. 4f + 3, one byte
+// each) goes into base dword f % B at bit B (f / B) (for B = 4: dword s
+// holds the first half's step s in its low nibbles, the second half's in its
+// high ones) and its high bits into high dword H f / 8 at bit H f % 8.
+constexpr uint32_t byte_mask(int bits) { return 0x01010101u * ((1u << bits) - 1); }
+
+void encode_block(const int8_t* q, int bias, int bits, int i, uint8_t* block) {
+  const int B = s16_base_bits(bits), H = bits - B;
+  uint32_t base[4] = {}, high[2] = {};
+  for (int f = 0; f < 8; ++f) {
+    uint32_t field = 0;
+    for (int j = 0; j < 4; ++j) field |= uint32_t(uint8_t(q[4 * f + j] + bias)) << (8 * j);
+    base[f % B] |= (field & byte_mask(B)) << (B * (f / B));
+    if (H) high[H * f / 8] |= ((field >> B) & byte_mask(H)) << (H * f % 8);
   }
-  for (int h = 0; h < H; ++h) std::memcpy(block + (4 + h) * 64 + 4 * i, &high[h], 4);
+  for (int v = 0; v < B; ++v) std::memcpy(block + v * 64 + 4 * i, &base[v], 4);
+  for (int h = 0; h < H; ++h) std::memcpy(block + (B + h) * 64 + 4 * i, &high[h], 4);
 }
 
-void decode_block(const uint8_t* block, int bias, int H, int i, int8_t* q) {
-  uint32_t high[2] = {};
-  for (int h = 0; h < H; ++h) std::memcpy(&high[h], block + (4 + h) * 64 + 4 * i, 4);
+void decode_block(const uint8_t* block, int bias, int bits, int i, int8_t* q) {
+  const int B = s16_base_bits(bits), H = bits - B;
   for (int f = 0; f < 8; ++f) {
-    uint32_t nib;
-    std::memcpy(&nib, block + (f % 4) * 64 + 4 * i, 4);
-    uint32_t u = (nib >> (4 * (f / 4))) & 0x0F0F0F0Fu;
-    if (H) u |= ((high[H * f / 8] >> (H * f % 8)) & (0x01010101u * ((1u << H) - 1))) << 4;
+    uint32_t base, high = 0;
+    std::memcpy(&base, block + (f % B) * 64 + 4 * i, 4);
+    if (H) std::memcpy(&high, block + (B + H * f / 8) * 64 + 4 * i, 4);
+    const uint32_t u = ((base >> (B * (f / B))) & byte_mask(B)) | ((high >> (H * f % 8)) & byte_mask(H)) << B;
     for (int j = 0; j < 4; ++j) q[4 * f + j] = int8_t(int((u >> (8 * j)) & 0xFF) - bias);
   }
 }
@@ -106,7 +108,7 @@ void decode_block(const uint8_t* block, int bias, int H, int i, int8_t* q) {
 void column_codes_of(const LinearArgs& a, const uint8_t* column_codes, int lane, int8_t* q) {
   const S16Shape sh(a, PanelScales::F32);  // the codes' place does not depend on the scales' form
   for (int64_t b = 0; b < sh.nb; ++b)
-    decode_block(column_codes + b * sh.block_bytes(), a.code_bias, sh.H, lane, q + b * kBlock);
+    decode_block(column_codes + b * sh.block_bytes(), a.code_bias, sh.bits, lane, q + b * kBlock);
 }
 
 }  // namespace
@@ -125,7 +127,7 @@ void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t*
     const int c = int((n - n0) / kLanes), i = int((n - n0) % kLanes);
     uint8_t* col = dst + c * sh.column_bytes();
     isa_avx2::s16_unpack(a.qs + n * a.row_bytes(), a.K, a.code_bits, a.code_bias, 1, q.data());
-    for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.H, i, col + b * sh.block_bytes());
+    for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.bits, i, col + b * sh.block_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
       uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
       if (a.d8) {  // Compact or CompactPairs (every half's byte its pair's: one kept)
@@ -188,12 +190,13 @@ PAGED_ALWAYS_INLINE void each_step(F&& f, std::integer_sequence<int, I...>) {
 // offsets: few_rows adds them once every pass is done). The column streams in
 // order; while block b is read, its share of the same column `ahead` bytes
 // on is prefetched into L2 (the thread's item after next).
-template <int H, int R, bool Two>
+template <int Bits, int R, bool Two>
 void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, int64_t ahead, int64_t r0,
                   int64_t n0, __mmask16 mask) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock, nh = K / kS16Half;
-  constexpr int64_t block_bytes = (4 + H) * 64;
+  constexpr int B = s16_base_bits(Bits), H = Bits - B;
+  constexpr int64_t block_bytes = Bits * 64;
   const int64_t share = column_bytes / nb;
   const bool pairs = col.form == PanelScales::CompactPairs;
   __m512 e[R][2];
@@ -203,9 +206,9 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
     for (int64_t at = b * share; at < (b + 1) * share; at += 64)
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(col.codes) + uintptr_t(at + ahead)),
                    _MM_HINT_T1);
-    __m512i nib[4], high[H > 0 ? H : 1];
-    for (int i = 0; i < 4; ++i) nib[i] = _mm512_load_si512(w + i * 64);
-    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (4 + i) * 64);
+    __m512i base[B], high[H > 0 ? H : 1];
+    for (int i = 0; i < B; ++i) base[i] = _mm512_load_si512(w + i * 64);
+    for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (B + i) * 64);
     __m512 d;  // the half's scales
     const auto half = [&](auto hc) PAGED_ALWAYS_INLINE_LAMBDA {
       constexpr int h = decltype(hc)::value;
@@ -217,7 +220,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
       each_step(
           [&](auto sc) PAGED_ALWAYS_INLINE_LAMBDA {
             constexpr int st = decltype(sc)::value;
-            const __m512i u = step_codes<H, h, st>(nib[st], high);
+            const __m512i u = step_codes<Bits, h, st>(base, high);
             for (int r = 0; r < R; ++r) {
               const int64_t at = (r0 + r) * K + b * kBlock + 16 * h + 4 * st;
               hi[r] = _mm512_dpbusd_epi32(hi[r], u, broadcast4(a.x8 + at));
@@ -245,9 +248,9 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
 using ColumnFn = void (*)(const S16Args&, const S16Column&, int64_t column_bytes, int64_t ahead, int64_t r0,
                           int64_t n0, __mmask16 mask);
 
-template <int H, bool Two, int... R>
+template <int Bits, bool Two, int... R>
 constexpr std::array<ColumnFn, sizeof...(R)> column_table(std::integer_sequence<int, R...>) {
-  return {&panel_column<H, R + 1, Two>...};
+  return {&panel_column<Bits, R + 1, Two>...};
 }
 
 // x rows per pass over a column: all of int8's (up to kS16FewRows), int8x2's in passes of up to 4
@@ -255,11 +258,11 @@ constexpr std::array<ColumnFn, sizeof...(R)> column_table(std::integer_sequence<
 // (Zen 4, 1B shapes, 3-8 rows: passes of 2, or 4 one-term rows, were 0.7-1.0x these.)
 constexpr int kTwoTermRows = 4;
 
-template <int H>
+template <int Bits>
 void few_rows(const S16Args& s, const S16Shape& sh, const uint8_t* chunk, int64_t chunk_bytes, int64_t n0,
               int64_t n1) {
-  static constexpr auto one = column_table<H, false>(std::make_integer_sequence<int, int(kS16FewRows)>());
-  static constexpr auto two = column_table<H, true>(std::make_integer_sequence<int, kTwoTermRows>());
+  static constexpr auto one = column_table<Bits, false>(std::make_integer_sequence<int, int(kS16FewRows)>());
+  static constexpr auto two = column_table<Bits, true>(std::make_integer_sequence<int, kTwoTermRows>());
   const LinearArgs& a = *s.a;
   const bool two_terms = a.x8_lo != nullptr;
   const int64_t pass = two_terms ? kTwoTermRows : kS16FewRows;
@@ -289,10 +292,12 @@ void s16_panel_few_rows(const S16Args& s, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; n += kPanel) {
     const uint8_t* chunk = a.panels + (n / kPanel) * chunk_bytes;
     const int64_t end = std::min(n1, n + kPanel);
-    switch (sh.H) {
-      case 0: few_rows<0>(s, sh, chunk, chunk_bytes, n, end); break;
-      case 1: few_rows<1>(s, sh, chunk, chunk_bytes, n, end); break;
-      default: few_rows<2>(s, sh, chunk, chunk_bytes, n, end); break;
+    switch (sh.bits) {
+      case 2: few_rows<2>(s, sh, chunk, chunk_bytes, n, end); break;
+      case 3: few_rows<3>(s, sh, chunk, chunk_bytes, n, end); break;
+      case 4: few_rows<4>(s, sh, chunk, chunk_bytes, n, end); break;
+      case 5: few_rows<5>(s, sh, chunk, chunk_bytes, n, end); break;
+      default: few_rows<6>(s, sh, chunk, chunk_bytes, n, end); break;
     }
   }
 }
