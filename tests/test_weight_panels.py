@@ -57,7 +57,7 @@ def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n, fp16_sc
         arrays = 2 if qtype == "q4_1" else 1  # d, and q4_1's m (float32 too: one form per panel)
         assert C.weight_panel_bytes(qtype, qs, d, m) == fp16_bytes + arrays * ((n + 31) // 32) * 32 * 10 * 2
     panels = build(qtype, qs, d, m)
-    assert C.weight_panel_layout() == "avx512/5"
+    assert C.weight_panel_layout() == "avx512/4"
     for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to 8 rows, widened above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
@@ -93,10 +93,8 @@ def test_s16_panels_are_bitwise_the_packed_codes(avx512, case):
     back byte for byte from a panel of their size."""
     name, qtype, qs, d, m = case
     panels = build(qtype, qs, d, m)
-    # the header's scale form (PanelScales): Q5_K's compact bytes come in equal pairs (its scales are per 32),
-    # Q2_K's in 0..15 (4-bit sub-scales and sub-mins: two a byte)
-    compact = {"Q5_K": 3, "Q2_K": 4}.get(name.split("-")[0], 2)
-    form = {"compact": compact, "fp16": 1, "float32": 0}[name.split("-")[1]]
+    # the header's scale form (PanelScales): Q5_K's compact bytes come in equal pairs (its scales are per 32)
+    form = {"compact": 3 if name.startswith("Q5_K") else 2, "fp16": 1, "float32": 0}[name.split("-")[1]]
     assert int(panels[56]) == form
     arrays = sum(t.numel() * t.element_size() for t in (qs, d, m) if t is not None)
     padded = arrays * 96 // 72  # 72 rows in 3 chunks of 32
@@ -261,14 +259,14 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     w = model.layers[0].gate_up
     x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
     first = w.weight_panels()
-    assert w._panels_layout == "avx512/5"
+    assert w._panels_layout == "avx512/4"
     with_panels = w.linear(x)
     w.use_panels = False
     assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
     w.use_panels = True
     if "amx" in C.supported_linear_isas():  # reads avx512's panels as they lie: the same tensor
         C.set_linear_isa("amx")
-        assert C.weight_panel_layout() == "avx512/5" and w.weight_panels() is first
+        assert C.weight_panel_layout() == "avx512/4" and w.weight_panels() is first
         assert torch.equal(w.linear(x), with_panels)
     others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
     for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused

@@ -77,11 +77,9 @@ enum class Activations { Float32, Int8, Int8x2 };
 // and a float32 per 256 weights as compact scales hold them
 // (compact_scales.h); CompactPairs (s16 only): Compact with one byte per
 // 32 weights where each half's byte equals its pair's (Q5_K's scales, per
-// 32 weights, held per 16 by s16); CompactNibbles (s16 only): Compact with
-// every byte in 0..15 (Q2_K's 4-bit sub-scales and sub-mins), two halves a
-// byte, the even half's in the low nibble. The kernels widen them in
-// registers to the same float32 values, so the form changes bytes, never bits.
-enum class PanelScales : int8_t { F32, F16, Compact, CompactPairs, CompactNibbles };
+// 32 weights, held per 16 by s16). The kernels widen them in registers to
+// the same float32 values, so the form changes bytes, never bits.
+enum class PanelScales : int8_t { F32, F16, Compact, CompactPairs };
 // "float32" / "int8" / "int8x2", else ValueError "activations: expected ..., got '<s>'".
 Activations parse_activations(const std::string& s);
 

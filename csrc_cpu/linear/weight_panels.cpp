@@ -58,24 +58,11 @@ bool compact_pairs(const LinearArgs& a) {
   return true;
 }
 
-// Whether every byte of s16's compact d (and m) lies in 0..15: two halves'
-// bytes then share one (PanelScales::CompactNibbles).
-bool compact_nibbles(const LinearArgs& a) {
-  const int64_t nh = a.scales(), row = compact_row_bytes(nh, a.K);
-  for (const uint8_t* c : {a.d8, a.m8})
-    for (int64_t n = 0; c && n < a.N; ++n)
-      if (!std::all_of(c + n * row, c + n * row + nh, [](uint8_t v) { return v < 16; })) return false;
-  return true;
-}
-
 // The most compact exact form of a's scales (PanelScales): compact scales
-// as they are (s16's in pairs or nibbles where they fit); d (and m) as fp16
-// when each is an fp16 value (GGUF's, widened at load), else float32. One
-// pass over the scales, per build of the panels.
+// as they are; d (and m) as fp16 when each is an fp16 value (GGUF's, widened
+// at load), else float32. One pass over the scales, per build of the panels.
 PanelScales scales_form(const LinearArgs& a) {
-  if (a.d8 && a.qtype == QType::S16 && compact_pairs(a)) return PanelScales::CompactPairs;
-  if (a.d8 && a.qtype == QType::S16 && compact_nibbles(a)) return PanelScales::CompactNibbles;
-  if (a.d8) return PanelScales::Compact;
+  if (a.d8) return a.qtype == QType::S16 && compact_pairs(a) ? PanelScales::CompactPairs : PanelScales::Compact;
   const int64_t count = a.N * a.scales();
   for (const float* s : {a.d, a.m})
     if (s && !std::all_of(s, s + count, is_fp16_value)) return PanelScales::F32;
@@ -87,7 +74,7 @@ int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8Chunk
 // Panels are q4_0 / q4_1 / q8_0's (bytes or packed) and s16's packed codes'.
 void require_panel_qtype(const LinearArgs& a) {
   if (a.qtype == QType::S16 && (a.code_bits == 8 || a.code_blocks || a.d16))
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5' or packed s16 codes ('s16.u2' .. 's16.s6'; byte codes have no "
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5' or packed s16 codes ('s16.u4' .. 's16.s6'; byte codes have no "
          "panel layout, nor do codes packed per block or half-pair scales)",
          "'s16' codes of that form");
 }
@@ -133,15 +120,12 @@ std::string layout_of(const Header& h) { return std::string(h.layout, strnlen(h.
 // one form; else the header's (fp16 or float32). The caller checks the whole
 // header against it.
 PanelScales header_form(const LinearArgs& a, const Header& h) {
-  if (a.d8)
-    return h.scales == int64_t(PanelScales::CompactPairs) || h.scales == int64_t(PanelScales::CompactNibbles)
-               ? PanelScales(h.scales)
-               : PanelScales::Compact;
+  if (a.d8) return h.scales == int64_t(PanelScales::CompactPairs) ? PanelScales::CompactPairs : PanelScales::Compact;
   return h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
 }
 
 // A build's layout name as headers carry it: the version counts layout changes.
-std::string versioned(const char* layout) { return layout + std::string("/5"); }
+std::string versioned(const char* layout) { return layout + std::string("/4"); }
 
 }  // namespace
 

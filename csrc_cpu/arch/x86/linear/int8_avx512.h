@@ -83,8 +83,7 @@ inline __attribute__((always_inline)) __m512 panel_scale(const PanelView& p, boo
     case PanelScales::F16:
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>((offsets ? p.m16 : p.d16) + at)));
     case PanelScales::Compact:
-    case PanelScales::CompactPairs:  // s16 only: never a q4 / q8 panel's
-    case PanelScales::CompactNibbles: {
+    case PanelScales::CompactPairs: {  // s16 only: never a q4 / q8 panel's
       const float* super = (offsets ? p.m_super : p.d_super) + (b / kBlocksPerSuper) * kPanel + c * kLanes;
       const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>((offsets ? p.m8 : p.d8) + at));
       return _mm512_mul_ps(_mm512_load_ps(super), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));

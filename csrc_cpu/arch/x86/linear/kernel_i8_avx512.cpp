@@ -595,7 +595,6 @@ PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form
       break;
     case PanelScales::Compact:
     case PanelScales::CompactPairs:  // s16 only: never a q4 / q8 panel's
-    case PanelScales::CompactNibbles:
       p.d8 = reinterpret_cast<const int8_t*>(scales);
       p.m8 = q4_1 ? p.d8 + values : nullptr;
       p.d_super = reinterpret_cast<const float*>(scales + (q4_1 ? 2 : 1) * values);

@@ -19,9 +19,7 @@ namespace paged::cpu::linear::isa_avx512 {
 constexpr int64_t kHalvesPerSuper = kCompactWeights / kS16Half;
 
 // Halves per byte of compact scales in a panel of this form.
-constexpr int64_t halves_per_byte(PanelScales form) {
-  return form == PanelScales::CompactPairs || form == PanelScales::CompactNibbles ? 2 : 1;
-}
+constexpr int64_t halves_per_byte(PanelScales form) { return form == PanelScales::CompactPairs ? 2 : 1; }
 // Where compact scales' supers start in a column's d or m: after their bytes.
 constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_per_byte(form) * kLanes; }
 
@@ -45,8 +43,7 @@ struct S16Shape {
     switch (form) {
       case PanelScales::F16: return nh * kLanes * 2;
       case PanelScales::Compact:
-      case PanelScales::CompactPairs:
-      case PanelScales::CompactNibbles: return supers_at(form, nh) + nh / kHalvesPerSuper * kLanes * 4;
+      case PanelScales::CompactPairs: return supers_at(form, nh) + nh / kHalvesPerSuper * kLanes * 4;
       case PanelScales::F32: break;
     }
     return nh * kLanes * 4;
@@ -72,14 +69,11 @@ PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
     case PanelScales::F16:
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 2 * g * kLanes)));
     case PanelScales::Compact:
-    case PanelScales::CompactPairs:
-    case PanelScales::CompactNibbles: {
-      const int two = col.form != PanelScales::Compact;  // halves a byte: a shift, not a division
+    case PanelScales::CompactPairs: {
+      const int pairs = col.form == PanelScales::CompactPairs;  // a shift, not a division: per half
       const __m512 super = _mm512_load_ps(reinterpret_cast<const float*>(s + supers_at(col.form, col.nh)) +
                                           (g / kHalvesPerSuper) * kLanes);
-      __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + (g >> two) * kLanes));
-      if (col.form == PanelScales::CompactNibbles)  // the odd half's in the high nibbles
-        bytes = _mm_and_si128(g & 1 ? _mm_srli_epi16(bytes, 4) : bytes, _mm_set1_epi8(0x0F));
+      const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + (g >> pairs) * kLanes));
       return _mm512_mul_ps(super, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
     }
     case PanelScales::F32: break;
@@ -145,7 +139,7 @@ inline void column_offsets(const S16Column& col, const float* xs, int64_t M, con
   const int64_t nh = col.nh;
   static thread_local AlignedVector<float> m;
   m.resize(size_t(nh * kLanes));
-  const int64_t step = col.form == PanelScales::CompactPairs ? 2 : 1;  // compact pairs: one widening for both halves
+  const int64_t step = halves_per_byte(col.form);  // compact pairs: one widening for both halves
   for (int64_t g = 0; g < nh; g += step) {
     const __m512 v = lane_scales(col, 1, g);
     for (int64_t i = 0; i < step; ++i) _mm512_store_ps(m.data() + (g + i) * kLanes, v);

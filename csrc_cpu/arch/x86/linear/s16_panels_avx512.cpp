@@ -20,12 +20,11 @@
 //     codes' size;
 //   scales: d, then m where the weight has offsets, per half g the 16 rows'
 //     values in the panels' form (PanelScales): float32 or fp16 [nh][16],
-//     or compact bytes [nh][16] (CompactPairs: [nh / 2][16], one per pair;
-//     CompactNibbles: [nh / 2][16], the even half's in the low nibble) then supers
+//     or compact bytes [nh][16] (CompactPairs: [nh / 2][16]) then supers
 //     [nh / 16][16] (a float per 256 weights), widened in registers to the
 //     weight's float32 bit for bit.
 // So the panel holds as many bytes as the packed weight (fewer with
-// CompactPairs or CompactNibbles) and every bit of it (s16_unpack_panel_chunk is the
+// CompactPairs) and every bit of it (s16_unpack_panel_chunk is the
 // inverse): it replaces the packed arrays. Calls of more than
 // kS16PanelRows rows take the tiles on panels made from it in registers
 // (kernel_s16_avx512.cpp, persistent_panel).
@@ -52,12 +51,6 @@
 namespace paged::cpu::linear::isa_avx512 {
 namespace {
 
-// Half g's compact byte of lane i in a panel's scales s of this form.
-uint8_t compact_byte(PanelScales form, const uint8_t* s, int64_t g, int i) {
-  const uint8_t byte = s[g / halves_per_byte(form) * kLanes + i];
-  return form == PanelScales::CompactNibbles ? (byte >> (4 * (g % 2))) & 0x0F : byte;
-}
-
 // Half g's value of lane i (scales[o]), as the float32 the weight holds.
 float scale_at(const S16Column& col, int o, int64_t g, int i) {
   const uint8_t* s = col.scales[o];
@@ -68,11 +61,10 @@ float scale_at(const S16Column& col, int o, int64_t g, int i) {
       return attn::f16_to_float(h);
     }
     case PanelScales::Compact:
-    case PanelScales::CompactPairs:
-    case PanelScales::CompactNibbles: {
+    case PanelScales::CompactPairs: {
       float super;
       std::memcpy(&super, s + supers_at(col.form, col.nh) + 4 * ((g / kHalvesPerSuper) * kLanes + i), 4);
-      return super * float(int8_t(compact_byte(col.form, s, g, i)));
+      return super * float(int8_t(s[g / halves_per_byte(col.form) * kLanes + i]));
     }
     case PanelScales::F32: break;
   }
@@ -138,12 +130,10 @@ void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t*
     for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.bits, i, col + b * sh.block_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
       uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
-      if (a.d8) {  // Compact, CompactPairs (every half's byte its pair's: one kept) or CompactNibbles
+      if (a.d8) {  // Compact or CompactPairs (every half's byte its pair's: one kept)
         const uint8_t* row = (o ? a.m8 : a.d8) + n * scale_row;
         const int64_t per = halves_per_byte(sh.form);
-        const bool nibbles = sh.form == PanelScales::CompactNibbles;
-        for (int64_t g = 0; g < sh.nh; g += nibbles ? 1 : per)  // (dst starts zeroed)
-          s[g / per * kLanes + i] |= uint8_t(row[g] << (nibbles ? 4 * (g % 2) : 0));
+        for (int64_t g = 0; g < sh.nh; g += per) s[g / per * kLanes + i] = row[g];
         for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
           std::memcpy(s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), row + sh.nh + 4 * g, 4);
         continue;
@@ -174,7 +164,7 @@ void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const u
       if (a.d8) {
         uint8_t* row = const_cast<uint8_t*>(o ? a.m8 : a.d8) + n * scale_row;
         const uint8_t* s = col.scales[o];
-        for (int64_t g = 0; g < sh.nh; ++g) row[g] = compact_byte(sh.form, s, g, i);
+        for (int64_t g = 0; g < sh.nh; ++g) row[g] = s[g / halves_per_byte(sh.form) * kLanes + i];
         for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
           std::memcpy(row + sh.nh + 4 * g, s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), 4);
         continue;
