@@ -175,6 +175,7 @@ std::vector<LinearBuild> linear_builds() {
     k.widen_half_pairs = isa_avx2::widen_half_pairs;
     k.s16_unpack = isa_avx2::s16_unpack;
     k.block5_unpack = isa_avx2::block5_unpack;
+    k.table4_unpack = isa_avx2::table4_unpack;
     k.q8_reads_packed = true;  // the ymm int8 kernels (avx2, avxvnni) and avx512's read them in place
     k.s16_packed_few_rows = true;
     k.s16_few_rows_reads_compact = true;

@@ -98,6 +98,12 @@ def pack_q8_codes() -> bool:
         raise ValueError(f"PAGED_Q8_PACKED: expected '0', '1' or 'auto', got {value!r}")
     return value == "1" or (value == "auto" and _C_cpu.linear_reads_packed_q8())
 
+
+#: q8_0 matrices whose codes are all IQ4_NL table values (GGUF's IQ4_NL) keep
+#: their 4-bit indices ("q8_0.nl4", csrc_cpu/linear/q8_packed.h), unpacked per
+#: work item on every build (same bits); PAGED_Q8_TABLE=0 keeps bytes (paired timing)
+PACK_Q8_TABLE = os.environ.get("PAGED_Q8_TABLE", "1") != "0"
+
 log = logging.getLogger(__name__)
 
 #: What the kernel multiplies the weight codes by (``_C_cpu.quant_linear``'s
@@ -188,11 +194,11 @@ class CpuPackedLinear:
             if packed.kernel_type == "parts" else None
         qs, d, m = (None, None, None) if self.parts else packed.fields()
         # the kernels' name for the layout: s16's codes packed into 2-6 bits ("s16.u5", ...) and
-        # q8_0's into 5 ("q8_0.s5") where they fit
+        # q8_0's into 5 ("q8_0.s5") or IQ4_NL table indices ("q8_0.nl4") where they fit
         self.kernel_qtype = self.qtype
         blocks = packed.shape[1] % 256 != 0  # s16 rows without compact scales or 256-groups
         s16_packs = self.qtype == "s16" and PACK_S16_CODES and (PACK_S16_BLOCKS or not blocks)
-        if s16_packs or (self.qtype == "q8_0" and pack_q8_codes()):
+        if s16_packs or (self.qtype == "q8_0" and (PACK_Q8_TABLE or pack_q8_codes())):
             qs, self.kernel_qtype = _packed_codes(qs, self.qtype)
         if s16_packs and blocks and d is not None and d.dtype == torch.float32:
             d, m = _half_pairs(d, m)
@@ -403,12 +409,15 @@ def _packed_codes(codes: torch.Tensor, layout: str) -> tuple[torch.Tensor, str]:
     file's load); bytes stay as they are."""
     from paged import _C_cpu
 
-    qtype = s16_code_form(codes, S16_MIN_BITS) if layout == "s16" else q8_code_form(codes)
+    if layout == "s16":
+        qtype = s16_code_form(codes, S16_MIN_BITS)
+    else:
+        qtype = q8_code_form(codes, five_bits=pack_q8_codes(), table=PACK_Q8_TABLE)
     if qtype == layout:
         return codes, qtype
     n, k = codes.shape
     per_block = layout == "q8_0" or qtype.endswith("b")  # 20 bytes per 32-block (csrc_cpu/linear/q8_packed.h)
-    row_bytes = k // 32 * 20 if per_block else k // 256 * 32 * packed_code_bits(qtype)[0]
+    row_bytes = k // 2 if qtype == "q8_0.nl4" else k // 32 * 20 if per_block else k // 256 * 32 * packed_code_bits(qtype)[0]
     out = torch.empty((n, row_bytes), dtype=torch.uint8)
     _C_cpu.pack_codes(dl(codes), qtype, dl(out))
     return out, qtype

@@ -31,7 +31,8 @@ void register_linear(nb::module_& m) {
   m.def("pack_codes", &l::pack_codes, "codes"_a, "qtype"_a, "out"_a,
         "out = int8 codes [N, K] packed as qtype, the form quant_linear reads: s16's (K a multiple of 256; "
         "'s16.u5' for codes 0..31, 's16.s6' for -32..31, ...), uint8 [N, K/256 * 32 * bits] (s16.h, 'Packed "
-        "codes'), or q8_0's ('q8_0.s5' for codes -16..15), uint8 [N, K/32 * 20] (q8_packed.h).");
+        "codes'), or q8_0's ('q8_0.s5' for codes -16..15, uint8 [N, K/32 * 20]; 'q8_0.nl4' for codes among "
+        "IQ4_NL's 16 values, uint8 [N, K/2]) (q8_packed.h).");
   m.def("half_linear", nb::overload_cast<const l::Array&, const l::Array&, const l::Array&>(&l::half_linear), "x"_a,
         "w"_a, "out"_a,
         "out[M, N] = x[M, K] @ W^T, W [N, K] float16 or bfloat16 (a GGUF F16 / BF16 matrix kept 16-bit), x float32; "

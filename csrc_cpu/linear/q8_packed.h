@@ -23,7 +23,17 @@
 // runs (quant_linear.cpp: ~10 instructions per 32 codes, which cost a 0.5B
 // Q4_K_M decode 0.7x of its byte form's speed on Zen 4). Either way every
 // build computes the byte form's bits, and the weight streams packed.
-#pragma once
+//
+// q8_0 codes as indices into IQ4_NL's table (qtype "q8_0.nl4"): GGUF's
+// IQ4_NL unpacks into q8_0 codes that are its table's 16 values (-127 ..
+// 113, not an affine grid), so a matrix whose codes all lie in the table
+// keeps each code's 4-bit index, 16 bytes per 32-block laid out as the
+// nibbles above (GGUF's own IQ4_NL bytes): 0.5 bytes a code against 1. No
+// kernel reads them in place: the drivers unpack each work item's rows
+// into the thread's scratch (a table lookup per 16 codes, `vpshufb`, on
+// x86; Kernels::table4_unpack) before the q8_0 kernel runs, and such a
+// matrix keeps no persistent panels. Every build computes the byte form's
+// bits.
 
 #include <cstdint>
 
@@ -36,6 +46,41 @@ constexpr int kQ8PackedBits = 5;
 constexpr int kQ8PackedBias = 16;  // u = q + 16
 
 inline bool q8_packed(const LinearArgs& a) { return a.qtype == QType::Q8_0 && a.code_bits == kQ8PackedBits; }
+
+constexpr int kQ8TableBits = 4;
+// IQ4_NL's code values, by index (its format's table)
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+inline bool q8_table(const LinearArgs& a) { return a.qtype == QType::Q8_0 && a.code_bits == kQ8TableBits; }
+
+// Rows [0, rows) of table-index rows (K / 32 * 16 bytes each) into int8
+// [rows, K] (the definition; Kernels::table4_unpack gives the same bytes).
+inline void unpack_table4_rows(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out) {
+  for (int64_t i = 0; i < rows * (K / kBlock); ++i)
+    for (int l = 0; l < kBlock / 2; ++l) {
+      const uint8_t byte = packed[i * (kBlock / 2) + l];
+      out[i * kBlock + l] = kIq4nlValues[byte & 15];
+      out[i * kBlock + 16 + l] = kIq4nlValues[byte >> 4];
+    }
+}
+
+// The table's index of code q, or -1 where q is not one of its values.
+inline int table4_index(int q) {
+  for (int i = 0; i < 16; ++i)
+    if (kIq4nlValues[i] == q) return i;
+  return -1;
+}
+
+// One row's codes [K] (each a table value) as indices into out (K / 32 * 16
+// bytes); false (out unspecified) at a code the table lacks.
+inline bool pack_table4_row(const int8_t* codes, int64_t K, uint8_t* out) {
+  for (int64_t b = 0; b < K / kBlock; ++b)
+    for (int l = 0; l < kBlock / 2; ++l) {
+      const int lo = table4_index(codes[b * kBlock + l]), hi = table4_index(codes[b * kBlock + 16 + l]);
+      if (lo < 0 || hi < 0) return false;
+      out[b * (kBlock / 2) + l] = uint8_t(lo | hi << 4);
+    }
+  return true;
+}
 
 // Rows [0, rows) of packed rows (K / 32 * 20 bytes each) into int8 [rows, K]
 // (the definition; Kernels::block5_unpack gives the same bytes).
@@ -72,21 +117,26 @@ inline void pack_block5_row(const int8_t* codes, int64_t K, int bias, uint8_t* o
 // compact_scales.h's ItemWidener does for scales). a itself unless packed.
 struct ItemCodes {
   Block5Unpack fn = unpack_block5_rows;  // the build's (Kernels::block5_unpack), same bytes
+  Table4Unpack table = unpack_table4_rows;  // the build's (Kernels::table4_unpack), same bytes
   LinearArgs item(LinearArgs a, int64_t n0, int64_t n1) const {
-    if (!q8_packed(a)) return a;
+    if (!q8_packed(a) && !q8_table(a)) return a;
     static thread_local AlignedVector<int8_t> buf;
     const auto count = size_t((n1 - n0) * a.K);
     if (buf.size() < count) buf.resize(count);
-    fn(a.qs + n0 * a.row_bytes(), a.K, kQ8PackedBias, n1 - n0, buf.data());
+    if (q8_table(a)) table(a.qs + n0 * a.row_bytes(), a.K, n1 - n0, buf.data());
+    else fn(a.qs + n0 * a.row_bytes(), a.K, kQ8PackedBias, n1 - n0, buf.data());
     a.qs = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(buf.data()) - uintptr_t(n0 * a.K));
     a.code_bits = 8;
     return a;
   }
 };
-inline ItemCodes item_codes(Block5Unpack fn) { return {fn ? fn : unpack_block5_rows}; }
+inline ItemCodes item_codes(const Kernels& k) {
+  return {k.block5_unpack ? k.block5_unpack : unpack_block5_rows, k.table4_unpack ? k.table4_unpack : unpack_table4_rows};
+}
 
 namespace isa_avx2 {  // arch/x86/linear/block5_unpack_avx2.cpp
 void block5_unpack(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out);
+void table4_unpack(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
 }
 
 }  // namespace paged::cpu::linear

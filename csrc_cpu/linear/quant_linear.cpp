@@ -32,7 +32,8 @@ constexpr int64_t kRowsPerChunk = 24;  // weight rows per OpenMP work item (whol
 
 // "s16" with packed codes (s16.h): "s16.u<bits>" holds codes 0 .. 2^bits - 1,
 // "s16.s<bits>" codes -2^(bits-1) .. 2^(bits-1) - 1 (bias 2^(bits-1)), bits 2-6;
-// "q8_0.s5": q8_0 with codes -16..15 in 5 bits (q8_packed.h).
+// "q8_0.s5": q8_0 with codes -16..15 in 5 bits, "q8_0.nl4": q8_0 with
+// codes from IQ4_NL's table as 4-bit indices (q8_packed.h).
 void parse_qtype(LinearArgs& a, const std::string& s) {
   a.code_bits = 8;
   a.code_bias = 0;
@@ -44,6 +45,9 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
     a.qtype = QType::Q8_0;
     a.code_bits = kQ8PackedBits;
     a.code_bias = kQ8PackedBias;
+  } else if (s == "q8_0.nl4") {
+    a.qtype = QType::Q8_0;
+    a.code_bits = kQ8TableBits;
   } else if (s == "s16.u5b" || s == "s16.s5b") {  // per 32-block (q8_packed.h)
     a.qtype = QType::S16;
     a.code_bits = 5;
@@ -55,7 +59,7 @@ void parse_qtype(LinearArgs& a, const std::string& s) {
     a.code_bits = s[5] - '0';
     a.code_bias = s[4] == 's' ? 1 << (a.code_bits - 1) : 0;
   } else {
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes ('s16.u2' .. 's16.u6', "
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 'q8_0.nl4', 's16' or packed s16 codes ('s16.u2' .. 's16.u6', "
          "'s16.s2' .. 's16.s6', 's16.u5b', 's16.s5b')",
          "'" + s + "'");
   }
@@ -101,7 +105,7 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
   const attn::TensorArg tq = matrix("qs", qs, bytes ? nb::dtype<int8_t>() : nb::dtype<uint8_t>());
   // packed codes come in groups: s16's of 256 weights (s16.h), q8_0's of 32 (q8_packed.h)
   const bool blocks = a.qtype == QType::Q8_0 || a.code_blocks;
-  const int64_t group_bytes = blocks ? kQ8PackedBlockBytes : s16_packed_group_bytes(a.code_bits);
+  const int64_t group_bytes = q8_table(a) ? kBlock / 2 : blocks ? kQ8PackedBlockBytes : s16_packed_group_bytes(a.code_bits);
   const int64_t group = blocks ? kBlock : kS16PackedGroup;
   a.N = tq.dim(0);
   a.K = bytes ? tq.dim(1) : packed ? tq.dim(1) / group_bytes * group : 2 * tq.dim(1);
@@ -274,7 +278,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   // compact scales: each chunk widens its rows below
   const ItemWidener widen = item_widener(kernels);
   // packed q8_0 codes: each chunk unpacks its rows below
-  const ItemCodes unpack = item_codes(kernels.block5_unpack);
+  const ItemCodes unpack = item_codes(kernels);
   const int64_t chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   const bool parallel = a.M * N * K >= kSerialMacs && (chunks > 1 || a.M > 1);
   // pair tiles (int8.h): the two-term rows' c as int16, when they are enough
@@ -339,8 +343,10 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(*bf16, a.x + two_rows * K, a.M - two_rows, K, parallel),
                   nullptr, a.out + two_rows * N};
   // packed q8_0 codes: unpacked per chunk for a build that does not read
-  // them, and for the bf16 rows (with panels qs is null: never)
-  const bool unpack_codes = q8_packed(a) && a.qs && (!kernels.q8_reads_packed || bf.M);
+  // them (table indices: every build), and for the bf16 rows (with panels
+  // qs is null: never)
+  const bool reads_packed = kernels.q8_reads_packed && !q8_table(a);
+  const bool unpack_codes = (q8_packed(a) || q8_table(a)) && a.qs && (!reads_packed || bf.M);
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
@@ -359,8 +365,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
       }
       return g;
     };
-    if (two.M) kernels.int8_rows(with_scales(two, kernels.q8_reads_packed), n0, n1, panel);
-    if (one.M) kernels.int8_rows(with_scales(one, kernels.q8_reads_packed), n0, n1, panel);
+    if (two.M) kernels.int8_rows(with_scales(two, reads_packed), n0, n1, panel);
+    if (one.M) kernels.int8_rows(with_scales(one, reads_packed), n0, n1, panel);
     // the chunk's panel is in cache now (the int8 rows just swept it): its
     // bfloat16 tiles are made from it instead of read from a copy
     if (bf.M) bf16->panel_rows(bf, with_scales(a, false), n0, n1, panel);
@@ -445,7 +451,7 @@ void quant_linear(const Array& x, const std::string& qtype, const Array& qs, con
   const bool parallel = a.M * a.N * a.K >= kSerialMacs && chunks > 1;
   // compact scales: each chunk widens its rows
   const ItemWidener widen = item_widener(kernels);
-  const ItemCodes unpack = item_codes(kernels.block5_unpack);  // packed q8_0 codes, per chunk
+  const ItemCodes unpack = item_codes(kernels);  // packed q8_0 codes, per chunk
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     static thread_local std::vector<float> scratch;
     const int64_t n0 = c * kRowsPerChunk, n1 = std::min(a.N, (c + 1) * kRowsPerChunk);
@@ -457,7 +463,8 @@ void pack_codes(const Array& codes, const std::string& qtype, const Array& out) 
   LinearArgs a;
   parse_qtype(a, qtype);
   if (a.code_bits == 8)
-    fail("qtype", "a packed form ('q8_0.s5', 's16.u2' .. 's16.u6', 's16.s2' .. 's16.s6', 's16.u5b', 's16.s5b')",
+    fail("qtype",
+         "a packed form ('q8_0.s5', 'q8_0.nl4', 's16.u2' .. 's16.u6', 's16.s2' .. 's16.s6', 's16.u5b', 's16.s5b')",
          "'" + qtype + "'");
   const bool blocks = a.qtype == QType::Q8_0 || a.code_blocks;  // q8_packed.h's form
   const int64_t group = blocks ? kBlock : kS16PackedGroup;  // weights per group of packed codes
@@ -479,13 +486,18 @@ void pack_codes(const Array& codes, const std::string& qtype, const Array& out) 
 #pragma omp parallel for schedule(static) reduction(max : bad)
     for (int64_t n = 0; n < a.N; ++n) {
       for (int64_t k = 0; k < a.K; ++k)
-        if (c[n * a.K + k] < lo || c[n * a.K + k] > hi) bad = std::max(bad, n * a.K + k);
-      if (blocks) pack_block5_row(c + n * a.K, a.K, bias, dst + n * a.row_bytes());
+        if (q8_table(a) ? table4_index(c[n * a.K + k]) < 0 : c[n * a.K + k] < lo || c[n * a.K + k] > hi)
+          bad = std::max(bad, n * a.K + k);
+      if (q8_table(a)) pack_table4_row(c + n * a.K, a.K, dst + n * a.row_bytes());  // (bad says where it stopped)
+      else if (blocks) pack_block5_row(c + n * a.K, a.K, bias, dst + n * a.row_bytes());
       else pack_s16_row(c + n * a.K, a.K, bits, bias, dst + n * a.row_bytes());
     }
   }
   if (bad >= 0)
-    fail("codes", "codes in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] for qtype '" + qtype + "'",
+    fail("codes",
+         (q8_table(a) ? std::string("codes among IQ4_NL's 16 values")
+                      : "codes in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]") +
+             " for qtype '" + qtype + "'",
          "code " + std::to_string(int(c[bad])) + " at [" + std::to_string(bad / a.K) + ", " +
              std::to_string(bad % a.K) + "]");
 }
@@ -504,7 +516,7 @@ void quant_dequantize(const std::string& qtype, const Array& qs, const Array& d,
   // compact scales: all rows, before the parallel loop
   widen_all_rows(a, active_kernels());
   if (a.qtype == QType::S16) return s16_dequantize(a, w);
-  const ItemCodes unpack = item_codes(active_kernels().block5_unpack);
+  const ItemCodes unpack = item_codes(active_kernels());
   // Rows in parallel (prefill dequantizes a matrix per call); built for the
   // baseline ISA, so scale * q + offset is never contracted into an FMA and
   // the values stay exactly gguf's.

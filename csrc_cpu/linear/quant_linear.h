@@ -94,7 +94,8 @@ struct LinearArgs {
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
   // S16's codes: 8 = int8 [N, K] as they lie; 4, 5 or 6 = packed into that
   // many bits per code with code_bias added (s16.h, "Packed codes"); Q8_0's:
-  // 8, or 5 (q8_packed.h: 20 bytes per 32-block)
+  // 8, 5 (q8_packed.h: 20 bytes per 32-block) or 4 (q8_packed.h: indices
+  // into IQ4_NL's table, 16 bytes per 32-block)
   int code_bits = 8;
   int code_bias = 0;
   // S16's 5-bit codes packed per 32-block as q8_0's (q8_packed.h; qtype
@@ -146,6 +147,7 @@ struct LinearArgs {
   bool has_offsets() const { return m || m8 || m16 || panel_offsets; }
   int64_t scales() const { return qtype == QType::S16 ? K / 16 : K / kBlock; }  // per row
   int64_t row_bytes() const {
+    if (code_bits == 4 && qtype == QType::Q8_0) return K / 2;  // table indices (q8_packed.h)
     if (code_bits < 8 && (qtype == QType::Q8_0 || code_blocks)) return K / kBlock * kQ8PackedBlockBytes;
     if (qtype == QType::S16 && code_bits < 8) return K / 256 * 32 * code_bits;  // s16.h, "Packed codes"
     return qtype == QType::Q8_0 || qtype == QType::S16 ? K : K / 2;
@@ -181,6 +183,8 @@ using WidenHalfPairs = void (*)(const uint16_t* h, int64_t nb, int64_t n0, int64
 using S16Unpack = void (*)(const uint8_t* packed, int64_t K, int bits, int bias, int64_t rows, int8_t* out);
 // rows [0, rows) of 5-bit codes packed per 32-block (q8_packed.h; u = q + bias) into int8 [rows, K]
 using Block5Unpack = void (*)(const uint8_t* packed, int64_t K, int bias, int64_t rows, int8_t* out);
+// rows [0, rows) of q8_0 codes held as IQ4_NL table indices (q8_packed.h) into int8 [rows, K]
+using Table4Unpack = void (*)(const uint8_t* packed, int64_t K, int64_t rows, int8_t* out);
 
 // The kernels of one ISA build.
 struct Kernels {
@@ -217,6 +221,8 @@ struct Kernels {
   S16Unpack s16_unpack = nullptr;
   // 5-bit codes packed per 32-block (q8_0's, s16's "s16.u5b") into int8 (q8_packed.h; null: its plain loop, unpack_block5_rows)
   Block5Unpack block5_unpack = nullptr;
+  // q8_0's IQ4_NL table indices into int8 (q8_packed.h; null: its plain loop, unpack_table4_rows)
+  Table4Unpack table4_unpack = nullptr;
   // int8_rows reads q8_0's packed codes itself (q8_packed.h), in calls of any rows
   bool q8_reads_packed = false;
   // s16_rows reads packed codes itself in calls of at most kS16FewRows rows

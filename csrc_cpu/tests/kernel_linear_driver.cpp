@@ -365,7 +365,7 @@ void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
             pair_codes(x.x8.data() + r * K, x.x8_lo.data() + r * K, K, c16.data() + r * K);
           a.x16 = c16.data();
         }
-        const ItemCodes unpack = item_codes(b.kernel.block5_unpack);
+        const ItemCodes unpack = item_codes(b.kernel);
         Int8Panel panel;
         for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
           const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
@@ -398,6 +398,20 @@ void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
         DRIVER_CHECK(same_bits(got, want), "%s q8_0.s5 panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
                      b.name, (long long)K, (long long)M, path_name(p));
       }
+  }
+  // q8_0's IQ4_NL table indices: packing round-trips and the build's
+  // unpacking gives the definition's bytes (odd block counts: the AVX2
+  // unpacker's two-block vectors and its tail); the q8_0 kernels then run on bytes
+  const Table4Unpack unpack4 = b.kernel.table4_unpack ? b.kernel.table4_unpack : unpack_table4_rows;
+  for (int64_t K : {32, 288, 896}) {
+    const int64_t N = 7;
+    std::vector<int8_t> codes(size_t(N * K)), back(codes.size());
+    for (int8_t& c : codes) c = kIq4nlValues[uniform_int(0, 15)];
+    std::vector<uint8_t> packed(size_t(N * K / 2));
+    for (int64_t n = 0; n < N; ++n)
+      DRIVER_CHECK(pack_table4_row(codes.data() + n * K, K, packed.data() + n * K / 2), "pack_table4_row refused");
+    unpack4(packed.data(), K, N, back.data());
+    DRIVER_CHECK(back == codes, "%s table4_unpack, K=%lld: other bytes", b.name, (long long)K);
   }
   for (bool offsets : {false, true})
     for (int64_t M : {1, 3, 8, 9, 20}) {

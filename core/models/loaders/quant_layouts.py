@@ -354,23 +354,49 @@ def unpack_s16_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     return (u - bias).to(torch.int8).reshape(n, -1)
 
 
-def q8_code_form(codes: torch.Tensor) -> str:
+def q8_code_form(codes: torch.Tensor, five_bits: bool = True, table: bool = True) -> str:
     """The kernels' qtype for q8_0 codes [N, K]: "q8_0.s5" when every code
-    lies in -16..15 (Q5_0's q - 16), else "q8_0" (bytes)."""
-    fits = codes.numel() and -16 <= int(codes.min()) and int(codes.max()) <= 15
-    return "q8_0.s5" if fits else "q8_0"
+    lies in -16..15 (Q5_0's q - 16) and five_bits, "q8_0.nl4" when every code
+    is one of IQ4_NL's 16 values and table, else "q8_0" (bytes)."""
+    if not codes.numel():
+        return "q8_0"
+    if five_bits and -16 <= int(codes.min()) and int(codes.max()) <= 15:
+        return "q8_0.s5"
+    if table and bool(torch.isin(codes, torch.tensor(IQ4_NL_VALUES, dtype=codes.dtype)).all()):
+        return "q8_0.nl4"
+    return "q8_0"
 
 
-def pack_q8_codes(codes: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """q8_0's int8 codes [N, K] in 5 bits as csrc_cpu/linear/q8_packed.h lays
-    them out, u = q + 16, per 32-block 20 bytes: 16 bytes of nibbles (byte l:
-    element l in bits 0-3, element 16 + l in bits 4-7), then 4 bytes of
-    fifth bits (element e's in byte e % 4, bit e / 4). Returns (uint8 [N,
-    K/32 * 20], "q8_0.s5"), or (codes, "q8_0") when a code is outside -16..15."""
-    qtype = q8_code_form(codes)
+def pack_q8_codes(codes: torch.Tensor, five_bits: bool = True, table: bool = True) -> tuple[torch.Tensor, str]:
+    """q8_0's int8 codes [N, K] packed as csrc_cpu/linear/q8_packed.h lays
+    them out (q8_code_form's choice): "q8_0.s5", u = q + 16 in 5 bits, per
+    32-block 20 bytes: 16 bytes of nibbles (byte l: element l in bits 0-3,
+    element 16 + l in bits 4-7), then 4 bytes of fifth bits (element e's in
+    byte e % 4, bit e / 4); "q8_0.nl4", each code's index in IQ4_NL's table,
+    16 bytes of such nibbles per 32-block. Returns (uint8 [N, K/32 * 20 or
+    K/2], the qtype), or (codes, "q8_0")."""
+    qtype = q8_code_form(codes, five_bits, table)
     if qtype == "q8_0":
         return codes, qtype
+    if qtype == "q8_0.nl4":
+        n, k = codes.shape
+        index = torch.full((256,), -1, dtype=torch.int16)
+        index[torch.tensor(IQ4_NL_VALUES, dtype=torch.int64) + 128] = torch.arange(16, dtype=torch.int16)
+        i = index[codes.to(torch.int64) + 128].view(n, k // 32, 32)
+        return (i[..., :16] | (i[..., 16:] << 4)).to(torch.uint8).reshape(n, -1).contiguous(), qtype
     return _pack_block5(codes, 16), qtype
+
+
+def unpack_q8_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
+    """pack_q8_codes' inverse: int8 codes [N, K] ("q8_0" returns ``packed``)."""
+    if qtype == "q8_0":
+        return packed
+    n = packed.shape[0]
+    if qtype == "q8_0.nl4":
+        v = packed.view(n, -1, 16).to(torch.int64)
+        table = torch.tensor(IQ4_NL_VALUES, dtype=torch.int8)
+        return torch.cat([table[v & 15], table[v >> 4]], dim=2).reshape(n, -1)
+    return unpack_s16_codes(packed, "s16.s5b")  # the same 20-byte blocks, bias 16
 
 
 def _pack_block5(codes: torch.Tensor, bias: int) -> torch.Tensor:
