@@ -1,7 +1,9 @@
 """q8_0 codes held as IQ4_NL table indices (csrc_cpu/linear/q8_packed.h,
 "q8_0.nl4"; quant_layouts.pack_q8_codes): a q8_0 matrix whose codes are all
 IQ4_NL's 16 values (what GGUF's IQ4_NL unpacks into) keeps a 4-bit index per
-code, unpacked per work item on every build.
+code: the avx512 build reads them in place (few rows: registers; persistent
+panels of nibbles, looked up per step), the others and larger calls without
+panels unpack each work item's rows.
 
 Oracles: the same matrix with its codes as int8 bytes (the q8_0 form
 tests/test_quant_linear_int8.py checks against exact arithmetic), bitwise, on
@@ -118,11 +120,43 @@ def test_rows_alone_equal_rows_in_calls():
                               sizes=(1, 3, 8, 11))
 
 
+def panels_of(qtype: str, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor | None:
+    if not C.weight_panel_layout():
+        return None
+    panels = torch.empty(C.weight_panel_bytes(qtype, dl(qs), dl(d), None), dtype=torch.uint8)
+    C.build_weight_panels(qtype, dl(qs), dl(d), None, dl(panels))
+    return panels
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 33])
+@pytest.mark.parametrize("activations", ["int8", "int8x2"])
+def test_persistent_panels_of_table_indices(rows, activations):
+    """The avx512 panels of table indices (transposed nibble dwords, as the
+    4-bit types'): half the byte panel's codes, the byte form's bits at every
+    row count (in place up to 8 rows, widened to bytes for the tiles above),
+    and they unpack back to the packed arrays bit for bit."""
+    codes, d = table_matrix(77, 288, seed=rows)
+    qs, qtype = pack_q8_codes(codes)
+    panels = panels_of(qtype, qs, d)
+    if panels is None:
+        pytest.skip(f"linear build {C.linear_isa()!r} has no weight panels (avx512 / amx: AVX-512 VNNI CPUs)")
+    assert panels.numel() < panels_of("q8_0", codes, d).numel()
+    x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
+    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
+        want = linear("q8_0", x, codes, d, None, activations, split)
+        out = torch.full_like(want, float("nan"))
+        C.quant_linear(dl(x), qtype, dl(qs), dl(d), None, dl(out), activations, split, dl(panels))
+        assert same_bits(out, want)
+    back_qs, back_d = torch.zeros_like(qs), torch.zeros_like(d)
+    C.unpack_weight_panels(qtype, dl(panels), dl(back_qs), dl(back_d), None, 0)
+    assert torch.equal(back_qs, qs) and torch.equal(back_d, d)
+
+
 @pytest.mark.parametrize("packs", [True, False], ids=["table", "bytes"])
 def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, packs):
     """CpuPackedLinear holds an IQ4_NL matrix as its 4-bit indices (half the
-    bytes; PAGED_Q8_TABLE=0: int8 codes), keeps no persistent panels for it,
-    and gives the byte form's outputs and gguf's values for its embedding rows."""
+    bytes; PAGED_Q8_TABLE=0: int8 codes) and gives the byte form's outputs
+    and gguf's values for its embedding rows."""
     from paged.backends.cpu import quant_linear as ql
 
     monkeypatch.setattr(ql, "PACK_Q8_TABLE", packs)
@@ -133,7 +167,6 @@ def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, packs):
     _, codes, d, _ = unpack(Q.IQ4_NL, blocks.blocks, (rows, cols))
     assert w.kernel_qtype == ("q8_0.nl4" if packs else "q8_0")
     assert w.qs.numel() == (rows * cols // 2 if packs else codes.numel())
-    assert not ql.has_panel_layout("q8_0.nl4")
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
     for r in (1, 5):
         assert same_bits(w.linear(x[:r]), linear("q8_0", x[:r], codes, d, None, "int8x2"))
@@ -145,6 +178,3 @@ def test_bad_input_is_one_clear_error():
     codes, d = table_matrix(4, 96, seed=1)
     qs, qtype = pack_q8_codes(codes)
     assert_packed_shape_errors(qtype, qs, codes, d)  # rows not whole blocks, int8 codes, x's width
-    if C.weight_panel_layout():
-        with pytest.raises(ValueError, match="q8_0's table indices have none"):
-            C.weight_panel_bytes(qtype, dl(qs), dl(d), None)

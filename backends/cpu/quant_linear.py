@@ -444,7 +444,7 @@ def _half_pairs(d: torch.Tensor, m: torch.Tensor | None) -> tuple:
 _SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
 #: the layouts with persistent weight panels (the avx512 build's q4/q8 tiles, q8_0's packed codes too),
 #: and s16's codes packed into 2-6 bits ("s16.u5", ...: has_panel_layout)
-PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0", "q8_0.s5")
+PANEL_LAYOUTS = ("q4_0", "q4_1", "q8_0", "q8_0.s5", "q8_0.nl4")
 
 
 def has_panel_layout(kernel_qtype: str) -> bool:

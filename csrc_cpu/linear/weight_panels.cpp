@@ -13,7 +13,6 @@
 #include "kernel_builds.h"
 #include "linear/compact_scales.h"
 #include "linear/int8.h"
-#include "linear/q8_packed.h"
 #include "runtime/parallel.h"
 
 namespace nb = nanobind;
@@ -74,12 +73,9 @@ int64_t chunks(const LinearArgs& a) { return (a.N + kI8ChunkRows - 1) / kI8Chunk
 
 // Panels are q4_0 / q4_1 / q8_0's (bytes or packed) and s16's packed codes'.
 void require_panel_qtype(const LinearArgs& a) {
-  if (q8_table(a))
-    fail("qtype", "a panel layout ('q4_0', 'q4_1', 'q8_0', 'q8_0.s5', packed s16 codes; q8_0's table indices "
-         "have none: their rows are unpacked per work item)", "'q8_0.nl4'");
   if (a.qtype == QType::S16 && (a.code_bits == 8 || a.code_blocks || a.d16))
-    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5' or packed s16 codes ('s16.u4' .. 's16.s6'; byte codes have no "
-         "panel layout, nor do codes packed per block or half-pair scales)",
+    fail("qtype", "'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 'q8_0.nl4' or packed s16 codes ('s16.u2' .. 's16.s6'; byte "
+         "codes have no panel layout, nor do codes packed per block or half-pair scales)",
          "'s16' codes of that form");
 }
 

@@ -53,6 +53,9 @@ struct PanelView {
   int64_t ahead = 0;
   uint8_t* nibbles = nullptr;  // [nb] blocks of kNibbleBlockBytes (nibble_offset), persistent 4-bit panels
   uint8_t* packed_q8 = nullptr;  // [nb] blocks of kPackedQ8BlockBytes (packed_q8_offset), persistent packed q8_0
+  // the nibbles are q8_0's IQ4_NL table indices (q8_packed.h): each step's
+  // u = value + 128 is looked up (table_steps) where the 4-bit types' is the nibble
+  bool table = false;
   PanelScales scales = PanelScales::F32;
   const uint16_t* d16 = nullptr;  // F16: [nb][kPanel] fp16 d, then q4_1's m
   const uint16_t* m16 = nullptr;

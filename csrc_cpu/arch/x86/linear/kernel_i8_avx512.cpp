@@ -152,6 +152,22 @@ PAGED_ALWAYS_INLINE void nibble_steps(__m512i v, __m512i& lo_step, __m512i& hi_s
   hi_step = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 }
 
+// q8_0's IQ4_NL table indices (q8_packed.h) as nibble_steps makes them into
+// the byte panel's u = value + 128: one vpshufb per step (the table in every
+// 128-bit lane).
+PAGED_ALWAYS_INLINE __m512i table_lut() {
+  const __m128i values = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4nlValues));
+  return _mm512_xor_si512(_mm512_broadcast_i32x4(values), _mm512_set1_epi8(char(0x80)));
+}
+// A block's nibble dword s as nibble_steps does, looked up where `table`.
+PAGED_ALWAYS_INLINE void code_steps(__m512i v, bool table, __m512i lut, __m512i& lo_step, __m512i& hi_step) {
+  nibble_steps(v, lo_step, hi_step);
+  if (table) {
+    lo_step = _mm512_shuffle_epi8(lut, lo_step);
+    hi_step = _mm512_shuffle_epi8(lut, hi_step);
+  }
+}
+
 // Step t's unsigned codes u = q + 16 of q8_0's 5-bit packed codes
 // (q8_packed.h): its 4 low bits (`low`, as nibble_steps makes them) with
 // bit t of each byte of the block's fifth-bit dword moved to bit 4: a shift
@@ -214,8 +230,9 @@ template <QType T>
 void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   if (T == QType::Q8_0 && q8_packed(a)) return build_packed_q8_column(a, n0, rows, c, p);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const int64_t blocks_per_chunk = T == QType::Q8_0 ? 2 : 4;  // 64 bytes of packed codes
-  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  const bool table = T == QType::Q8_0 && q8_table(a), bytes = T == QType::Q8_0 && !table;  // else nibbles
+  const int64_t blocks_per_chunk = bytes ? 2 : 4;  // 64 bytes of packed codes
+  const __m512i bias = _mm512_set1_epi8(char(0x80)), lut = table_lut();
   __m512i v[16];
   for (int64_t chunk = 0; chunk * 64 < row_bytes; ++chunk) {
     load_rows(a.qs + n0 * row_bytes, row_bytes, rows, chunk * 64, std::min<int64_t>(16, (row_bytes - chunk * 64) / 4),
@@ -223,7 +240,7 @@ void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelV
     transpose16(v);  // v[j]: dword j of the chunk, 16 rows
     for (int64_t i = 0; i < blocks_per_chunk && chunk * blocks_per_chunk + i < nb; ++i) {
       const int64_t b = chunk * blocks_per_chunk + i;
-      if constexpr (T == QType::Q8_0) {
+      if (bytes) {
         uint8_t* dst = p.codes + b * kBlockBytes + c * 64;
         for (int s = 0; s < kSteps; ++s) _mm512_store_si512(dst + s * kCols * 64, _mm512_xor_si512(v[8 * i + s], bias));
       } else if (p.nibbles) {
@@ -232,7 +249,7 @@ void build_column(const LinearArgs& a, int64_t n0, int rows, int c, const PanelV
         uint8_t* dst = p.codes + b * kBlockBytes + c * 64;
         for (int s = 0; s < 4; ++s) {
           __m512i lo, hi;
-          nibble_steps(v[4 * i + s], lo, hi);
+          code_steps(v[4 * i + s], table, lut, lo, hi);
           _mm512_store_si512(dst + s * kCols * 64, lo);
           _mm512_store_si512(dst + (4 + s) * kCols * 64, hi);
         }
@@ -430,11 +447,14 @@ PAGED_ALWAYS_INLINE void direct_block(const LinearArgs& a, const PanelView& p, i
 // R, n0 .. n0 + 16] of column c (rows valid under `mask`), its packed codes
 // transposed and multiplied straight from registers; only its scales come
 // from the panel.
+// q8_0's IQ4_NL table indices (q8_packed.h) are nibbles as the 4-bit types'
+// (4 blocks per 64 bytes), each step's u = value + 128 looked up (vpshufb).
 template <QType T, int R>
 void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, __mmask16 mask) {
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const int64_t chunk_blocks = T == QType::Q8_0 ? 2 : 4;  // blocks per 64 bytes of packed codes
-  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  const bool table = T == QType::Q8_0 && q8_table(a);
+  const int64_t chunk_blocks = T == QType::Q8_0 && !table ? 2 : 4;  // blocks per 64 bytes of packed codes
+  const __m512i bias = _mm512_set1_epi8(char(0x80)), lut = table_lut();
   const int rows = __builtin_popcount(mask);
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -446,7 +466,9 @@ void direct_column(const LinearArgs& a, const PanelView& p, int64_t n0, int c, _
     for (int64_t i = 0; i < chunk_blocks && chunk * chunk_blocks + i < nb; ++i) {
       __m512i w[8];
       for (int s = 0; s < 4; ++s) {
-        if constexpr (T == QType::Q8_0) {
+        if (table) {
+          code_steps(v[4 * i + s], true, lut, w[2 * s], w[2 * s + 1]);
+        } else if constexpr (T == QType::Q8_0) {
           w[2 * s] = _mm512_xor_si512(v[8 * i + s], bias);
           w[2 * s + 1] = _mm512_xor_si512(v[8 * i + 4 + s], bias);
         } else {
@@ -486,9 +508,10 @@ PAGED_ALWAYS_INLINE void panel_columns(const LinearArgs& a, const PanelView& p, 
 // A persistent 4-bit panel: each block's codes are 4 nibble vectors a column.
 template <QType T, int R>
 void nibble_columns(const LinearArgs& a, const PanelView& p, int64_t n0, const __mmask16 mask[kCols]) {
+  const __m512i lut = table_lut();
   panel_columns<T, R, 0>(a, p, p.nibbles, n0, mask, [&](int64_t b, int c, __m512i w[8]) PAGED_ALWAYS_INLINE_LAMBDA {
     for (int s = 0; s < 4; ++s)
-      nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), w[2 * s], w[2 * s + 1]);
+      code_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), p.table, lut, w[2 * s], w[2 * s + 1]);
   });
 }
 
@@ -575,13 +598,15 @@ PAGED_TARGET_END()
 // or 4-bit nibbles), then its scales in the panels' form: d, then q4_1's m
 // (Compact: their bytes, then their supers).
 // (`packed`: q8_0's 5-bit packed codes, kept as their transposed dwords)
-PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form, bool packed) {
+// (`table`: q8_0's IQ4_NL table indices, kept as nibbles)
+PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form, bool packed, bool table) {
   auto* base = const_cast<uint8_t*>(chunk);
-  const bool nibbles = t != QType::Q8_0, q4_1 = t == QType::Q4_1;
+  const bool nibbles = t != QType::Q8_0 || table, q4_1 = t == QType::Q4_1;
   uint8_t* scales = base + nb * (packed ? kPackedQ8BlockBytes : nibbles ? kNibbleBlockBytes : kBlockBytes);
   PanelView p{nibbles || packed ? nullptr : base, nullptr, nullptr};
   p.nibbles = nibbles ? base : nullptr;
   p.packed_q8 = packed ? base : nullptr;
+  p.table = table;
   p.scales = form;
   const int64_t values = nb * kPanel;  // of d, and of m
   switch (form) {
@@ -639,13 +664,14 @@ void tiles(const LinearArgs& a, const PanelView& p, int64_t r0, int64_t r1, int6
 // (codes, kBlockBytes per block), prefetching the whole chunk `p.ahead`
 // bytes on (its nibbles and scales; `chunk` bytes), a block's share at a time.
 void widen_nibbles(const PanelView& p, int64_t nb, int64_t chunk, uint8_t* codes) {
+  const __m512i lut = table_lut();
   for (int64_t b = 0; b < nb; ++b) {
     prefetch_block_share(p.nibbles, chunk, nb, b, p.ahead);
     uint8_t* dst = codes + b * kBlockBytes;
     for (int s = 0; s < 4; ++s)
       for (int c = 0; c < kCols; ++c) {
         __m512i lo, hi;
-        nibble_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), lo, hi);
+        code_steps(_mm512_load_si512(p.nibbles + nibble_offset(b, s, c)), p.table, lut, lo, hi);
         _mm512_store_si512(dst + (s * kCols + c) * 64, lo);
         _mm512_store_si512(dst + ((4 + s) * kCols + c) * 64, hi);
       }
@@ -718,7 +744,8 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
   // 4-bit ones serve nibble_columns up to kDirectRows and the tiles above.
   constexpr bool q8 = T == QType::Q8_0;
-  const bool packed_panels = a.panels && q8 && q8_packed(a);  // few rows read them in place, as nibbles
+  // few rows read packed q8_0 panels in place, and table-index ones as nibbles
+  const bool packed_panels = a.panels && q8 && (q8_packed(a) || q8_table(a));
   const bool few = a.M <= kDirectRows && !(a.panels && q8 && !packed_panels);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
   // persistent: read in place (packed q8_0's widened to bytes for the tiles)
@@ -731,7 +758,7 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
     const int64_t passes = (a.M + kNibbleRows - 1) / kNibbleRows;
     for (int64_t i = 0, r0 = 0; i < passes; ++i) {
       const int64_t count = a.M / passes + (i < a.M % passes);
-      (packed_panels ? packed : nibble)[size_t(count - 1)](x_rows(a, r0, count), p, n0, mask);
+      (q8_packed(a) ? packed : nibble)[size_t(count - 1)](x_rows(a, r0, count), p, n0, mask);
       r0 += count;
     }
     return;
@@ -832,7 +859,9 @@ PAGED_TARGET_END()  // baseline: panel_chunk_bytes
 int64_t panel_chunk_bytes(const LinearArgs& a, PanelScales scales) {
   if (a.qtype == QType::S16) return s16_panel_chunk_bytes(a, scales);
   const int64_t nb = a.blocks();
-  const int64_t codes = q8_packed(a) ? kPackedQ8BlockBytes : a.qtype == QType::Q8_0 ? kBlockBytes : kNibbleBlockBytes;
+  const int64_t codes = q8_packed(a)                               ? kPackedQ8BlockBytes
+                        : a.qtype == QType::Q8_0 && !q8_table(a) ? kBlockBytes
+                                                                 : kNibbleBlockBytes;
   return nb * codes + panel_scale_bytes(a.qtype, nb, scales);
 }
 
@@ -873,8 +902,8 @@ float scale_value(const PanelView& p, bool offsets, int64_t b, int64_t lane) {
 void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
   if (a.qtype == QType::S16) return s16_unpack_panel_chunk(a, n0, n1, src);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales, q8_packed(a));
-  const bool q8 = a.qtype == QType::Q8_0, q4_1 = a.qtype == QType::Q4_1;
+  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales, q8_packed(a), q8_table(a));
+  const bool q8 = a.qtype == QType::Q8_0 && !p.table, q4_1 = a.qtype == QType::Q4_1;  // q8: byte codes
   auto* qs = const_cast<uint8_t*>(a.qs);
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t lane = n - n0, c = lane / kLanes, i = lane % kLanes;
@@ -916,7 +945,7 @@ void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   const int64_t nb = a.blocks();
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  PanelView p = chunk_view(dst, T, nb, a.panel_scales, q8_packed(a));
+  PanelView p = chunk_view(dst, T, nb, a.panel_scales, q8_packed(a), q8_table(a));
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, true, p);  // the scales
   if (p.scales == PanelScales::Compact) {
@@ -950,7 +979,7 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
   const int64_t nb = a.blocks();
   if (a.panels) {
     const int64_t chunk = panel_chunk_bytes(a, a.panel_scales);
-    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales, q8_packed(a));
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales, q8_packed(a), q8_table(a));
     p.ahead = (kAhead / kPanel) * chunk;
     // This build reads the codes where they lie (and prefetches the chunk
     // kAhead rows on as it does); the AMX builds want a 4-bit chunk's codes
