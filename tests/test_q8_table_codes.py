@@ -152,14 +152,16 @@ def test_persistent_panels_of_table_indices(rows, activations):
     assert torch.equal(back_qs, qs) and torch.equal(back_d, d)
 
 
-@pytest.mark.parametrize("packs", [True, False], ids=["table", "bytes"])
-def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, packs):
+@pytest.mark.parametrize("setting", ["1", "0", "auto"])
+def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, setting):
     """CpuPackedLinear holds an IQ4_NL matrix as its 4-bit indices (half the
-    bytes; PAGED_Q8_TABLE=0: int8 codes) and gives the byte form's outputs
-    and gguf's values for its embedding rows."""
+    bytes; PAGED_Q8_TABLE=0: int8 codes; the default packs where the build
+    reads them in place) and gives the byte form's outputs and gguf's values
+    for its embedding rows."""
     from paged.backends.cpu import quant_linear as ql
 
-    monkeypatch.setattr(ql, "PACK_Q8_TABLE", packs)
+    monkeypatch.setenv("PAGED_Q8_TABLE", setting)
+    packs = setting == "1" or (setting == "auto" and C.linear_reads_q8_table())
     monkeypatch.setenv("PAGED_Q8_PACKED", "0")  # (no 5-bit form either way: IQ4_NL's values pass -16..15)
     rows, cols = 48, 96 * 3
     blocks = PackedBlocks(Q.IQ4_NL, torch.from_numpy(random_blocks(Q.IQ4_NL, rows, cols, seed=11)), (rows, cols))
@@ -174,7 +176,12 @@ def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, packs):
     assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
 
 
-def test_bad_input_is_one_clear_error():
+def test_bad_input_is_one_clear_error(monkeypatch):
+    from paged.backends.cpu import quant_linear as ql
+
+    monkeypatch.setenv("PAGED_Q8_TABLE", "yes")
+    with pytest.raises(ValueError, match="PAGED_Q8_TABLE: expected '0', '1' or 'auto', got 'yes'"):
+        ql.pack_q8_table()
     codes, d = table_matrix(4, 96, seed=1)
     qs, qtype = pack_q8_codes(codes)
     assert_packed_shape_errors(qtype, qs, codes, d)  # rows not whole blocks, int8 codes, x's width

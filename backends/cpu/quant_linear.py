@@ -99,10 +99,19 @@ def pack_q8_codes() -> bool:
     return value == "1" or (value == "auto" and _C_cpu.linear_reads_packed_q8())
 
 
-#: q8_0 matrices whose codes are all IQ4_NL table values (GGUF's IQ4_NL) keep
-#: their 4-bit indices ("q8_0.nl4", csrc_cpu/linear/q8_packed.h), unpacked per
-#: work item on every build (same bits); PAGED_Q8_TABLE=0 keeps bytes (paired timing)
-PACK_Q8_TABLE = os.environ.get("PAGED_Q8_TABLE", "1") != "0"
+def pack_q8_table() -> bool:
+    """Whether q8_0 matrices whose codes are all IQ4_NL table values (GGUF's
+    IQ4_NL) keep their 4-bit indices ("q8_0.nl4", csrc_cpu/linear/q8_packed.h;
+    same bits): PAGED_Q8_TABLE "auto" (the default: where the active linear
+    build reads them in place, avx512 / amx; the others would unpack them per
+    work item, slower than bytes: 1B IQ4_NL decode 0.8-0.85x on the avx2
+    build), "1" (always) or "0" (bytes)."""
+    from paged import _C_cpu
+
+    value = os.environ.get("PAGED_Q8_TABLE", "auto")
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"PAGED_Q8_TABLE: expected '0', '1' or 'auto', got {value!r}")
+    return value == "1" or (value == "auto" and _C_cpu.linear_reads_q8_table())
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +207,7 @@ class CpuPackedLinear:
         self.kernel_qtype = self.qtype
         blocks = packed.shape[1] % 256 != 0  # s16 rows without compact scales or 256-groups
         s16_packs = self.qtype == "s16" and PACK_S16_CODES and (PACK_S16_BLOCKS or not blocks)
-        if s16_packs or (self.qtype == "q8_0" and (PACK_Q8_TABLE or pack_q8_codes())):
+        if s16_packs or (self.qtype == "q8_0" and (pack_q8_table() or pack_q8_codes())):
             qs, self.kernel_qtype = _packed_codes(qs, self.qtype)
         if s16_packs and blocks and d is not None and d.dtype == torch.float32:
             d, m = _half_pairs(d, m)
@@ -412,7 +421,7 @@ def _packed_codes(codes: torch.Tensor, layout: str) -> tuple[torch.Tensor, str]:
     if layout == "s16":
         qtype = s16_code_form(codes, S16_MIN_BITS)
     else:
-        qtype = q8_code_form(codes, five_bits=pack_q8_codes(), table=PACK_Q8_TABLE)
+        qtype = q8_code_form(codes, five_bits=pack_q8_codes(), table=pack_q8_table())
     if qtype == layout:
         return codes, qtype
     n, k = codes.shape
