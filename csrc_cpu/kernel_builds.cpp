@@ -177,6 +177,7 @@ std::vector<LinearBuild> linear_builds() {
     k.block5_unpack = isa_avx2::block5_unpack;
     k.table4_unpack = isa_avx2::table4_unpack;
     k.q8_reads_packed = true;  // the ymm int8 kernels (avx2, avxvnni) and avx512's read them in place
+    k.q8_reads_table = true;
     k.s16_packed_few_rows = true;
     k.s16_few_rows_reads_compact = true;
     return k;
@@ -197,12 +198,6 @@ std::vector<LinearBuild> linear_builds() {
     k.s16_rows = isa_avx512::s16_rows;
     k.s16_byte_tiles = true;
     k.int8_reads_compact_scales = true;
-    k.q8_table_rows = 8;  // avx512's direct rows (kernel_i8_avx512.cpp: kDirectRows)
-    return k;
-  };
-  // amx: its tiles take calls from 8 rows (kernel_i8_amx.cpp: kAmxMinRows), avx512's the fewer
-  const auto amx_table_rows = [](Kernels k) {
-    k.q8_table_rows = 7;
     return k;
   };
 #endif
@@ -217,8 +212,8 @@ std::vector<LinearBuild> linear_builds() {
       // docs/kernels.md, "AMX"); opt in with PAGED_CPU_ISA=amx or
       // set_linear_isa("amx")
       {"amx", "avx512",
-       amx_table_rows(with_panels({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_amx::int8_rows,
-                                   isa_avx512::x8_quantize, isa_avx512::x8_low_term, true})),
+       with_panels({isa_avx2::int16_rows, isa_avx2::fp32_rows, isa_amx::int8_rows, isa_avx512::x8_quantize,
+                    isa_avx512::x8_low_term, true}),
        has_amx_int8},
 #endif
       // AVX-VNNI without AVX-512 (Alder Lake, Zen 5): newer than the avx2

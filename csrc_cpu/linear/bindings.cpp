@@ -40,9 +40,9 @@ void register_linear(nb::module_& m) {
   m.def("linear_reads_packed_q8", [] { return l::active_kernels().q8_reads_packed; },
         "Whether the active linear ISA reads q8_0's 5-bit packed codes ('q8_0.s5') in place; the others unpack "
         "them per work item (same bits, slower than bytes there: q8_packed.h).");
-  m.def("linear_reads_q8_table", [] { return l::active_kernels().q8_table_rows > 0; },
-        "Whether the active linear ISA reads q8_0's IQ4_NL table indices ('q8_0.nl4') in place (decode, and "
-        "persistent panels); the others unpack them per work item (same bits, slower than bytes there: q8_packed.h).");
+  m.def("linear_reads_q8_table", [] { return l::active_kernels().q8_reads_table; },
+        "Whether the active linear ISA reads q8_0's IQ4_NL table indices ('q8_0.nl4') in place; the others "
+        "unpack them per work item (same bits, slower than bytes there: q8_packed.h).");
   m.def("weight_panel_layout", &l::weight_panel_layout,
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),

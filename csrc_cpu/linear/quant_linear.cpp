@@ -345,7 +345,7 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   // packed q8_0 codes: unpacked per chunk for a build that does not read
   // them (table indices: every build), and for the bf16 rows (with panels
   // qs is null: never)
-  const bool reads_packed = q8_table(a) ? a.M <= kernels.q8_table_rows : kernels.q8_reads_packed;
+  const bool reads_packed = q8_table(a) ? kernels.q8_reads_table : kernels.q8_reads_packed;
   const bool unpack_codes = (q8_packed(a) || q8_table(a)) && a.qs && (!reads_packed || bf.M);
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and

@@ -225,9 +225,8 @@ struct Kernels {
   Table4Unpack table4_unpack = nullptr;
   // int8_rows reads q8_0's packed codes itself (q8_packed.h), in calls of any rows
   bool q8_reads_packed = false;
-  // int8_rows reads q8_0's IQ4_NL table indices itself (q8_packed.h) in calls
-  // of at most this many rows; the drivers unpack them for larger calls
-  int64_t q8_table_rows = 0;
+  // int8_rows reads q8_0's IQ4_NL table indices itself (q8_packed.h), in calls of any rows
+  bool q8_reads_table = false;
   // s16_rows reads packed codes itself in calls of at most kS16FewRows rows
   bool s16_packed_few_rows = false;
   // s16_rows widens compact scales itself in calls of at most kS16FewRows rows

@@ -327,32 +327,42 @@ void check_s16(const LinearBuild& b, const LinearBuild& s) {
 }
 
 // Codes packed per 32-block (q8_packed.h) against the scalar build on bytes:
-// q8_0's 5-bit codes through int8_rows (read in place where the build says
-// q8_reads_packed, else unpacked per work item by its block5_unpack, as
-// quant_linear.cpp does; the avx512 panels of them too, and their unpacking
-// back to the packed rows), and s16's ("s16.u5b") with float32 and fp16
-// half-pair scales through s16_rows; K not a multiple of 256.
+// q8_0's 5-bit codes and IQ4_NL table indices through int8_rows (read in
+// place where the build says q8_reads_packed / q8_reads_table, else unpacked
+// per work item by its block5_unpack / table4_unpack, as quant_linear.cpp
+// does; the avx512 panels of them too, and their unpacking back to the
+// packed rows), and s16's ("s16.u5b") with float32 and fp16 half-pair
+// scales through s16_rows; K not a multiple of 256 (odd block counts: the
+// AVX2 table unpacker's two-block vectors and its tail).
 void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
   const Block5Unpack unpack5 = b.kernel.block5_unpack ? b.kernel.block5_unpack : unpack_block5_rows;
+  const Table4Unpack unpack4 = b.kernel.table4_unpack ? b.kernel.table4_unpack : unpack_table4_rows;
+  for (bool table : {false, true})
   for (int64_t K : {32, 288, 896}) {
+    const char* form = table ? "q8_0.nl4" : "q8_0.s5";
+    const int64_t block_bytes = table ? kBlock / 2 : kQ8PackedBlockBytes;
     Weight w = random_weight(QType::Q8_0, 70, K);
-    for (uint8_t& c : w.qs) c = uint8_t(int8_t(uniform_int(-16, 15)));
-    std::vector<uint8_t> packed(size_t(w.N * K / kBlock * kQ8PackedBlockBytes));
-    for (int64_t n = 0; n < w.N; ++n)
-      pack_block5_row(reinterpret_cast<const int8_t*>(w.qs.data()) + n * K, K, kQ8PackedBias,
-                      packed.data() + n * K / kBlock * kQ8PackedBlockBytes);
+    for (uint8_t& c : w.qs) c = uint8_t(table ? kIq4nlValues[uniform_int(0, 15)] : int8_t(uniform_int(-16, 15)));
+    std::vector<uint8_t> packed(size_t(w.N * K / kBlock * block_bytes));
+    for (int64_t n = 0; n < w.N; ++n) {
+      const int8_t* row = reinterpret_cast<const int8_t*>(w.qs.data()) + n * K;
+      if (!table) pack_block5_row(row, K, kQ8PackedBias, packed.data() + n * K / kBlock * block_bytes);
+      else DRIVER_CHECK(pack_table4_row(row, K, packed.data() + n * K / 2), "pack_table4_row refused a table value");
+    }
     std::vector<int8_t> back(w.qs.size());
-    unpack5(packed.data(), K, kQ8PackedBias, w.N, back.data());
-    DRIVER_CHECK(std::memcmp(back.data(), w.qs.data(), back.size()) == 0, "%s block5_unpack, K=%lld: other bytes",
-                 b.name, (long long)K);
+    if (table) unpack4(packed.data(), K, w.N, back.data());
+    else unpack5(packed.data(), K, kQ8PackedBias, w.N, back.data());
+    DRIVER_CHECK(std::memcmp(back.data(), w.qs.data(), back.size()) == 0, "%s %s unpacking, K=%lld: other bytes",
+                 b.name, form, (long long)K);
+    const bool reads = table ? b.kernel.q8_reads_table : b.kernel.q8_reads_packed;
     for (int64_t M : {1, 3, 8, 9, 17, 40})
       for (Path p : {Path::Int8, Path::Int8x2}) {
         const X x = random_x(w, M, isa_scalar::x8_quantize);
         const std::vector<float> want = run(s.kernel, p, w, x);
         std::vector<float> got;
         LinearArgs a = args(w, x, got);
-        a.code_bits = kQ8PackedBits;
-        a.code_bias = kQ8PackedBias;
+        a.code_bits = table ? kQ8TableBits : kQ8PackedBits;
+        a.code_bias = table ? 0 : kQ8PackedBias;
         a.qs = packed.data();
         if (p == Path::Int8x2) {
           a.x8_lo = x.x8_lo.data();
@@ -369,11 +379,11 @@ void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
         Int8Panel panel;
         for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
           const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
-          b.kernel.int8_rows(b.kernel.q8_reads_packed ? a : unpack.item(a, n0, n1), n0, n1, panel);
+          b.kernel.int8_rows(reads ? a : unpack.item(a, n0, n1), n0, n1, panel);
         }
-        DRIVER_CHECK(same_bits(got, want), "%s q8_0.s5, K=%lld M=%lld %s: not bitwise the scalar build's bytes", b.name,
-                     (long long)K, (long long)M, path_name(p));
-        if (!b.kernel.panel_chunk_bytes || !b.kernel.q8_reads_packed) continue;
+        DRIVER_CHECK(same_bits(got, want), "%s %s, K=%lld M=%lld %s: not bitwise the scalar build's bytes", b.name,
+                     form, (long long)K, (long long)M, path_name(p));
+        if (!b.kernel.panel_chunk_bytes || !reads) continue;
         a.panel_scales = PanelScales::F32;
         const int64_t chunk = b.kernel.panel_chunk_bytes(a, a.panel_scales), chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
         AlignedVector<uint8_t> panels(size_t(chunks * chunk));
@@ -387,31 +397,17 @@ void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
         for (int64_t c = 0; c < chunks; ++c)
           b.kernel.unpack_panel_chunk(unpacked, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
                                       panels.data() + c * chunk);
-        DRIVER_CHECK(qs == packed && same_bits(d, w.d), "%s q8_0.s5 panels, K=%lld: unpacked, not the weight's arrays",
-                     b.name, (long long)K);
+        DRIVER_CHECK(qs == packed && same_bits(d, w.d), "%s %s panels, K=%lld: unpacked, not the weight's arrays",
+                     b.name, form, (long long)K);
         LinearArgs cached = a;
         std::fill(got.begin(), got.end(), NAN);
         cached.panels = panels.data();
         cached.qs = nullptr;
         cached.d = nullptr;
         for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) b.kernel.int8_rows(cached, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
-        DRIVER_CHECK(same_bits(got, want), "%s q8_0.s5 panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
-                     b.name, (long long)K, (long long)M, path_name(p));
+        DRIVER_CHECK(same_bits(got, want), "%s %s panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
+                     b.name, form, (long long)K, (long long)M, path_name(p));
       }
-  }
-  // q8_0's IQ4_NL table indices: packing round-trips and the build's
-  // unpacking gives the definition's bytes (odd block counts: the AVX2
-  // unpacker's two-block vectors and its tail); the q8_0 kernels then run on bytes
-  const Table4Unpack unpack4 = b.kernel.table4_unpack ? b.kernel.table4_unpack : unpack_table4_rows;
-  for (int64_t K : {32, 288, 896}) {
-    const int64_t N = 7;
-    std::vector<int8_t> codes(size_t(N * K)), back(codes.size());
-    for (int8_t& c : codes) c = kIq4nlValues[uniform_int(0, 15)];
-    std::vector<uint8_t> packed(size_t(N * K / 2));
-    for (int64_t n = 0; n < N; ++n)
-      DRIVER_CHECK(pack_table4_row(codes.data() + n * K, K, packed.data() + n * K / 2), "pack_table4_row refused");
-    unpack4(packed.data(), K, N, back.data());
-    DRIVER_CHECK(back == codes, "%s table4_unpack, K=%lld: other bytes", b.name, (long long)K);
   }
   for (bool offsets : {false, true})
     for (int64_t M : {1, 3, 8, 9, 20}) {
