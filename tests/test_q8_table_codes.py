@@ -1,9 +1,8 @@
 """q8_0 codes held as IQ4_NL table indices (csrc_cpu/linear/q8_packed.h,
 "q8_0.nl4"; quant_layouts.pack_q8_codes): a q8_0 matrix whose codes are all
 IQ4_NL's 16 values (what GGUF's IQ4_NL unpacks into) keeps a 4-bit index per
-code: the avx512 build reads them in place (few rows: registers; persistent
-panels of nibbles, looked up per step), the others and larger calls without
-panels unpack each work item's rows.
+code: every x86 build reads them in place (a lookup per step; avx512's
+persistent panels of nibbles), scalar and NEON unpack each work item's rows.
 
 Oracles: the same matrix with its codes as int8 bytes (the q8_0 form
 tests/test_quant_linear_int8.py checks against exact arithmetic), bitwise, on

@@ -103,9 +103,10 @@ def pack_q8_table() -> bool:
     """Whether q8_0 matrices whose codes are all IQ4_NL table values (GGUF's
     IQ4_NL) keep their 4-bit indices ("q8_0.nl4", csrc_cpu/linear/q8_packed.h;
     same bits): PAGED_Q8_TABLE "auto" (the default: where the active linear
-    build reads them in place, avx512 / amx; the others would unpack them per
-    work item, slower than bytes: 1B IQ4_NL decode 0.8-0.85x on the avx2
-    build), "1" (always) or "0" (bytes)."""
+    build reads them in place, every x86 build past scalar; scalar and NEON
+    would unpack them per work item, slower than bytes: 1B IQ4_NL decode
+    0.8-0.85x on the avx2 build before it read them), "1" (always) or "0"
+    (bytes)."""
     from paged import _C_cpu
 
     value = os.environ.get("PAGED_Q8_TABLE", "auto")

@@ -28,12 +28,14 @@
 // IQ4_NL unpacks into q8_0 codes that are its table's 16 values (-127 ..
 // 113, not an affine grid), so a matrix whose codes all lie in the table
 // keeps each code's 4-bit index, 16 bytes per 32-block laid out as the
-// nibbles above (GGUF's own IQ4_NL bytes): 0.5 bytes a code against 1. No
-// kernel reads them in place: the drivers unpack each work item's rows
-// into the thread's scratch (a table lookup per 16 codes, `vpshufb`, on
-// x86; Kernels::table4_unpack) before the q8_0 kernel runs, and such a
-// matrix keeps no persistent panels. Every build computes the byte form's
-// bits.
+// nibbles above (GGUF's own IQ4_NL bytes): 0.5 bytes a code against 1.
+// Every x86 build past scalar reads them in place (Kernels::q8_reads_table):
+// each step's nibbles looked up (`vpshufb`, the table in every 128-bit lane)
+// as the q8 codes (or q + 128) its q8_0 kernels multiply; avx512's
+// persistent panels keep the transposed nibble dwords as the 4-bit types'
+// do. Scalar and NEON unpack each work item's rows into the thread's
+// scratch (Kernels::table4_unpack, the definition unpack_table4_rows).
+// Every build computes the byte form's bits.
 
 #include <cstdint>
 
