@@ -97,10 +97,10 @@ def test_dequantize_packed_equals_bytes():
                                       (40, 45, 288)])
 @pytest.mark.parametrize("activations", ["float32", "int8", "int8x2"])
 def test_linear_packed_equals_bytes(isa, rows, n, k, activations):
-    """Each build and row count path (every build unpacks each work item's
-    rows, then runs its q8_0 kernel: direct rows, per-call panels, pair
-    tiles), an odd number of blocks (the AVX2 unpacker's two-block vectors
-    and its tail), N not a multiple of the 32-row work item, a two-term split."""
+    """Each build and row count path (the x86 builds read the indices in
+    place: direct rows, per-call panels, pair tiles; scalar unpacks each work
+    item), an odd number of blocks, N not a multiple of the 32-row work item,
+    a two-term split."""
     codes, d = table_matrix(n, k, seed=rows * 31 + n)
     qs, qtype = pack_q8_codes(codes)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
