@@ -1,6 +1,8 @@
 """q8_0's packed codes (csrc_cpu/linear/q8_packed.h; quant_layouts.pack_q8_codes):
-a q8_0 matrix whose codes all lie in -16..15 (GGUF's Q5_0) held in 5 bits,
-read in place by the avx512 build (registers, persistent panels) and
+a q8_0 matrix whose codes all lie in -16..15 (GGUF's Q5_0) held in 5 bits
+("q8_0.s5"), or whose codes are all IQ4_NL table values held as 4-bit
+indices ("q8_0.nl4"; its own form: tests/test_q8_table_codes.py), read in
+place by the x86 builds (registers, avx512's persistent panels) and
 unpacked per work item by the others.
 
 Oracles: the same matrix with its codes as int8 bytes (the q8_0 form
@@ -14,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.core.models.loaders.quant_layouts import pack_q8_codes, q8_code_form, unpack
+from paged.core.models.loaders.quant_layouts import IQ4_NL_VALUES, pack_q8_codes, q8_code_form, unpack
 
 C = pytest.importorskip("paged._C_cpu")
 pytest.importorskip("gguf")
@@ -27,7 +29,7 @@ from test_compact_scales import linear, same_bits  # noqa: E402  (quant_linear i
 from test_quant_layouts import random_blocks  # noqa: E402
 from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
 from test_quant_linear_int8 import rows_alone_equal_in_calls  # noqa: E402
-from test_s16_packed_codes import assert_packed_shape_errors  # noqa: E402
+from test_s16_packed_codes import assert_packed_shape_errors, packed_linear_equals_bytes  # noqa: E402
 
 
 def q8_matrix(n: int, k: int, seed: int, lo: int = -16, hi: int = 15):
@@ -36,6 +38,20 @@ def q8_matrix(n: int, k: int, seed: int, lo: int = -16, hi: int = 15):
     codes[0, 0], codes[-1, -1] = lo, hi
     d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()  # fp16 values, as GGUF's
     return codes, d
+
+
+def table_matrix(n: int, k: int, seed: int):
+    """q8_0 codes that are all IQ4_NL table values ("q8_0.nl4"), every value present."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.tensor(IQ4_NL_VALUES, dtype=torch.int8)
+    codes = table[torch.randint(0, 16, (n, k), generator=gen)]
+    codes[0, :16] = table
+    d = (torch.rand(n, k // 32, generator=gen) * 0.02).half().float()
+    return codes, d
+
+
+#: both packed forms (q8_packed.h): 5-bit codes, IQ4_NL table indices (tests/test_q8_table_codes.py has its own)
+MATRICES = {"q8_0.s5": q8_matrix, "q8_0.nl4": table_matrix}
 
 
 def panels_of(qtype: str, qs: torch.Tensor, d: torch.Tensor) -> torch.Tensor | None:
@@ -81,57 +97,62 @@ def test_extension_packs_as_the_python_packer_and_refuses_what_does_not_fit():
         C.pack_codes(dl(codes), "q8_0", dl(out))
 
 
-def test_dequantize_packed_equals_bytes():
-    codes, d = q8_matrix(37, 160, seed=3)
+@pytest.mark.parametrize("form", MATRICES)
+def test_dequantize_packed_equals_bytes(form):
+    codes, d = MATRICES[form](37, 160, seed=3)
     qs, qtype = pack_q8_codes(codes)
+    assert qtype == form
     want, got = torch.empty(37, 160), torch.empty(37, 160)
     C.quant_dequantize("q8_0", dl(codes), dl(d), None, dl(want))
     C.quant_dequantize(qtype, dl(qs), dl(d), None, dl(got))
     assert same_bits(got, want)
 
 
+@pytest.mark.parametrize("form", MATRICES)
 @pytest.mark.parametrize("rows,n,k", [(1, 70, 96), (2, 33, 288), (3, 45, 896), (8, 37, 160), (9, 65, 96),
-                                      (40, 45, 288)])
+                                      (9, 65, 2048), (40, 45, 288)])
 @pytest.mark.parametrize("activations", ["float32", "int8", "int8x2"])
-def test_linear_packed_equals_bytes(isa, rows, n, k, activations):
-    """Each build and row count path: avx512 reads the packed rows (1-8
-    rows) and builds its tile panel from them (more), the others unpack each
-    work item; K not a multiple of 256 (what Q5_0 is written for), N not a
-    multiple of the 32-row work item; a two-term split."""
-    codes, d = q8_matrix(n, k, seed=rows * 31 + n)
-    qs, qtype = pack_q8_codes(codes)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
-    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
-        want = linear("q8_0", x, codes, d, None, activations, split)
-        assert same_bits(linear(qtype, x, qs, d, None, activations, split), want)
+def test_linear_packed_equals_bytes(isa, form, rows, n, k, activations):
+    """Each build and row count path: the x86 builds read the packed rows
+    (few rows from registers; more: the per-call panels and pair tiles built
+    from them), scalar unpacks each work item; K not a multiple of 256 (what
+    Q5_0 is written for), an odd number of blocks, N not a multiple of the
+    32-row work item; a two-term split."""
+    codes, d = MATRICES[form](n, k, seed=rows * 31 + n)
+    packed_linear_equals_bytes("q8_0", codes, d, None, pack_q8_codes, rows, activations)
 
 
+@pytest.mark.parametrize("form", MATRICES)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 33])
 @pytest.mark.parametrize("activations", ["int8", "int8x2"])
-def test_persistent_panels_of_packed_codes(rows, activations):
-    """The avx512 panels of packed codes (their transposed dwords) hold as
-    many bytes as the codes, give the byte form's bits at every row count,
-    and unpack back to the packed arrays bit for bit."""
-    codes, d = q8_matrix(77, 288, seed=rows)
+def test_persistent_panels_of_packed_codes(form, rows, activations):
+    """The avx512 panels of packed codes (their transposed dwords: 5 a block,
+    or 4 of nibbles for table indices) hold as many bytes as the codes, give
+    the byte form's bits at every row count (in place up to 8 rows, widened
+    to bytes for the tiles above), and unpack back to the packed arrays bit
+    for bit."""
+    codes, d = MATRICES[form](77, 288, seed=rows)
     qs, qtype = pack_q8_codes(codes)
     panels = panels_of(qtype, qs, d)
     if panels is None:
         pytest.skip(f"linear build {C.linear_isa()!r} has no weight panels (avx512 / amx: AVX-512 VNNI CPUs)")
     assert panels.numel() < panels_of("q8_0", codes, d).numel()
     x = torch.randn(rows, 288, generator=torch.Generator().manual_seed(rows))
-    want = linear("q8_0", x, codes, d, None, activations)
-    out = torch.full_like(want, float("nan"))
-    C.quant_linear(dl(x), qtype, dl(qs), dl(d), None, dl(out), activations, -1, dl(panels))
-    assert same_bits(out, want)
+    for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
+        want = linear("q8_0", x, codes, d, None, activations, split)
+        out = torch.full_like(want, float("nan"))
+        C.quant_linear(dl(x), qtype, dl(qs), dl(d), None, dl(out), activations, split, dl(panels))
+        assert same_bits(out, want)
     back_qs, back_d = torch.zeros_like(qs), torch.zeros_like(d)
     C.unpack_weight_panels(qtype, dl(panels), dl(back_qs), dl(back_d), None, 0)
     assert torch.equal(back_qs, qs) and torch.equal(back_d, d)
 
 
-def test_rows_alone_equal_rows_in_calls():
+@pytest.mark.parametrize("form", MATRICES)
+def test_rows_alone_equal_rows_in_calls(form):
     """Each row alone (scalar build, 1 thread) == the same rows in calls of
     several sizes, every build, 1 and 2 threads."""
-    codes, d = q8_matrix(130, 896, seed=9)
+    codes, d = MATRICES[form](130, 896, seed=9)
     qs, qtype = pack_q8_codes(codes)
     x = torch.randn(11, 896, generator=torch.Generator().manual_seed(2))
     rows_alone_equal_in_calls(lambda x, t, qs, d, m: linear(t, x, qs, d, m, "int8x2"), x, qtype, qs, d, None,
@@ -146,12 +167,21 @@ def test_gguf_q5_0_runs_packed(monkeypatch, setting):
     from paged.backends.cpu import quant_linear as ql
 
     monkeypatch.setenv("PAGED_Q8_PACKED", setting)
+    gguf_type_runs_as(Q.Q5_0, "q8_0.s5" if setting == "1" else None, 20 / 32)
+
+
+def gguf_type_runs_as(gtype, form: str | None, packed_bytes: float) -> None:
+    """CpuPackedLinear on random blocks of GGUF type `gtype` (a q8_0 layout)
+    holds them in `form` (packed_bytes a weight; None: int8 codes) and gives
+    the byte form's outputs and gguf's values for its embedding rows."""
+    from paged.backends.cpu import quant_linear as ql
+
     rows, cols = 48, 96 * 3
-    blocks = PackedBlocks(Q.Q5_0, torch.from_numpy(random_blocks(Q.Q5_0, rows, cols, seed=11)), (rows, cols))
+    blocks = PackedBlocks(gtype, torch.from_numpy(random_blocks(gtype, rows, cols, seed=11)), (rows, cols))
     w = ql.CpuPackedLinear(blocks, activations="int8x2")
-    _, codes, d, _ = unpack(Q.Q5_0, blocks.blocks, (rows, cols))
-    assert w.kernel_qtype == ("q8_0.s5" if setting == "1" else "q8_0")
-    assert w.qs.numel() == (rows * cols // 32 * 20 if setting == "1" else codes.numel())
+    _, codes, d, _ = unpack(gtype, blocks.blocks, (rows, cols))
+    assert w.kernel_qtype == (form or "q8_0")
+    assert w.qs.numel() == (int(rows * cols * packed_bytes) if form else codes.numel())
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
     for r in (1, 5):
         assert same_bits(w.linear(x[:r]), linear("q8_0", x[:r], codes, d, None, "int8x2"))
@@ -159,12 +189,15 @@ def test_gguf_q5_0_runs_packed(monkeypatch, setting):
     assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
 
 
-def test_bad_setting_and_packed_input_are_one_clear_error(monkeypatch):
+@pytest.mark.parametrize("form,setting,choice", [("q8_0.s5", "PAGED_Q8_PACKED", "pack_q8_codes"),
+                                                 ("q8_0.nl4", "PAGED_Q8_TABLE", "pack_q8_table")])
+def test_bad_setting_and_packed_input_are_one_clear_error(monkeypatch, form, setting, choice):
     from paged.backends.cpu import quant_linear as ql
 
-    monkeypatch.setenv("PAGED_Q8_PACKED", "yes")
-    with pytest.raises(ValueError, match="PAGED_Q8_PACKED: expected '0', '1' or 'auto', got 'yes'"):
-        ql.pack_q8_codes()
-    codes, d = q8_matrix(4, 96, seed=1)
+    monkeypatch.setenv(setting, "yes")
+    with pytest.raises(ValueError, match=f"{setting}: expected '0', '1' or 'auto', got 'yes'"):
+        getattr(ql, choice)()
+    codes, d = MATRICES[form](4, 96, seed=1)
     qs, qtype = pack_q8_codes(codes)
-    assert_packed_shape_errors(qtype, qs, codes, d)  # rows not whole 20-byte blocks, int8 codes, x's width
+    assert qtype == form
+    assert_packed_shape_errors(qtype, qs, codes, d)  # rows not whole blocks, int8 codes, x's width

@@ -165,10 +165,16 @@ def test_linear_packed_equals_int8_codes(isa, span, rows, n, k, activations, off
     weight rows at a time by scalar; more: pair panels of a work item's
     unpacked rows), unsigned and signed codes, and a two-term split."""
     codes, d, m = s16_matrix(*span, n, k, seed=rows * 31 + n, offsets=offsets)
-    qs, qtype = pack_s16_codes(codes)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    packed_linear_equals_bytes("s16", codes, d, m, pack_s16_codes, rows, activations)
+
+
+def packed_linear_equals_bytes(layout: str, codes, d, m, pack, rows: int, activations: str) -> None:
+    """quant_linear on ``pack(codes)`` == on the byte codes of ``layout``,
+    bitwise, for `rows` random rows of x (and, for int8x2, a two-term split)."""
+    qs, qtype = pack(codes)
+    x = torch.randn(rows, codes.shape[1], generator=torch.Generator().manual_seed(rows))
     for split in (-1, rows // 2) if activations == "int8x2" else (-1,):
-        want = linear("s16", x, codes, d, m, activations, split)
+        want = linear(layout, x, codes, d, m, activations, split)
         assert same_bits(linear(qtype, x, qs, d, m, activations, split), want)
 
 
