@@ -307,7 +307,7 @@ def test_argument_errors():
     qs, d, m = random_weight("q4_1", 8, 64, gen)
     x, out = torch.randn(2, 64), torch.empty(2, 8)
     cases = [
-        ((x, "q5_k", qs, d, m, out), r"qtype: expected 'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 's16' or packed s16 codes \('s16.u4' \.\. 's16.u6', 's16.s4' \.\. 's16.s6', 's16.u5b', 's16.s5b'\), got 'q5_k'"),
+        ((x, "q5_k", qs, d, m, out), r"qtype: expected 'q4_0', 'q4_1', 'q8_0', 'q8_0.s5', 'q8_0.nl4', 's16' or packed s16 codes \('s16.u2' \.\. 's16.u6', 's16.s2' \.\. 's16.s6', 's16.u5b', 's16.s5b'\), got 'q5_k'"),
         ((x.double(), "q4_1", qs, d, m, out), "x: expected dtype float32, got dtype float64"),
         ((torch.randn(2, 32), "q4_1", qs, d, m, out), r"x: expected shape \[2, 64\], got shape \[2, 32\] \(x is \[M, K\]"),
         ((x.t().contiguous().t(), "q4_1", qs, d, m, out), r"x: expected a contiguous tensor \(stride 1 in dim 1\), got shape \[2, 64\] with stride 2"),
