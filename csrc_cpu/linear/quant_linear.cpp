@@ -343,8 +343,8 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
     bf = Bf16Args{a.M - two_rows, N, K, pack_bf16_rows(*bf16, a.x + two_rows * K, a.M - two_rows, K, parallel),
                   nullptr, a.out + two_rows * N};
   // packed q8_0 codes: unpacked per chunk for a build that does not read
-  // them (table indices: every build), and for the bf16 rows (with panels
-  // qs is null: never)
+  // their form (q8_reads_packed, q8_reads_table), and for the bf16 rows
+  // (with panels qs is null: never)
   const bool reads_packed = q8_table(a) ? kernels.q8_reads_table : kernels.q8_reads_packed;
   const bool unpack_codes = (q8_packed(a) || q8_table(a)) && a.qs && (!reads_packed || bf.M);
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {

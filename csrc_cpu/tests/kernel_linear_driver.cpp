@@ -338,77 +338,80 @@ void check_packed_blocks(const LinearBuild& b, const LinearBuild& s) {
   const Block5Unpack unpack5 = b.kernel.block5_unpack ? b.kernel.block5_unpack : unpack_block5_rows;
   const Table4Unpack unpack4 = b.kernel.table4_unpack ? b.kernel.table4_unpack : unpack_table4_rows;
   for (bool table : {false, true})
-  for (int64_t K : {32, 288, 896}) {
-    const char* form = table ? "q8_0.nl4" : "q8_0.s5";
-    const int64_t block_bytes = table ? kBlock / 2 : kQ8PackedBlockBytes;
-    Weight w = random_weight(QType::Q8_0, 70, K);
-    for (uint8_t& c : w.qs) c = uint8_t(table ? kIq4nlValues[uniform_int(0, 15)] : int8_t(uniform_int(-16, 15)));
-    std::vector<uint8_t> packed(size_t(w.N * K / kBlock * block_bytes));
-    for (int64_t n = 0; n < w.N; ++n) {
-      const int8_t* row = reinterpret_cast<const int8_t*>(w.qs.data()) + n * K;
-      if (!table) pack_block5_row(row, K, kQ8PackedBias, packed.data() + n * K / kBlock * block_bytes);
-      else DRIVER_CHECK(pack_table4_row(row, K, packed.data() + n * K / 2), "pack_table4_row refused a table value");
-    }
-    std::vector<int8_t> back(w.qs.size());
-    if (table) unpack4(packed.data(), K, w.N, back.data());
-    else unpack5(packed.data(), K, kQ8PackedBias, w.N, back.data());
-    DRIVER_CHECK(std::memcmp(back.data(), w.qs.data(), back.size()) == 0, "%s %s unpacking, K=%lld: other bytes",
-                 b.name, form, (long long)K);
-    const bool reads = table ? b.kernel.q8_reads_table : b.kernel.q8_reads_packed;
-    for (int64_t M : {1, 3, 8, 9, 17, 40})
-      for (Path p : {Path::Int8, Path::Int8x2}) {
-        const X x = random_x(w, M, isa_scalar::x8_quantize);
-        const std::vector<float> want = run(s.kernel, p, w, x);
-        std::vector<float> got;
-        LinearArgs a = args(w, x, got);
-        a.code_bits = table ? kQ8TableBits : kQ8PackedBits;
-        a.code_bias = table ? 0 : kQ8PackedBias;
-        a.qs = packed.data();
-        if (p == Path::Int8x2) {
-          a.x8_lo = x.x8_lo.data();
-          a.x8_lo_corr = x.x8_lo_corr.data();
-        }
-        std::vector<int16_t> c16;  // the pair tiles' x16, as quant_linear.cpp makes it
-        if (p == Path::Int8x2 && b.kernel.pair_tiles && M >= pair_min_rows(QType::Q8_0)) {
-          c16.resize(size_t(M * K));
-          for (int64_t r = 0; r < M; ++r)
-            pair_codes(x.x8.data() + r * K, x.x8_lo.data() + r * K, K, c16.data() + r * K);
-          a.x16 = c16.data();
-        }
-        const ItemCodes unpack = item_codes(b.kernel);
-        Int8Panel panel;
-        for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
-          const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
-          b.kernel.int8_rows(reads ? a : unpack.item(a, n0, n1), n0, n1, panel);
-        }
-        DRIVER_CHECK(same_bits(got, want), "%s %s, K=%lld M=%lld %s: not bitwise the scalar build's bytes", b.name,
-                     form, (long long)K, (long long)M, path_name(p));
-        if (!b.kernel.panel_chunk_bytes || !reads) continue;
-        a.panel_scales = PanelScales::F32;
-        const int64_t chunk = b.kernel.panel_chunk_bytes(a, a.panel_scales), chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
-        AlignedVector<uint8_t> panels(size_t(chunks * chunk));
-        for (int64_t c = 0; c < chunks; ++c)
-          b.kernel.build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
-        std::vector<uint8_t> qs(packed.size());
-        std::vector<float> d(w.d.size());
-        LinearArgs unpacked = a;
-        unpacked.qs = qs.data();
-        unpacked.d = d.data();
-        for (int64_t c = 0; c < chunks; ++c)
-          b.kernel.unpack_panel_chunk(unpacked, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
-                                      panels.data() + c * chunk);
-        DRIVER_CHECK(qs == packed && same_bits(d, w.d), "%s %s panels, K=%lld: unpacked, not the weight's arrays",
-                     b.name, form, (long long)K);
-        LinearArgs cached = a;
-        std::fill(got.begin(), got.end(), NAN);
-        cached.panels = panels.data();
-        cached.qs = nullptr;
-        cached.d = nullptr;
-        for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) b.kernel.int8_rows(cached, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
-        DRIVER_CHECK(same_bits(got, want), "%s %s panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
-                     b.name, form, (long long)K, (long long)M, path_name(p));
+    for (int64_t K : {32, 288, 896}) {
+      const char* form = table ? "q8_0.nl4" : "q8_0.s5";
+      const int64_t block_bytes = table ? kBlock / 2 : kQ8PackedBlockBytes;
+      Weight w = random_weight(QType::Q8_0, 70, K);
+      for (uint8_t& c : w.qs) c = uint8_t(table ? kIq4nlValues[uniform_int(0, 15)] : int8_t(uniform_int(-16, 15)));
+      std::vector<uint8_t> packed(size_t(w.N * K / kBlock * block_bytes));
+      for (int64_t n = 0; n < w.N; ++n) {
+        const int8_t* row = reinterpret_cast<const int8_t*>(w.qs.data()) + n * K;
+        if (!table) pack_block5_row(row, K, kQ8PackedBias, packed.data() + n * K / kBlock * block_bytes);
+        else DRIVER_CHECK(pack_table4_row(row, K, packed.data() + n * K / 2), "pack_table4_row refused a table value");
       }
-  }
+      std::vector<int8_t> back(w.qs.size());
+      if (table) unpack4(packed.data(), K, w.N, back.data());
+      else unpack5(packed.data(), K, kQ8PackedBias, w.N, back.data());
+      DRIVER_CHECK(std::memcmp(back.data(), w.qs.data(), back.size()) == 0, "%s %s unpacking, K=%lld: other bytes",
+                   b.name, form, (long long)K);
+      const bool reads = table ? b.kernel.q8_reads_table : b.kernel.q8_reads_packed;
+      for (int64_t M : {1, 3, 8, 9, 17, 40})
+        for (Path p : {Path::Int8, Path::Int8x2}) {
+          const X x = random_x(w, M, isa_scalar::x8_quantize);
+          const std::vector<float> want = run(s.kernel, p, w, x);
+          std::vector<float> got;
+          LinearArgs a = args(w, x, got);
+          a.code_bits = table ? kQ8TableBits : kQ8PackedBits;
+          a.code_bias = table ? 0 : kQ8PackedBias;
+          a.qs = packed.data();
+          if (p == Path::Int8x2) {
+            a.x8_lo = x.x8_lo.data();
+            a.x8_lo_corr = x.x8_lo_corr.data();
+          }
+          std::vector<int16_t> c16;  // the pair tiles' x16, as quant_linear.cpp makes it
+          if (p == Path::Int8x2 && b.kernel.pair_tiles && M >= pair_min_rows(QType::Q8_0)) {
+            c16.resize(size_t(M * K));
+            for (int64_t r = 0; r < M; ++r)
+              pair_codes(x.x8.data() + r * K, x.x8_lo.data() + r * K, K, c16.data() + r * K);
+            a.x16 = c16.data();
+          }
+          const ItemCodes unpack = item_codes(b.kernel);
+          Int8Panel panel;
+          for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows) {
+            const int64_t n1 = std::min(w.N, n0 + kI8ChunkRows);
+            b.kernel.int8_rows(reads ? a : unpack.item(a, n0, n1), n0, n1, panel);
+          }
+          DRIVER_CHECK(same_bits(got, want), "%s %s, K=%lld M=%lld %s: not bitwise the scalar build's bytes", b.name,
+                       form, (long long)K, (long long)M, path_name(p));
+          if (!b.kernel.panel_chunk_bytes || !reads) continue;
+          a.panel_scales = PanelScales::F32;
+          const int64_t chunk = b.kernel.panel_chunk_bytes(a, a.panel_scales);
+          const int64_t chunks = (w.N + kI8ChunkRows - 1) / kI8ChunkRows;
+          AlignedVector<uint8_t> panels(size_t(chunks * chunk));
+          for (int64_t c = 0; c < chunks; ++c)
+            b.kernel.build_panel_chunk(a, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
+                                       panels.data() + c * chunk);
+          std::vector<uint8_t> qs(packed.size());
+          std::vector<float> d(w.d.size());
+          LinearArgs unpacked = a;
+          unpacked.qs = qs.data();
+          unpacked.d = d.data();
+          for (int64_t c = 0; c < chunks; ++c)
+            b.kernel.unpack_panel_chunk(unpacked, c * kI8ChunkRows, std::min(w.N, (c + 1) * kI8ChunkRows),
+                                        panels.data() + c * chunk);
+          DRIVER_CHECK(qs == packed && same_bits(d, w.d), "%s %s panels, K=%lld: unpacked, not the weight's arrays",
+                       b.name, form, (long long)K);
+          LinearArgs cached = a;
+          std::fill(got.begin(), got.end(), NAN);
+          cached.panels = panels.data();
+          cached.qs = nullptr;
+          cached.d = nullptr;
+          for (int64_t n0 = 0; n0 < w.N; n0 += kI8ChunkRows)
+            b.kernel.int8_rows(cached, n0, std::min(w.N, n0 + kI8ChunkRows), panel);
+          DRIVER_CHECK(same_bits(got, want), "%s %s panels, K=%lld M=%lld %s: not bitwise the scalar build's bytes",
+                       b.name, form, (long long)K, (long long)M, path_name(p));
+        }
+    }
   for (bool offsets : {false, true})
     for (int64_t M : {1, 3, 8, 9, 20}) {
       Weight w{QType::Q8_0, 37, 288, {}, {}, {}};  // s16 codes 0..31, K not a multiple of 256
