@@ -597,9 +597,13 @@ PAGED_TARGET_END()
 // A chunk's persistent panel (weight_panels.cpp): its codes (q8_0's bytes,
 // or 4-bit nibbles), then its scales in the panels' form: d, then q4_1's m
 // (Compact: their bytes, then their supers).
-// (`packed`: q8_0's 5-bit packed codes, kept as their transposed dwords)
-// (`table`: q8_0's IQ4_NL table indices, kept as nibbles)
-PanelView chunk_view(const uint8_t* chunk, QType t, int64_t nb, PanelScales form, bool packed, bool table) {
+// (q8_0's 5-bit packed codes kept as their transposed dwords, its IQ4_NL
+// table indices as nibbles), all as a's type, code form and panel scales say.
+PanelView chunk_view(const uint8_t* chunk, const LinearArgs& a) {
+  const QType t = a.qtype;
+  const int64_t nb = a.blocks();
+  const PanelScales form = a.panel_scales;
+  const bool packed = q8_packed(a), table = q8_table(a);
   auto* base = const_cast<uint8_t*>(chunk);
   const bool nibbles = t != QType::Q8_0 || table, q4_1 = t == QType::Q4_1;
   uint8_t* scales = base + nb * (packed ? kPackedQ8BlockBytes : nibbles ? kNibbleBlockBytes : kBlockBytes);
@@ -902,7 +906,7 @@ float scale_value(const PanelView& p, bool offsets, int64_t b, int64_t lane) {
 void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8_t* src) {
   if (a.qtype == QType::S16) return s16_unpack_panel_chunk(a, n0, n1, src);
   const int64_t nb = a.blocks(), row_bytes = a.row_bytes();
-  const PanelView p = chunk_view(src, a.qtype, nb, a.panel_scales, q8_packed(a), q8_table(a));
+  const PanelView p = chunk_view(src, a);
   const bool q8 = a.qtype == QType::Q8_0 && !p.table, q4_1 = a.qtype == QType::Q4_1;  // q8: byte codes
   auto* qs = const_cast<uint8_t*>(a.qs);
   for (int64_t n = n0; n < n1; ++n) {
@@ -945,7 +949,7 @@ void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   const int64_t nb = a.blocks();
   __mmask16 mask[kCols];
   column_masks(n0, n1, mask);
-  PanelView p = chunk_view(dst, T, nb, a.panel_scales, q8_packed(a), q8_table(a));
+  PanelView p = chunk_view(dst, a);
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, true, p);  // the scales
   if (p.scales == PanelScales::Compact) {
@@ -979,7 +983,7 @@ PanelView chunk_panel(const LinearArgs& a, int64_t n0, int64_t n1, bool scales_o
   const int64_t nb = a.blocks();
   if (a.panels) {
     const int64_t chunk = panel_chunk_bytes(a, a.panel_scales);
-    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a.qtype, nb, a.panel_scales, q8_packed(a), q8_table(a));
+    PanelView p = chunk_view(a.panels + (n0 / kPanel) * chunk, a);
     p.ahead = (kAhead / kPanel) * chunk;
     // This build reads the codes where they lie (and prefetches the chunk
     // kAhead rows on as it does); the AMX builds want a 4-bit chunk's codes
