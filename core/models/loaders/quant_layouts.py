@@ -392,10 +392,9 @@ def unpack_q8_codes(packed: torch.Tensor, qtype: str) -> torch.Tensor:
     if qtype == "q8_0":
         return packed
     n = packed.shape[0]
-    if qtype == "q8_0.nl4":
-        v = packed.view(n, -1, 16).to(torch.int64)
+    if qtype == "q8_0.nl4":  # GGUF's IQ4_NL nibbles (_iq4_nl's lookup)
         table = torch.tensor(IQ4_NL_VALUES, dtype=torch.int8)
-        return torch.cat([table[v & 15], table[v >> 4]], dim=2).reshape(n, -1)
+        return table[_nibbles(packed.reshape(-1, 16), 1).long()].reshape(n, -1)
     return unpack_s16_codes(packed, "s16.s5b")  # the same 20-byte blocks, bias 16
 
 
