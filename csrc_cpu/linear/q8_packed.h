@@ -36,6 +36,7 @@
 // do. Scalar and NEON unpack each work item's rows into the thread's
 // scratch (Kernels::table4_unpack, the definition unpack_table4_rows).
 // Every build computes the byte form's bits.
+#pragma once
 
 #include <cstdint>
 

@@ -92,7 +92,7 @@ struct LinearArgs {
   const uint8_t* qs = nullptr;    // [N, K/2] nibbles or [N, K] int8
   const float* d = nullptr;       // [N, K/32]
   const float* m = nullptr;       // [N, K/32] for Q4_1, else null
-  // S16's codes: 8 = int8 [N, K] as they lie; 4, 5 or 6 = packed into that
+  // S16's codes: 8 = int8 [N, K] as they lie; 2 to 6 = packed into that
   // many bits per code with code_bias added (s16.h, "Packed codes"); Q8_0's:
   // 8, 5 (q8_packed.h: 20 bytes per 32-block) or 4 (q8_packed.h: indices
   // into IQ4_NL's table, 16 bytes per 32-block)
