@@ -82,19 +82,24 @@ def test_pack_round_trips_where_the_codes_fit(lo, hi, form):
     assert torch.equal(back, codes)
 
 
-def test_extension_packs_as_the_python_packer_and_refuses_what_does_not_fit():
-    codes, _ = q8_matrix(37, 288, seed=4)
+@pytest.mark.parametrize("form,bad,expected", [
+    ("q8_0.s5", 16, r"codes in \[-16, 15\]"),
+    ("q8_0.nl4", 2, r"codes among IQ4_NL's 16 values")])
+def test_extension_packs_as_the_python_packer_and_refuses_what_does_not_fit(form, bad, expected):
+    codes, _ = MATRICES[form](37, 288, seed=4)
     want, qtype = pack_q8_codes(codes)
     out = torch.empty_like(want)
     C.pack_codes(dl(codes), qtype, dl(out))
-    assert torch.equal(out, want)
-    codes[3, 40] = 16
-    with pytest.raises(ValueError, match=r"codes: expected codes in \[-16, 15\] for qtype 'q8_0.s5', got code 16 at \[3, 40\]"):
-        C.pack_codes(dl(codes), "q8_0.s5", dl(out))
+    assert qtype == form and torch.equal(out, want)
+    codes[3, 40] = bad
+    with pytest.raises(ValueError, match=rf"codes: expected {expected} for qtype '{form}', got code {bad} at \[3, 40\]"):
+        C.pack_codes(dl(codes), form, dl(out))
     with pytest.raises(ValueError, match="multiple of 32"):
-        C.pack_codes(dl(codes[:, :40].contiguous()), "q8_0.s5", dl(out))
+        C.pack_codes(dl(codes[:, :40].contiguous()), form, dl(out))
     with pytest.raises(ValueError, match="qtype"):
         C.pack_codes(dl(codes), "q8_0", dl(out))
+    with pytest.raises(ValueError, match="out"):
+        C.pack_codes(dl(codes), form, dl(torch.empty(37, 288 // 32 * 24, dtype=torch.uint8)))
 
 
 @pytest.mark.parametrize("form", MATRICES)

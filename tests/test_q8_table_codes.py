@@ -23,7 +23,6 @@ pytest.importorskip("gguf")
 
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from paged.backends.cpu.attention import dl  # noqa: E402
 from test_q8_packed_codes import gguf_type_runs_as, table_matrix  # noqa: E402
 from test_quant_layouts import random_blocks  # noqa: E402
 
@@ -54,22 +53,6 @@ def test_form_is_the_table_only_where_every_code_is_in_it(case, form):
     if case == "five bits":  # -10, 1, 13 are table values in -16..15: the in-place 5-bit form first
         codes = TABLE[torch.randint(7, 10, (4, 64))]
     assert q8_code_form(codes, table=case != "table off") == form
-
-
-def test_extension_packs_as_the_python_packer_and_refuses_what_does_not_fit():
-    codes, _ = table_matrix(37, 288, seed=4)
-    want, qtype = pack_q8_codes(codes)
-    out = torch.empty_like(want)
-    C.pack_codes(dl(codes), qtype, dl(out))
-    assert torch.equal(out, want)
-    codes[3, 40] = 2
-    with pytest.raises(ValueError, match=r"codes: expected codes among IQ4_NL's 16 values for qtype 'q8_0.nl4', "
-                                         r"got code 2 at \[3, 40\]"):
-        C.pack_codes(dl(codes), "q8_0.nl4", dl(out))
-    with pytest.raises(ValueError, match="multiple of 32"):
-        C.pack_codes(dl(codes[:, :40].contiguous()), "q8_0.nl4", dl(out))
-    with pytest.raises(ValueError, match="out"):
-        C.pack_codes(dl(codes), "q8_0.nl4", dl(torch.empty(37, 288 // 32 * 20, dtype=torch.uint8)))
 
 
 @pytest.mark.parametrize("setting", ["1", "0", "auto"])
