@@ -1,7 +1,7 @@
 """K-quant scales in compact form (csrc_cpu/linear/compact_scales.h,
 quant_layouts.compact_scales): a byte per scale and a float32 per 256
 weights, widened by the drivers per work item (Q4_K's q4_1 scales and
-offsets; Q2_K, Q3_K, Q5_K and Q6_K's s16 ones). Oracle: the same weight with the
+offsets; IQ4_XS's q8_0 scales; Q2_K, Q3_K, Q5_K and Q6_K's s16 ones). Oracle: the same weight with the
 float32 d / m the widening gives (quant_layouts.widen_scales, itself checked
 against gguf's dequantizer in test_quant_layouts), bitwise, on every path
 and every build this CPU runs."""
@@ -23,7 +23,7 @@ from test_quant_layouts import random_blocks  # noqa: E402
 from test_quant_linear import isa  # noqa: E402,F401  (once per linear build this CPU runs)
 
 
-LAYOUT = {Q.Q4_K: "q4_1", Q.Q6_K: "s16", Q.Q5_K: "s16", Q.Q3_K: "s16", Q.Q2_K: "s16"}
+LAYOUT = {Q.Q4_K: "q4_1", Q.Q6_K: "s16", Q.Q5_K: "s16", Q.Q3_K: "s16", Q.Q2_K: "s16", Q.IQ4_XS: "q8_0"}
 
 
 def weight(qtype, rows: int, cols: int, seed: int):
@@ -74,14 +74,20 @@ def test_dequantize_widens_compact_scales(qtype):
     assert same_bits(got, torch.from_numpy(quants.dequantize(raw, qtype).reshape(40, 512).astype("float32")))
 
 
-def test_weight_panels_keep_compact_scales():
+@pytest.mark.parametrize("qtype,codes", [(Q.Q4_K, "q4_1"), (Q.IQ4_XS, "q8_0"), (Q.IQ4_XS, "q8_0.nl4")])
+def test_weight_panels_keep_compact_scales(qtype, codes):
     """Persistent panels of compact scales keep them compact (a byte per block and
     the supers, widened in registers): every call with them is bitwise the call
-    on the widened float32 scales, with that weight's own panels and without."""
+    on the widened float32 scales, with that weight's own panels and without.
+    IQ4_XS's codes as bytes and as its own table indices (q8_0.nl4)."""
     if not C.weight_panel_layout():
         pytest.skip("the active linear build has no persistent weight panels (avx512 only)")
-    layout, qs, d, m = weight(Q.Q4_K, 40, 512, seed=9)
+    layout, qs, d, m = weight(qtype, 40, 512, seed=9)
     wd, wm = widened(layout, d, m)
+    if codes != layout:
+        packed = torch.empty(40, 256, dtype=torch.uint8)
+        C.pack_codes(dl(qs), codes, dl(packed))
+        qs, layout = packed, codes
 
     def panels(d_, m_):
         out = torch.empty(C.weight_panel_bytes(layout, dl(qs), dl(d_), dl(m_)), dtype=torch.uint8)
@@ -89,7 +95,7 @@ def test_weight_panels_keep_compact_scales():
         return out
 
     compact, wide = panels(d, m), panels(wd, wm)
-    assert compact.numel() < wide.numel()  # 2 bytes a block and 8 a super-block per row, not 8 a block
+    assert compact.numel() < wide.numel()  # a byte a block and 4 a super-block per row and scale, not 4 a block
     gen = torch.Generator().manual_seed(4)
     for rows in (1, 3, 8, 9, 20):  # in place from registers up to 8 rows, the tiles above
         x = torch.randn(rows, 512, generator=gen)
@@ -110,6 +116,9 @@ def test_compact_scales_bad_input_is_one_clear_error():
         C.quant_linear(dl(x), layout, dl(qs), dl(d), None, dl(out), "int8")
     with pytest.raises(ValueError, match="d: expected .*compact scales"):
         C.quant_linear(dl(x), layout, dl(qs), dl(d[:, :-1].contiguous()), dl(m), dl(out), "int8")
+    iq_layout, iq_qs, iq_d, _ = weight(Q.IQ4_XS, 8, 256, seed=1)  # q8_0 has no offsets, compact or not
+    with pytest.raises(ValueError, match="m: expected None or empty for qtype 'q8_0'"):
+        C.quant_linear(dl(x), iq_layout, dl(iq_qs), dl(iq_d), dl(iq_d), dl(out), "int8")
     qs32 = torch.zeros(8, 16, dtype=torch.uint8)  # K = 32: no 256-weight groups
     with pytest.raises(ValueError, match="d: expected float32 scales for K not a multiple of 256"):
         C.quant_linear(dl(torch.randn(2, 32)), layout, dl(qs32), dl(torch.zeros(8, 1, dtype=torch.uint8)),

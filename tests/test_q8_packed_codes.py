@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from paged.core.models.loaders.quant_layouts import IQ4_NL_VALUES, pack_q8_codes, q8_code_form, unpack
+from paged.core.models.loaders.quant_layouts import IQ4_NL_VALUES, pack_q8_codes, q8_code_form, unpack, widen_scales
 
 C = pytest.importorskip("paged._C_cpu")
 pytest.importorskip("gguf")
@@ -175,13 +175,14 @@ def test_gguf_q5_0_runs_packed(monkeypatch, setting):
     gguf_type_runs_as(Q.Q5_0, "q8_0.s5" if setting == "1" else None, 20 / 32)
 
 
-def gguf_type_runs_as(gtype, form: str | None, packed_bytes: float) -> None:
+def gguf_type_runs_as(gtype, form: str | None, packed_bytes: float, cols: int = 96 * 3) -> None:
     """CpuPackedLinear on random blocks of GGUF type `gtype` (a q8_0 layout)
     holds them in `form` (packed_bytes a weight; None: int8 codes) and gives
-    the byte form's outputs and gguf's values for its embedding rows."""
+    the byte form's outputs (its scales widened to float32) and gguf's values
+    for its embedding rows."""
     from paged.backends.cpu import quant_linear as ql
 
-    rows, cols = 48, 96 * 3
+    rows = 48
     blocks = PackedBlocks(gtype, torch.from_numpy(random_blocks(gtype, rows, cols, seed=11)), (rows, cols))
     w = ql.CpuPackedLinear(blocks, activations="int8x2")
     _, codes, d, _ = unpack(gtype, blocks.blocks, (rows, cols))
@@ -189,7 +190,7 @@ def gguf_type_runs_as(gtype, form: str | None, packed_bytes: float) -> None:
     assert w.qs.numel() == (int(rows * cols * packed_bytes) if form else codes.numel())
     x = torch.randn(5, cols, generator=torch.Generator().manual_seed(1))
     for r in (1, 5):
-        assert same_bits(w.linear(x[:r]), linear("q8_0", x[:r], codes, d, None, "int8x2"))
+        assert same_bits(w.linear(x[:r]), linear("q8_0", x[:r], codes, widen_scales(d, "q8_0"), None, "int8x2"))
     ids = torch.tensor([0, 47, 3])
     assert torch.equal(w.embedding(ids), blocks.dequantize(torch.float32)[ids])
 

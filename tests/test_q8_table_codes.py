@@ -65,3 +65,13 @@ def test_gguf_iq4_nl_runs_on_table_indices(monkeypatch, setting):
     packs = setting == "1" or (setting == "auto" and C.linear_reads_q8_table())
     monkeypatch.setenv("PAGED_Q8_PACKED", "0")  # (no 5-bit form either way: IQ4_NL's values pass -16..15)
     gguf_type_runs_as(Q.IQ4_NL, "q8_0.nl4" if packs else None, 0.5)
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_gguf_iq4_xs_runs_on_table_indices(monkeypatch, setting):
+    """IQ4_XS (IQ4_NL's values, a 6-bit scale per 32 weights times an fp16
+    per 256: q8_0 with compact scales) likewise: its indices and compact
+    scales, or int8 codes, the outputs of its codes with the scales widened."""
+    monkeypatch.setenv("PAGED_Q8_TABLE", setting)
+    monkeypatch.setenv("PAGED_Q8_PACKED", "0")
+    gguf_type_runs_as(Q.IQ4_XS, "q8_0.nl4" if setting == "1" else None, 0.5, cols=512)

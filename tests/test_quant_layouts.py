@@ -18,7 +18,7 @@ from gguf import quants
 from paged.core.models.loaders.quant_layouts import HALF_LAYOUTS, LAYOUT, as_s16, dequantize_layout, unpack, widen_scales
 
 #: byte offsets of each type's fp16 fields within a block
-FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.IQ4_NL: (0,),
+FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
                Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,), Q.Q3_K: (108,), Q.Q2_K: (80, 82)}
 #: the block types (F16 / BF16 keep their values 16-bit: tests/test_half_linear.py)
 BLOCK_TYPES = [q for q in LAYOUT if LAYOUT[q] not in HALF_LAYOUTS]
@@ -64,7 +64,7 @@ def test_unpacked_values_are_ggufs(qtype, shape):
 
 
 #: the types whose scales the loader keeps compact (a byte each, a float per 256 weights)
-COMPACT = (Q.Q4_K, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K)
+COMPACT = (Q.Q4_K, Q.Q2_K, Q.Q3_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS)
 
 
 def test_layout_fields_have_the_kernels_shapes_and_dtypes():

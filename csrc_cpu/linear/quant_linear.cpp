@@ -135,7 +135,8 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
     a.m16 = static_cast<const uint16_t*>(tm.data);
     return;
   }
-  const bool compact = (a.qtype == QType::Q4_1 || s16) && d.dtype() == nb::dtype<uint8_t>();
+  // compact scales: Q4_K's (q4_1, with offsets), IQ4_XS's (q8_0), the s16 K-quants'
+  const bool compact = a.qtype != QType::Q4_0 && d.dtype() == nb::dtype<uint8_t>();
   if (compact) {  // compact scales (compact_scales.h): widened by the drivers
     if (a.K % kCompactWeights)
       fail("d", "float32 scales for K not a multiple of 256 (compact scales have a float per 256 weights)",
@@ -147,9 +148,13 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
     a.d8 = static_cast<const uint8_t*>(td.data);
     a.d = a.m = nullptr;  // the driver points them at the call's widened copy
     if (absent(m)) {
-      if (!s16) fail("m", "compact offsets beside compact scales (qtype 'q4_1')", m ? "an empty tensor" : "None");
+      if (a.qtype == QType::Q4_1)
+        fail("m", "compact offsets beside compact scales (qtype 'q4_1')", m ? "an empty tensor" : "None");
       return;
     }
+    if (a.qtype == QType::Q8_0)
+      fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
+           "a tensor of " + std::to_string(m->size()) + " elements");
     const attn::TensorArg tm = matrix("m", *m, nb::dtype<uint8_t>());
     require_shape(tm, a.N, compact_row_bytes(groups, a.K), form);
     a.m8 = static_cast<const uint8_t*>(tm.data);

@@ -102,7 +102,7 @@ struct LinearArgs {
   // "s16.u5b" / "s16.s5b": rows whose K is not a multiple of 256), which
   // the s16 driver unpacks per work item for every build
   bool code_blocks = false;
-  // Compact scales (compact_scales.h; q4_1 and s16): d and m (m8 may be
+  // Compact scales (compact_scales.h; q4_1, q8_0 and s16): d and m (m8 may be
   // null) in that form, and d / m above point at the call's widened copy
   // (null until the driver widens)
   const uint8_t* d8 = nullptr;

@@ -17,7 +17,7 @@ from gguf import quants
 
 #: quant types this loader accepts: the float types and every type the CPU kernels take
 SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K,
-                   Q.Q6_K, Q.IQ4_NL)
+                   Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
 
 
 def _as_tensor(array: np.ndarray) -> torch.Tensor:

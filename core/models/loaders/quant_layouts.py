@@ -42,6 +42,7 @@ from gguf import GGMLQuantizationType as Q
 
 #: GGUF type -> the kernel layout it unpacks to
 LAYOUT = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.Q4_K: "q4_1", Q.Q5_0: "q8_0", Q.IQ4_NL: "q8_0",
+          Q.IQ4_XS: "q8_0",
           Q.Q2_K: "s16", Q.Q3_K: "s16", Q.Q5_1: "s16", Q.Q5_K: "s16", Q.Q6_K: "s16", Q.F16: "f16", Q.BF16: "bf16"}
 #: the 16-bit float layouts: float32 activations under every setting (no integer codes to multiply)
 HALF_LAYOUTS = {"f16": torch.float16, "bf16": torch.bfloat16}
@@ -146,6 +147,18 @@ def _iq4_nl(b, n):
     return _per(n, table[_nibbles(qs, 1).long()]), _per(n, _f16(d)), None
 
 
+def _iq4_xs(b, n):
+    # per 256 weights: fp16 d, then each 32-block's 6-bit scale ls (its low 4
+    # bits in scales_l, its high 2 in the little-endian uint16 scales_h), then
+    # IQ4_NL's nibbles; w = fl(d * (ls - 32)) * value: q8_0 with compact scales
+    d, scales_h, scales_l, qs = _split(b, 2, 2, 4, 128)
+    low = _bits(scales_l, 4).transpose(1, 2).reshape(-1, 8)  # block i: byte i // 2, nibble i % 2
+    high = _bits(scales_h, 2).transpose(1, 2).reshape(-1, 8)  # block i: bits 2i, 2i + 1 of the uint16
+    sub = (low | (high << 4)).to(torch.int8) - 32
+    table = torch.tensor(IQ4_NL_VALUES, dtype=torch.int8)
+    return _per(n, table[_nibbles(qs, 8).long()]), compact_scales(_per(n, _f16(d)), _per(n, sub)), None
+
+
 def _halves(t: torch.Tensor) -> torch.Tensor:
     """A per-32 value [nb, x] -> per-16 [nb, 2x] (each twice)."""
     return t.repeat_interleave(2, dim=1)
@@ -165,7 +178,7 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 
 #: scales per float32 super value in compact scales (one per 256 weights: csrc_cpu/linear/compact_scales.h)
-COMPACT_PER_SUPER = {"q4_1": 8, "s16": 16}
+COMPACT_PER_SUPER = {"q4_1": 8, "q8_0": 8, "s16": 16}
 
 
 def compact_scales(super_values: torch.Tensor, sub: torch.Tensor) -> torch.Tensor:
@@ -233,7 +246,7 @@ def _half(dtype: torch.dtype):
     return lambda b, n: (_per(n, b.contiguous().view(dtype)), None, None)
 
 
-_UNPACK = {Q.F16: _half(torch.float16), Q.BF16: _half(torch.bfloat16), Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.IQ4_NL: _iq4_nl, Q.Q5_1: _q5_1,
+_UNPACK = {Q.F16: _half(torch.float16), Q.BF16: _half(torch.bfloat16), Q.Q4_0: _q4_0, Q.Q4_1: _q4_1, Q.Q8_0: _q8_0, Q.Q5_0: _q5_0, Q.IQ4_NL: _iq4_nl, Q.IQ4_XS: _iq4_xs, Q.Q5_1: _q5_1,
            Q.Q4_K: _q4_k, Q.Q5_K: _q5_k, Q.Q6_K: _q6_k, Q.Q3_K: _q3_k, Q.Q2_K: _q2_k}
 
 

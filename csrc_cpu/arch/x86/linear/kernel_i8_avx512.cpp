@@ -293,8 +293,8 @@ void transpose_compact_scales(const uint8_t* c8, int64_t K, int64_t n0, int rows
 }
 
 // Column c (rows n0 .. n0 + rows) of the panel's scales: float32 d (and
-// q4_1's m) transposed, or compact ones widened on the way (only q4_1 has
-// them, always with compact m: checked at the boundary).
+// q4_1's m) transposed, or compact ones widened on the way (Q4_K's q4_1,
+// always with compact m: checked at the boundary; IQ4_XS's q8_0).
 template <QType T>
 void build_scales(const LinearArgs& a, int64_t n0, int rows, int c, const PanelView& p) {
   if (a.d8) {
@@ -924,7 +924,7 @@ void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8
     if (p.scales == PanelScales::Compact) {
       const int64_t scale_bytes = compact_row_bytes(nb, a.K);
       compact_row(p.d8, p.d_super, nb, lane, const_cast<uint8_t*>(a.d8) + n * scale_bytes);
-      compact_row(p.m8, p.m_super, nb, lane, const_cast<uint8_t*>(a.m8) + n * scale_bytes);
+      if (q4_1) compact_row(p.m8, p.m_super, nb, lane, const_cast<uint8_t*>(a.m8) + n * scale_bytes);
       continue;
     }
     for (int64_t b = 0; b < nb; ++b) {
@@ -953,10 +953,10 @@ void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, true, p);  // the scales
   if (p.scales == PanelScales::Compact) {
-    if constexpr (T == QType::Q4_1) {  // only q4_1 has compact scales, always with compact m (checked at the boundary)
-      transpose_compact_bytes(a.d8, a.K, n0, n1, const_cast<int8_t*>(p.d8), const_cast<float*>(p.d_super));
+    // q4_1 (Q4_K) and q8_0 (IQ4_XS); q4_1's always with compact m (checked at the boundary)
+    transpose_compact_bytes(a.d8, a.K, n0, n1, const_cast<int8_t*>(p.d8), const_cast<float*>(p.d_super));
+    if constexpr (T == QType::Q4_1)
       transpose_compact_bytes(a.m8, a.K, n0, n1, const_cast<int8_t*>(p.m8), const_cast<float*>(p.m_super));
-    }
     return;
   }
   AlignedVector<float> wide(size_t((T == QType::Q4_1 ? 2 : 1) * nb * kPanel));  // the F32 form, then narrowed
