@@ -17,7 +17,8 @@ f16, bf16  qs float16 / bfloat16 [N, K], d, m None     qs[n, k] (exact in float3
 (b: the 32-value block of k, h: its 16-value half; nibbles low half first,
 as GGUF stores them; scales float32.)
 
-GGUF type -> layout: Q4_0, Q4_1, Q8_0 as themselves; Q4_K -> q4_1 (its
+GGUF type -> layout: Q4_0, Q4_1, Q8_0 as themselves; IQ4_XS -> q8_0 (IQ4_NL's
+values, its per-32 scale d * (ls - 32) exact, compact); Q4_K -> q4_1 (its
 per-32 scale and min are d * sc and -dmin * m, exact products), with d and
 m in compact form (``compact_scales``: uint8 [N, K/32 + K/64], per row the
 6-bit sc / m bytes then the fp16 d / -dmin as float32, one per 256 weights;
