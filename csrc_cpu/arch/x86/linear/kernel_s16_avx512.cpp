@@ -118,20 +118,32 @@ inline void byte_panel(const S16Args& s, int64_t n0, const int valid[kCols], Pai
 // out[r0 .. r0+R, the item's valid rows]: per block and half, the half's
 // exact sums (Bytes: the byte panel by x's int8 codes; else the pair
 // panel's 8 slots by x's pairs), then its chain's step; with offsets,
-// chunk_offsets' sums added.
-template <int R, bool HasM, bool Bytes>
-void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
+// chunk_offsets' sums added. Pairs (p.pairs): a block's halves share d, so
+// the second half's steps reuse the first's d * dx (the same floats) from
+// the stack, a load folded into the fma instead of a multiply (the tile is
+// bound by the multiply pipes; the registers are taken by the chains).
+template <int R, bool HasM, bool Bytes, bool Pairs>
+void pair_tile_of(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock;
+  constexpr int kZmmLanes = 16;
   __m512 e[R][kZmmCols][2];
+  alignas(64) float shared[Pairs ? R * kZmmCols * kZmmLanes : 1];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < kZmmCols; ++j) e[r][j][0] = e[r][j][1] = _mm512_setzero_ps();
   const auto step = [&](int h, int64_t b, __m512i isum[R][kZmmCols]) __attribute__((always_inline)) {
     const int64_t g = 2 * b + h;
     for (int j = 0; j < kZmmCols; ++j) {
+      if (Pairs && h == 1) {
+        for (int r = 0; r < R; ++r)
+          e[r][j][1] = _mm512_fmadd_ps(_mm512_load_ps(shared + (r * kZmmCols + j) * kZmmLanes),
+                                       _mm512_cvtepi32_ps(isum[r][j]), e[r][j][1]);
+        continue;
+      }
       const __m512 d = _mm512_load_ps(p.d.data() + g * kPanel + (c0 + 2 * j) * kLanes);
       for (int r = 0; r < R; ++r) {
         const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
+        if constexpr (Pairs) _mm512_store_ps(shared + (r * kZmmCols + j) * kZmmLanes, scale);
         e[r][j][h] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[r][j]), e[r][j][h]);
       }
     }
@@ -164,6 +176,12 @@ void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int
       _mm512_mask_storeu_ps(a.out + (r0 + r) * a.N + n0 + (c0 + 2 * j) * kLanes, mask, out);
     }
   }
+}
+
+template <int R, bool HasM, bool Bytes>
+void pair_tile(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
+  if (p.pairs) return pair_tile_of<R, HasM, Bytes, true>(s, p, r0, n0, c0, valid);
+  pair_tile_of<R, HasM, Bytes, false>(s, p, r0, n0, c0, valid);
 }
 
 // ---- Prompt rows on persistent panels (s16_panel_avx512.h) ----
@@ -214,6 +232,7 @@ void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], P
   const uint8_t* chunk = s16_chunk(a, n0);
   constexpr int64_t zmm_lanes = isa_avx512::kLanes;
   p.d.resize(size_t(sh.nh * kPanel));
+  p.pairs = sh.form == PanelScales::CompactPairs;
   p.codes.resize(size_t(sh.nb * (Bytes ? kBlockBytes : kPairBlockBytes)));
   if (sh.offsets) p.offsets.resize(size_t(a.M * kPanel));
   for (int zc = 0; zc < kZmmCols; ++zc) {

@@ -209,7 +209,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
     __m512i base[B], high[H > 0 ? H : 1];
     for (int i = 0; i < B; ++i) base[i] = _mm512_load_si512(w + i * 64);
     for (int i = 0; i < H; ++i) high[i] = _mm512_load_si512(w + (B + i) * 64);
-    __m512 d;  // the half's scales
+    __m512 d, scale[R];  // the half's scales; their products with dx (compact pairs: both halves')
     const auto half = [&](auto hc) PAGED_ALWAYS_INLINE_LAMBDA {
       constexpr int h = decltype(hc)::value;
       __m512i hi[R], lo[Two ? R : 1];
@@ -229,14 +229,15 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
           },
           std::make_integer_sequence<int, 4>());
       const int64_t g = 2 * b + h;
-      // compact pairs (Q5_K): the second half's scales are the first's, widened once
-      if (h == 0 || !pairs) d = lane_scales(col, 0, g);
+      // compact pairs (Q5_K): the second half's scales are the first's, widened and multiplied once
+      const bool fresh = h == 0 || !pairs;
+      if (fresh) d = lane_scales(col, 0, g);
       for (int r = 0; r < R; ++r) {
         __m512i isum = hi[r];
         if constexpr (Two) isum = _mm512_add_epi32(_mm512_slli_epi32(hi[r], 8), lo[r]);
         if (s.half_bias) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(s.half_bias[(r0 + r) * nh + g]));
-        const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
-        e[r][h] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum), e[r][h]);
+        if (fresh) scale[r] = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
+        e[r][h] = _mm512_fmadd_ps(scale[r], _mm512_cvtepi32_ps(isum), e[r][h]);
       }
     };
     half(std::integral_constant<int, 0>{});
