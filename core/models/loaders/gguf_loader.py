@@ -296,15 +296,25 @@ def _rows(w, start: int, end: int):
     return w[start:end].contiguous()
 
 
+def _require_supported(path: Path, t: GGUFTensor) -> None:
+    """ModelLoadError naming the tensor and its type unless the loader takes it;
+    for llama.cpp's codebook types (IQ1_*, IQ2_*, IQ3_*: lattice grids, not a
+    scale times small integers) also what to take instead."""
+    if t.qtype in SUPPORTED_TYPES:
+        return
+    hint = ("; codebook types (IQ1_*, IQ2_*, IQ3_*) are not taken: the same model's IQ4_XS, Q3_K_M or Q2_K "
+            "file runs packed") if t.qtype.name.startswith(("IQ1", "IQ2", "IQ3")) else ""
+    raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
+                               f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)}){hint}")
+
+
 def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtype: torch.dtype,
                  keep_packed: bool = False, permuted_qk: bool = False) -> torch.Tensor | PackedBlocks | list:
     """One tensor, dense or packed; a 3-D expert tensor as a list of its
     experts' matrices; the shared-expert gate vector as HF's [1, hidden]."""
     if len(t.shape) == 3:
         return _load_experts(path, t, dtype, keep_packed)
-    if t.qtype not in SUPPORTED_TYPES:
-        raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
-                                   f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
+    _require_supported(path, t)
     try:
         if keep_packed and t.qtype in PACKABLE and len(t.shape) == 2:
             w = _packed(t)
@@ -327,9 +337,7 @@ def _load_tensor(path: Path, t: GGUFTensor, name: str, config: ModelConfig, dtyp
 def _load_experts(path: Path, t: GGUFTensor, dtype: torch.dtype, keep_packed: bool) -> list:
     """[experts, rows, cols] -> each expert's [rows, cols] matrix (packed
     blocks of the file's type where the rest is kept packed)."""
-    if t.qtype not in SUPPORTED_TYPES:
-        raise ModelLoadError(path, f"tensor {t.name!r} has unsupported quantization type {t.qtype.name} "
-                                   f"(supported: {', '.join(q.name for q in SUPPORTED_TYPES)})")
+    _require_supported(path, t)
     experts, rows, cols = t.shape
     try:
         if keep_packed and t.qtype in PACKABLE:
