@@ -135,6 +135,9 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
     a.m16 = static_cast<const uint16_t*>(tm.data);
     return;
   }
+  if (a.qtype != QType::Q4_1 && !s16 && !absent(m))  // float32 or compact scales alike
+    fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
+         "a tensor of " + std::to_string(m->size()) + " elements");
   // compact scales: Q4_K's (q4_1, with offsets), IQ4_XS's (q8_0), the s16 K-quants'
   const bool compact = a.qtype != QType::Q4_0 && d.dtype() == nb::dtype<uint8_t>();
   if (compact) {  // compact scales (compact_scales.h): widened by the drivers
@@ -152,9 +155,6 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
         fail("m", "compact offsets beside compact scales (qtype 'q4_1')", m ? "an empty tensor" : "None");
       return;
     }
-    if (a.qtype == QType::Q8_0)
-      fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
-           "a tensor of " + std::to_string(m->size()) + " elements");
     const attn::TensorArg tm = matrix("m", *m, nb::dtype<uint8_t>());
     require_shape(tm, a.N, compact_row_bytes(groups, a.K), form);
     a.m8 = static_cast<const uint8_t*>(tm.data);
@@ -169,9 +169,6 @@ void check_weight(LinearArgs& a, const std::string& qtype, const Array& qs, cons
     const attn::TensorArg tm = matrix("m", *m, nb::dtype<float>());
     require_shape(tm, a.N, groups, per_group);
     a.m = static_cast<const float*>(tm.data);
-  } else if (!absent(m)) {
-    fail("m", "None or empty for qtype '" + qtype + "' (it has no per-block offset)",
-         "a tensor of " + std::to_string(m->size()) + " elements");
   }
 }
 

@@ -126,9 +126,8 @@ template <int R, bool HasM, bool Bytes, bool Pairs>
 void pair_tile_of(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, int c0, const int valid[kCols]) {
   const LinearArgs& a = *s.a;
   const int64_t K = a.K, nb = K / kBlock;
-  constexpr int kZmmLanes = 16;
   __m512 e[R][kZmmCols][2];
-  alignas(64) float shared[Pairs ? R * kZmmCols * kZmmLanes : 1];
+  alignas(64) float shared[Pairs ? R * kZmmCols * isa_avx512::kLanes : 1];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < kZmmCols; ++j) e[r][j][0] = e[r][j][1] = _mm512_setzero_ps();
   const auto step = [&](int h, int64_t b, __m512i isum[R][kZmmCols]) __attribute__((always_inline)) {
@@ -136,14 +135,14 @@ void pair_tile_of(const S16Args& s, const PairPanel& p, int64_t r0, int64_t n0, 
     for (int j = 0; j < kZmmCols; ++j) {
       if (Pairs && h == 1) {
         for (int r = 0; r < R; ++r)
-          e[r][j][1] = _mm512_fmadd_ps(_mm512_load_ps(shared + (r * kZmmCols + j) * kZmmLanes),
+          e[r][j][1] = _mm512_fmadd_ps(_mm512_load_ps(shared + (r * kZmmCols + j) * isa_avx512::kLanes),
                                        _mm512_cvtepi32_ps(isum[r][j]), e[r][j][1]);
         continue;
       }
       const __m512 d = _mm512_load_ps(p.d.data() + g * kPanel + (c0 + 2 * j) * kLanes);
       for (int r = 0; r < R; ++r) {
         const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(a.x8_scale[(r0 + r) * nb + b]));
-        if constexpr (Pairs) _mm512_store_ps(shared + (r * kZmmCols + j) * kZmmLanes, scale);
+        if constexpr (Pairs) _mm512_store_ps(shared + (r * kZmmCols + j) * isa_avx512::kLanes, scale);
         e[r][j][h] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[r][j]), e[r][j][h]);
       }
     }
