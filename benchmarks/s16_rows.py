@@ -2,7 +2,7 @@
 same shapes (docs/cpu-linear.md, "GGUF types and the s16 layout"):
 
     python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--activations int8x2|int8] [--threads 2]
-                                  [--rounds 5] [--panels] [--json PATH]
+                                  [--rounds 5] [--panels | --crossover] [--json PATH]
 
 quant_linear with int8x2 activations (what "mixed" gives most matrices;
 --activations int8: its one-term layers' O, gate/up and down) on
@@ -16,6 +16,10 @@ compare two builds, run it under each (the figures are per process).
 --panels (a build with persistent weight panels, docs/weight-panels.md):
 each layout also with its panels, the two passes interleaved round by
 round, and their ratio (GB/s counts the packed bytes for both).
+--crossover: s16's panels read in place by the few-rows kernel against
+the tiles on the same panels, interleaved, per row count: the rows up to
+which in place wins are what s16_panel_rows() should be on this CPU
+(PAGED_S16_PANEL_ROWS; csrc_cpu/linear/s16.h).
 """
 
 from __future__ import annotations
@@ -67,26 +71,43 @@ def panels_of(mats: list) -> list:
     return out
 
 
-def rate(mats: list, rows: int, rounds: int, activations: str, panels: list | None = None) -> dict:
-    """Figures of the packed arrays, and with panels (given) of the panels too, passes interleaved."""
+def best_times(mats: list, rows: int, rounds: int, activations: str, ways: list) -> list[float]:
+    """Best seconds per way (panels or None, s16_panel_rows to set or 0 for the CPU's), passes interleaved."""
     from paged import _C_cpu as C
 
     x = {k: torch.randn(rows, k) for k in {k for _, k, *_ in mats}}
     out = {n: torch.empty(rows, n) for n in {n for n, *_ in mats}}
-    ways = [None] + ([panels] if panels else [])
     best = [float("inf")] * len(ways)
-    for _ in range(rounds):
-        for i, way in enumerate(ways):
-            t0 = time.perf_counter()
-            for j, (n, k, qtype, qs, d, m) in enumerate(mats):
-                C.quant_linear(x[k], qtype, qs, d, m, out[n], activations, -1, None if way is None else way[j])
-            best[i] = min(best[i], time.perf_counter() - t0)
+    try:
+        for _ in range(rounds):
+            for i, (panels, panel_rows) in enumerate(ways):
+                C.set_s16_panel_rows(panel_rows)
+                t0 = time.perf_counter()
+                for j, (n, k, qtype, qs, d, m) in enumerate(mats):
+                    C.quant_linear(x[k], qtype, qs, d, m, out[n], activations, -1, None if panels is None else panels[j])
+                best[i] = min(best[i], time.perf_counter() - t0)
+    finally:
+        C.set_s16_panel_rows(0)
+    return best
+
+
+def rate(mats: list, rows: int, rounds: int, activations: str, panels: list | None = None) -> dict:
+    """Figures of the packed arrays, and with panels (given) of the panels too, passes interleaved."""
+    best = best_times(mats, rows, rounds, activations, [(None, 0)] + ([(panels, 0)] if panels else []))
     flops = sum(2 * rows * n * k for n, k, *_ in mats)
     nbytes = sum(qs.numel() + d.numel() * 4 + (m.numel() * 4 if m is not None else 0) for _, _, _, qs, d, m in mats)
     fig = {"gflop_s": flops / best[0] / 1e9, "gb_s": nbytes / best[0] / 1e9}
     if panels:
         fig.update(panels_gflop_s=flops / best[1] / 1e9, panels_over_packed=best[0] / best[1])
     return fig
+
+
+def crossover(mats: list, panels: list, rows: int, rounds: int, activations: str) -> dict:
+    """The panels read in place (the few-rows kernel) against the tiles on them, same call, interleaved."""
+    in_place, tiles = best_times(mats, rows, rounds, activations, [(panels, 4096), (panels, 8)])
+    flops = sum(2 * rows * n * k for n, k, *_ in mats)
+    return {"in_place_gflop_s": flops / in_place / 1e9, "tiles_gflop_s": flops / tiles / 1e9,
+            "in_place_over_tiles": tiles / in_place}
 
 
 def main() -> int:
@@ -96,6 +117,9 @@ def main() -> int:
     ap.add_argument("--threads", type=positive_int, default=2)
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--panels", action="store_true", help="also time each layout with its persistent panels")
+    ap.add_argument("--crossover", action="store_true",
+                    help="s16 panels only: read in place (few-rows kernel) against the tiles, per row count: "
+                         "where PAGED_S16_PANEL_ROWS should lie on this CPU")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -103,9 +127,25 @@ def main() -> int:
 
     print(f"s16 kernel by rows: {C.linear_isa()} build, {args.activations}, {args.threads} threads, "
           f"best of {args.rounds}", flush=True)
-    if args.panels and not C.weight_panel_layout():
-        print(f"--panels: linear ISA {C.linear_isa()!r} has no weight panels", file=sys.stderr)
+    if (args.panels or args.crossover) and not C.weight_panel_layout():
+        print(f"--panels / --crossover: linear ISA {C.linear_isa()!r} has no weight panels", file=sys.stderr)
         return 2
+    if args.crossover:
+        print(f"CPU {C.cpu_vendor() or '?'}: s16 panels read in place up to {C.s16_panel_rows()} rows now", flush=True)
+        figures = {}
+        for i, layout in enumerate(LAYOUTS[:2]):
+            mats = weights(layout, seed=i)
+            panels = panels_of(mats)
+            figures[layout] = {}
+            for rows in args.rows:
+                figures[layout][rows] = r = crossover(mats, panels, rows, args.rounds, args.activations)
+                print(f"{layout:7s} M={rows:4d}: in place {r['in_place_gflop_s']:6.1f} GFLOP/s, tiles "
+                      f"{r['tiles_gflop_s']:6.1f} ({r['in_place_over_tiles']:.2f}x)", flush=True)
+            del mats, panels
+        emit_json({"threads": args.threads, "isa": C.linear_isa(), "activations": args.activations,
+                   "cpu_vendor": C.cpu_vendor(), "s16_panel_rows": C.s16_panel_rows(), "crossover": figures},
+                  args.json)
+        return 0
     figures = {}
     for i, layout in enumerate(LAYOUTS):
         mats = weights(layout, seed=i)

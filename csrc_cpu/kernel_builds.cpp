@@ -12,6 +12,10 @@
 #include "linear/s16.h"
 #include "runtime/runtime.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
 #if defined(PAGED_ISA_X86)
 #include "arch/x86/linear/int8_avx512.h"
 #endif
@@ -335,5 +339,49 @@ void set_kernel_build(const std::string& family, const std::string& name) {
   if (family == "fused_ops") return fused_ops_selector().set(name);
   args::fail("family", "one of attention, linear, fused_ops (the families chosen by name)", "'" + family + "'");
 }
+
+// s16's crossover between its panels' two kernels (linear/s16.h): a choice
+// between builds' kernels like those above, by the core rather than the ISA.
+namespace linear {
+namespace {
+
+int64_t checked_panel_rows(const std::string& name, const std::string& text) {
+  const std::string want = "an integer in [" + std::to_string(kS16FewRows) + ", " + std::to_string(kS16MaxPanelRows) +
+                           "] (0: the CPU's default)";
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || (v != 0 && (v < kS16FewRows || v > kS16MaxPanelRows)))
+    args::fail(name, want, "'" + text + "'");
+  return v;
+}
+
+// The core's crossover (s16.h): measured on Zen 4 (AMD) and Ice Lake (Intel).
+int64_t default_panel_rows() {
+  if (const char* env = std::getenv("PAGED_S16_PANEL_ROWS")) {
+    const int64_t v = checked_panel_rows("PAGED_S16_PANEL_ROWS", env);
+    if (v) return v;
+  }
+  return runtime::cpu_vendor() == "AuthenticAMD" ? 48 : 12;
+}
+
+std::atomic<int64_t> g_panel_rows{-1};  // -1: not chosen yet
+
+}  // namespace
+
+int64_t s16_panel_rows() {
+  int64_t v = g_panel_rows.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = default_panel_rows();
+    g_panel_rows.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void set_s16_panel_rows(int64_t rows) {
+  checked_panel_rows("rows", std::to_string(rows));
+  g_panel_rows.store(rows ? rows : default_panel_rows(), std::memory_order_relaxed);
+}
+
+}  // namespace linear
 
 }  // namespace paged::cpu

@@ -9,6 +9,10 @@ shape or size, and the engine's greedy output must not change."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -85,12 +89,21 @@ def s16_weights():
         yield f"{qtype.name}-fp16", form, qs, half, (torch.randn_like(half) * 0.01).to(torch.float16).float()
 
 
+@pytest.fixture(params=[8, 4096], ids=["tiles-above-8-rows", "in-place-always"])
+def panel_rows(request):
+    """Where s16 panels stop being read in place (s16_panel_rows: the CPU's
+    default lies between): both kernels at every row count, on any CPU."""
+    C.set_s16_panel_rows(request.param)
+    yield request.param
+    C.set_s16_panel_rows(0)
+
+
 @pytest.mark.parametrize("case", list(s16_weights()), ids=lambda c: c[0])
-def test_s16_panels_are_bitwise_the_packed_codes(avx512, case):
+def test_s16_panels_are_bitwise_the_packed_codes(avx512, panel_rows, case):
     """s16's packed codes in persistent panels (16 weight rows a vector, read in
-    place up to 8 rows and turned into the tiles' panels above): bitwise the
-    calls on the packed arrays, and unpack_weight_panels gives those arrays
-    back byte for byte from a panel of their size."""
+    place up to panel_rows rows and turned into the tiles' panels above):
+    bitwise the calls on the packed arrays, and unpack_weight_panels gives
+    those arrays back byte for byte from a panel of their size."""
     name, qtype, qs, d, m = case
     panels = build(qtype, qs, d, m)
     # the header's scale form (PanelScales): Q5_K's compact bytes come in equal pairs (its scales are per 32)
@@ -103,7 +116,7 @@ def test_s16_panels_are_bitwise_the_packed_codes(avx512, case):
     elif form:  # compact pairs, fp16 values: less than the packed arrays (float32 scales)
         assert panels.numel() - 64 < padded
     gen = torch.Generator().manual_seed(6)
-    # in place up to 48 rows, the tiles' panels above; the offsets take x rows 8 at a time, then 4 / 2 / 1
+    # in place up to panel_rows rows, the tiles' panels above; the offsets take x rows 8 at a time, then 4 / 2 / 1
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 49, 63):
         x = torch.randn(rows, 512, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
@@ -114,6 +127,41 @@ def test_s16_panels_are_bitwise_the_packed_codes(avx512, case):
     C.unpack_weight_panels(qtype, panels, *back)
     for t, u in zip((qs, d, m), back):
         assert (t is None and u is None) or torch.equal(t.view(torch.uint8), u.view(torch.uint8))
+
+
+def proc_cpuinfo_vendor() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
+
+
+def test_s16_panel_rows_default_checks_and_override():
+    """Where s16 panels stop being read in place: the core's crossover (48 on
+    AMD, 12 elsewhere: csrc_cpu/linear/s16.h), the vendor as /proc/cpuinfo
+    names it; set_s16_panel_rows and PAGED_S16_PANEL_ROWS refuse what the
+    kernels were not built for with the one ValueError shape."""
+    vendor = proc_cpuinfo_vendor()
+    if vendor is not None:
+        assert C.cpu_vendor() == vendor
+    assert C.s16_panel_rows() == (48 if C.cpu_vendor() == "AuthenticAMD" else 12)
+    try:
+        C.set_s16_panel_rows(100)
+        assert C.s16_panel_rows() == 100
+        for bad in (7, -1, 4097):
+            with pytest.raises(ValueError, match=rf"rows: expected an integer in \[8, 4096\].*got '{bad}'"):
+                C.set_s16_panel_rows(bad)
+        assert C.s16_panel_rows() == 100  # a refused value changes nothing
+    finally:
+        C.set_s16_panel_rows(0)
+    code = "from paged import _C_cpu as C\ntry:\n print(C.s16_panel_rows())\nexcept ValueError as e:\n print(e)"
+    for value, want in (("20", "20"), ("0", str(C.s16_panel_rows())),
+                        ("lots", "PAGED_S16_PANEL_ROWS: expected an integer in [8, 4096] (0: the CPU's default), "
+                                 "got 'lots'")):
+        env = dict(os.environ, PAGED_S16_PANEL_ROWS=value)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == want, (value, out.stdout, out.stderr)
 
 
 def test_s16_byte_codes_have_no_panels(avx512):

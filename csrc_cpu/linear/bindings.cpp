@@ -5,6 +5,7 @@
 
 #include "linear/bf16_prompt.h"
 #include "linear/ops.h"
+#include "linear/s16.h"
 #include "linear/weight_panels.h"
 #include "module.h"
 
@@ -43,6 +44,11 @@ void register_linear(nb::module_& m) {
   m.def("linear_reads_q8_table", [] { return l::active_kernels().q8_reads_table; },
         "Whether the active linear ISA reads q8_0's IQ4_NL table indices ('q8_0.nl4') in place; the others "
         "unpack them per work item (same bits, slower than bytes there: q8_packed.h).");
+  m.def("s16_panel_rows", &l::s16_panel_rows,
+        "Calls of up to this many rows read s16 weight panels in place, more take the tiles (same bits; s16.h): "
+        "48 on AMD, 12 elsewhere, or PAGED_S16_PANEL_ROWS.");
+  m.def("set_s16_panel_rows", &l::set_s16_panel_rows, "rows"_a,
+        "Set s16_panel_rows() (8 .. 4096; 0: the CPU's default), between calls.");
   m.def("weight_panel_layout", &l::weight_panel_layout,
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),

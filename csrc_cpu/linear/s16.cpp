@@ -47,7 +47,6 @@ void half_sums(const int8_t* hi, const int8_t* lo, const float* dx, int code_bia
 
 }  // namespace
 
-
 S16Kernel s16_kernel() {
   const S16Kernel k = active_kernels().s16_rows;
   return k ? k : isa_scalar::s16_rows;

@@ -172,11 +172,19 @@ struct S16Args {
 // packed codes in place, the bias its half sums carry in half_bias (0:
 // none), and whether it reads c16.
 // With persistent panels (a.panels, the avx512 build's) calls of up to
-// kS16PanelRows rows read them in place (their few-rows kernel, in passes
-// of x rows over each column; Zen 4, 1B shapes: 1.5-1.8x the tiles at 9-16
-// rows, 1.1-1.25x at 48, even at 64-128), more take the tiles.
-constexpr int64_t kS16PanelRows = 48;
-inline int64_t s16_few_rows_limit(const LinearArgs& a) { return a.panels ? kS16PanelRows : kS16FewRows; }
+// s16_panel_rows() rows read them in place (their few-rows kernel, in passes
+// of x rows over each column), more take the tiles; same bits either way.
+// Where the two cross is the core's (1B shapes): Zen 4, the few-rows kernel
+// 1.5-1.8x the tiles at 9-16 rows, 1.1-1.25x at 48, even at 64-128 (48);
+// Ice Lake, 1.3-1.7x at 9 rows, even at 12, 0.9-0.95x at 16, 0.6-0.8x at
+// 32-48 (12). So 48 on AMD, 12 elsewhere; PAGED_S16_PANEL_ROWS (read once)
+// or set_s16_panel_rows overrides it.
+int64_t s16_panel_rows();
+// rows in [kS16FewRows, kS16MaxPanelRows], or 0 for the CPU's default; set
+// between calls (a call reads it while it plans its row groups)
+void set_s16_panel_rows(int64_t rows);
+constexpr int64_t kS16MaxPanelRows = 4096;
+inline int64_t s16_few_rows_limit(const LinearArgs& a) { return a.panels ? s16_panel_rows() : kS16FewRows; }
 inline bool s16_reads_packed(const Kernels& k, const LinearArgs& a, int64_t rows) {
   // (codes packed per 32-block have no panels: the few-rows kernel reads them up to kS16FewRows rows)
   return k.s16_packed_few_rows && rows <= (a.code_blocks ? kS16FewRows : s16_few_rows_limit(a)) && a.code_bits < 8;

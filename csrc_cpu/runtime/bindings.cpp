@@ -79,6 +79,7 @@ void register_runtime(nb::module_& m) {
         return d;
       },
       "CPU features usable here (CPUID, OS-enabled state, minus PAGED_CPU_HIDE): avx2, avx512f, avx512bf16, ...");
+  m.def("cpu_vendor", &runtime::cpu_vendor, "The CPUID vendor string ('GenuineIntel', 'AuthenticAMD'; '' off x86).");
   m.def("hidden_cpu_features", &runtime::hidden_cpu_features,
         "Features this CPU has that PAGED_CPU_HIDE hides from every kernel family.");
 }

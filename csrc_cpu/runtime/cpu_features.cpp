@@ -11,6 +11,7 @@
 #include "arg_error.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -205,6 +206,19 @@ std::vector<std::string> hidden_cpu_features() {
   for (const Feature& x : kFeatures)
     if (state().hardware.at(x.name) && !state().visible.at(x.name)) out.emplace_back(x.name);
   return out;
+}
+
+std::string cpu_vendor() {
+#if defined(__x86_64__) || defined(__i386__)
+  const Regs r = cpuid(0, 0);
+  char name[13] = {};
+  std::memcpy(name, &r.ebx, 4);
+  std::memcpy(name + 4, &r.edx, 4);
+  std::memcpy(name + 8, &r.ecx, 4);
+  return name;
+#else
+  return "";
+#endif
 }
 
 bool cpu_has(const std::string& name) {

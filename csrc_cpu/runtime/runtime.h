@@ -69,4 +69,8 @@ std::vector<std::string> hidden_cpu_features();
 // One feature by name (a name cpu_features() lists).
 bool cpu_has(const std::string& name);
 
+// The CPUID vendor string ("GenuineIntel", "AuthenticAMD", ...; "" off x86):
+// for the few choices measured to differ by microarchitecture, not by ISA.
+std::string cpu_vendor();
+
 }  // namespace paged::cpu::runtime

@@ -12,7 +12,7 @@
 //  - few rows (decode): the AVX2 kernel with vpdpbusd for vpmaddubsw +
 //    vpmaddwd (256-bit, AVX512VL): int8x2's two terms in 3 instructions
 //    instead of 5;
-//  - with persistent panels (s16_panels_avx512.cpp): up to kS16PanelRows
+//  - with persistent panels (s16_panels_avx512.cpp): up to s16_panel_rows()
 //    rows their own kernel, more rows the tiles above on panels made from
 //    them in registers (persistent_panel).
 #include <immintrin.h>
@@ -263,7 +263,7 @@ void s16_rows(const S16Args& s, int64_t n0, int64_t n1) {
   static constexpr auto byte_offset = pair_tile_table<true, true>(Rows());
   const bool bytes = s.a->M > kFewRows && !s.c16;  // one term, on bytes (the driver gave half_bias, no c16: s16.h)
   if (s.a->panels) {  // persistent panels (s16_panels_avx512.cpp)
-    if (s.a->M <= kS16PanelRows) return s16_panel_few_rows(s, n0, n1);
+    if (s.a->M <= s16_panel_rows()) return s16_panel_few_rows(s, n0, n1);
     if (bytes) return rows_with_tiles(s, n0, n1, byte_plain, byte_offset, kPairTileCols, persistent_panel<true>);
     return rows_with_tiles(s, n0, n1, plain, offset, kPairTileCols, persistent_panel<false>);
   }

@@ -26,7 +26,7 @@
 // So the panel holds as many bytes as the packed weight (fewer with
 // CompactPairs) and every bit of it (s16_unpack_panel_chunk is the
 // inverse): it replaces the packed arrays. Calls of more than
-// kS16PanelRows rows take the tiles on panels made from it in registers
+// s16_panel_rows() rows take the tiles on panels made from it in registers
 // (kernel_s16_avx512.cpp, persistent_panel).
 #include <immintrin.h>
 
