@@ -2,7 +2,8 @@
 same shapes (docs/cpu-linear.md, "GGUF types and the s16 layout"):
 
     python benchmarks/s16_rows.py [--rows 1 2 4 8 9 16 64 128] [--activations int8x2|int8] [--threads 2]
-                                  [--rounds 5] [--panels | --crossover] [--json PATH]
+                                  [--rounds 5] [--panels | --crossover [--engine GGUF --streams 16 32]]
+                                  [--json PATH]
 
 quant_linear with int8x2 activations (what "mixed" gives most matrices;
 --activations int8: its one-term layers' O, gate/up and down) on
@@ -19,13 +20,16 @@ round, and their ratio (GB/s counts the packed bytes for both).
 --crossover: s16's panels read in place by the few-rows kernel against
 the tiles on the same panels, interleaved, per row count: the rows up to
 which in place wins are what s16_panel_rows() should be on this CPU
-(PAGED_S16_PANEL_ROWS; csrc_cpu/linear/s16.h).
+(PAGED_S16_PANEL_ROWS; csrc_cpu/linear/s16.h). With --engine, the same
+choice in an engine's decode steps of --streams rows on a GGUF file (its
+s16 matrices: Q5_K_M, Q6_K), alternating round by round in one process.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -110,6 +114,42 @@ def crossover(mats: list, panels: list, rows: int, rounds: int, activations: str
             "in_place_over_tiles": tiles / in_place}
 
 
+def engine_crossover(path: str, streams: int, rounds: int) -> dict:
+    """One engine (2 threads pinned, auto activations) on a GGUF file, decode
+    steps of `streams` rows, alternating panels read in place and the tiles
+    round by round: output tok/s per round, and their ratio."""
+    from paged import _C_cpu as C
+    from paged.core.engine.config import EngineConfig
+    from paged.core.engine.engine import Engine
+    from paged.core.engine.sampling_params import SamplingParams
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    engine = Engine(EngineConfig(model=path, device="cpu", max_model_len=1024, kv_cache_memory="512MiB",
+                                 max_num_seqs=streams, itl_target_ms=None, cpu_threads_bind=",".join(map(str, cpus))))
+    ways = {"in_place": 4096, "tiles": 8}
+    tok_s = {w: [] for w in ways}
+    try:
+        for i in range(streams):
+            engine.add_request(f"s{i}", [5 + i, 6, 7, 8, 9 + i],
+                               SamplingParams(max_tokens=10**4, ignore_eos=True, temperature=0.0))
+        for _ in range(4):
+            engine.step()  # the prompts, then decode steps of `streams` rows
+        for r in range(2 * rounds):
+            for w in ways if r % 2 == 0 else reversed(list(ways)):
+                C.set_s16_panel_rows(ways[w])
+                engine.step()
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    engine.step()
+                tok_s[w].append(streams * 4 / (time.perf_counter() - t0))
+    finally:
+        C.set_s16_panel_rows(0)
+        engine.close()
+    return {"tok_s": tok_s, "in_place_over_tiles": {
+        "best": max(tok_s["in_place"]) / max(tok_s["tiles"]),
+        "median": statistics.median(tok_s["in_place"]) / statistics.median(tok_s["tiles"])}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=positive_int, nargs="+", default=[1, 2, 4, 8, 9, 16, 64, 128])
@@ -120,6 +160,9 @@ def main() -> int:
     ap.add_argument("--crossover", action="store_true",
                     help="s16 panels only: read in place (few-rows kernel) against the tiles, per row count: "
                          "where PAGED_S16_PANEL_ROWS should lie on this CPU")
+    ap.add_argument("--engine", metavar="GGUF",
+                    help="with --crossover: also an engine's decode steps on this file, --streams rows each")
+    ap.add_argument("--streams", type=positive_int, nargs="+", default=[16, 32])
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -142,9 +185,16 @@ def main() -> int:
                 print(f"{layout:7s} M={rows:4d}: in place {r['in_place_gflop_s']:6.1f} GFLOP/s, tiles "
                       f"{r['tiles_gflop_s']:6.1f} ({r['in_place_over_tiles']:.2f}x)", flush=True)
             del mats, panels
+        engine = {}
+        for streams in args.streams if args.engine else []:
+            engine[streams] = e = engine_crossover(args.engine, streams, args.rounds)
+            print(f"engine, {streams} streams: in place {max(e['tok_s']['in_place']):.1f}, tiles "
+                  f"{max(e['tok_s']['tiles']):.1f} output tok/s (best; in place / tiles best "
+                  f"{e['in_place_over_tiles']['best']:.2f}x, median {e['in_place_over_tiles']['median']:.2f}x)",
+                  flush=True)
         emit_json({"threads": args.threads, "isa": C.linear_isa(), "activations": args.activations,
-                   "cpu_vendor": C.cpu_vendor(), "s16_panel_rows": C.s16_panel_rows(), "crossover": figures},
-                  args.json)
+                   "cpu_vendor": C.cpu_vendor(), "s16_panel_rows": C.s16_panel_rows(), "crossover": figures,
+                   "engine": {"file": args.engine, "streams": engine} if args.engine else None}, args.json)
         return 0
     figures = {}
     for i, layout in enumerate(LAYOUTS):
