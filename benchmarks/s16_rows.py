@@ -17,12 +17,13 @@ compare two builds, run it under each (the figures are per process).
 --panels (a build with persistent weight panels, docs/weight-panels.md):
 each layout also with its panels, the two passes interleaved round by
 round, and their ratio (GB/s counts the packed bytes for both).
---crossover: s16's panels read in place by the few-rows kernel against
-the tiles on the same panels, interleaved, per row count: the rows up to
-which in place wins are what s16_panel_rows() should be on this CPU
-(PAGED_S16_PANEL_ROWS; csrc_cpu/linear/s16.h). With --engine, the same
-choice in an engine's decode steps of --streams rows on a GGUF file (its
-s16 matrices: Q5_K_M, Q6_K), alternating round by round in one process.
+--crossover: panels read in place by the few-rows kernels against the
+tiles on the same panels, interleaved, per row count: the rows up to which
+in place wins are what s16_panel_rows() (s16; PAGED_S16_PANEL_ROWS,
+csrc_cpu/linear/s16.h) and nibble_panel_rows() (q4_1;
+PAGED_NIBBLE_PANEL_ROWS, int8.h) should be on this CPU. With --engine, both
+choices in an engine's decode steps of --streams rows on a GGUF file,
+alternating round by round in one process.
 """
 
 from __future__ import annotations
@@ -75,8 +76,21 @@ def panels_of(mats: list) -> list:
     return out
 
 
+#: the two kernels of each panel layout as crossover settings: (s16_panel_rows, nibble_panel_rows)
+IN_PLACE, TILES = (4096, 8), (8, 1)
+
+
+def set_crossovers(rows) -> None:
+    """Both layouts' crossovers: a pair as IN_PLACE / TILES, or 0 for the CPU's defaults."""
+    from paged import _C_cpu as C
+
+    s16, nibble = (rows, rows) if rows == 0 else rows
+    C.set_s16_panel_rows(s16)
+    C.set_nibble_panel_rows(nibble)
+
+
 def best_times(mats: list, rows: int, rounds: int, activations: str, ways: list) -> list[float]:
-    """Best seconds per way (panels or None, s16_panel_rows to set or 0 for the CPU's), passes interleaved."""
+    """Best seconds per way (panels or None, crossovers to set or 0 for the CPU's), passes interleaved."""
     from paged import _C_cpu as C
 
     x = {k: torch.randn(rows, k) for k in {k for _, k, *_ in mats}}
@@ -85,13 +99,13 @@ def best_times(mats: list, rows: int, rounds: int, activations: str, ways: list)
     try:
         for _ in range(rounds):
             for i, (panels, panel_rows) in enumerate(ways):
-                C.set_s16_panel_rows(panel_rows)
+                set_crossovers(panel_rows)
                 t0 = time.perf_counter()
                 for j, (n, k, qtype, qs, d, m) in enumerate(mats):
                     C.quant_linear(x[k], qtype, qs, d, m, out[n], activations, -1, None if panels is None else panels[j])
                 best[i] = min(best[i], time.perf_counter() - t0)
     finally:
-        C.set_s16_panel_rows(0)
+        set_crossovers(0)
     return best
 
 
@@ -108,7 +122,7 @@ def rate(mats: list, rows: int, rounds: int, activations: str, panels: list | No
 
 def crossover(mats: list, panels: list, rows: int, rounds: int, activations: str) -> dict:
     """The panels read in place (the few-rows kernel) against the tiles on them, same call, interleaved."""
-    in_place, tiles = best_times(mats, rows, rounds, activations, [(panels, 4096), (panels, 8)])
+    in_place, tiles = best_times(mats, rows, rounds, activations, [(panels, IN_PLACE), (panels, TILES)])
     flops = sum(2 * rows * n * k for n, k, *_ in mats)
     return {"in_place_gflop_s": flops / in_place / 1e9, "tiles_gflop_s": flops / tiles / 1e9,
             "in_place_over_tiles": tiles / in_place}
@@ -126,7 +140,7 @@ def engine_crossover(path: str, streams: int, rounds: int) -> dict:
     cpus = sorted(os.sched_getaffinity(0))[:2]
     engine = Engine(EngineConfig(model=path, device="cpu", max_model_len=1024, kv_cache_memory="512MiB",
                                  max_num_seqs=streams, itl_target_ms=None, cpu_threads_bind=",".join(map(str, cpus))))
-    ways = {"in_place": 4096, "tiles": 8}
+    ways = {"in_place": IN_PLACE, "tiles": TILES}
     tok_s = {w: [] for w in ways}
     try:
         for i in range(streams):
@@ -136,14 +150,14 @@ def engine_crossover(path: str, streams: int, rounds: int) -> dict:
             engine.step()  # the prompts, then decode steps of `streams` rows
         for r in range(2 * rounds):
             for w in ways if r % 2 == 0 else reversed(list(ways)):
-                C.set_s16_panel_rows(ways[w])
+                set_crossovers(ways[w])
                 engine.step()
                 t0 = time.perf_counter()
                 for _ in range(4):
                     engine.step()
                 tok_s[w].append(streams * 4 / (time.perf_counter() - t0))
     finally:
-        C.set_s16_panel_rows(0)
+        set_crossovers(0)
         engine.close()
     return {"tok_s": tok_s, "in_place_over_tiles": {
         "best": max(tok_s["in_place"]) / max(tok_s["tiles"]),
@@ -158,8 +172,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=positive_int, default=5)
     ap.add_argument("--panels", action="store_true", help="also time each layout with its persistent panels")
     ap.add_argument("--crossover", action="store_true",
-                    help="s16 panels only: read in place (few-rows kernel) against the tiles, per row count: "
-                         "where PAGED_S16_PANEL_ROWS should lie on this CPU")
+                    help="panels read in place (few-rows kernels) against the tiles, per row count: where "
+                         "PAGED_S16_PANEL_ROWS (s16) and PAGED_NIBBLE_PANEL_ROWS (q4_1) should lie on this CPU")
     ap.add_argument("--engine", metavar="GGUF",
                     help="with --crossover: also an engine's decode steps on this file, --streams rows each")
     ap.add_argument("--streams", type=positive_int, nargs="+", default=[16, 32])
@@ -174,9 +188,10 @@ def main() -> int:
         print(f"--panels / --crossover: linear ISA {C.linear_isa()!r} has no weight panels", file=sys.stderr)
         return 2
     if args.crossover:
-        print(f"CPU {C.cpu_vendor() or '?'}: s16 panels read in place up to {C.s16_panel_rows()} rows now", flush=True)
+        print(f"CPU {C.cpu_vendor() or '?'}: panels read in place up to {C.s16_panel_rows()} rows (s16), "
+              f"{C.nibble_panel_rows()} (q4_1) now", flush=True)
         figures = {}
-        for i, layout in enumerate(LAYOUTS[:2]):
+        for i, layout in enumerate(LAYOUTS):
             mats = weights(layout, seed=i)
             panels = panels_of(mats)
             figures[layout] = {}
@@ -193,7 +208,8 @@ def main() -> int:
                   f"{e['in_place_over_tiles']['best']:.2f}x, median {e['in_place_over_tiles']['median']:.2f}x)",
                   flush=True)
         emit_json({"threads": args.threads, "isa": C.linear_isa(), "activations": args.activations,
-                   "cpu_vendor": C.cpu_vendor(), "s16_panel_rows": C.s16_panel_rows(), "crossover": figures,
+                   "cpu_vendor": C.cpu_vendor(), "s16_panel_rows": C.s16_panel_rows(),
+                   "nibble_panel_rows": C.nibble_panel_rows(), "crossover": figures,
                    "engine": {"file": args.engine, "streams": engine} if args.engine else None}, args.json)
         return 0
     figures = {}

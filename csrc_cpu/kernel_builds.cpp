@@ -340,47 +340,49 @@ void set_kernel_build(const std::string& family, const std::string& name) {
   args::fail("family", "one of attention, linear, fused_ops (the families chosen by name)", "'" + family + "'");
 }
 
-// s16's crossover between its panels' two kernels (linear/s16.h): a choice
-// between builds' kernels like those above, by the core rather than the ISA.
+// The crossovers between a panel layout's two kernels (s16.h, int8.h): a
+// choice between kernels like the builds above, by the core, not the ISA.
 namespace linear {
 namespace {
 
-int64_t checked_panel_rows(const std::string& name, const std::string& text) {
-  const std::string want = "an integer in [" + std::to_string(kS16FewRows) + ", " + std::to_string(kS16MaxPanelRows) +
-                           "] (0: the CPU's default)";
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || (v != 0 && (v < kS16FewRows || v > kS16MaxPanelRows)))
-    args::fail(name, want, "'" + text + "'");
-  return v;
-}
+struct Crossover {
+  const char* env;
+  int64_t lo, hi, amd, other;  // valid values; the defaults measured on Zen 4 (AMD) and Ice Lake (Intel)
+  std::atomic<int64_t> rows{-1};  // -1: not chosen yet
 
-// The core's crossover (s16.h): measured on Zen 4 (AMD) and Ice Lake (Intel).
-int64_t default_panel_rows() {
-  if (const char* env = std::getenv("PAGED_S16_PANEL_ROWS")) {
-    const int64_t v = checked_panel_rows("PAGED_S16_PANEL_ROWS", env);
-    if (v) return v;
+  int64_t checked(const std::string& name, const std::string& text) const {
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || (v != 0 && (v < lo || v > hi)))
+      args::fail(name, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (0: the CPU's default)",
+                 "'" + text + "'");
+    return v;
   }
-  return runtime::cpu_vendor() == "AuthenticAMD" ? 48 : 12;
-}
+  int64_t fallback() const {
+    if (const char* e = std::getenv(env))
+      if (const int64_t v = checked(env, e)) return v;
+    return runtime::cpu_vendor() == "AuthenticAMD" ? amd : other;
+  }
+  int64_t get() {
+    int64_t v = rows.load(std::memory_order_relaxed);
+    if (v < 0) rows.store(v = fallback(), std::memory_order_relaxed);
+    return v;
+  }
+  void set(int64_t v) {
+    checked("rows", std::to_string(v));
+    rows.store(v ? v : fallback(), std::memory_order_relaxed);
+  }
+};
 
-std::atomic<int64_t> g_panel_rows{-1};  // -1: not chosen yet
+Crossover s16_crossover{"PAGED_S16_PANEL_ROWS", kS16FewRows, kS16MaxPanelRows, 48, 12};
+Crossover nibble_crossover{"PAGED_NIBBLE_PANEL_ROWS", 1, kNibbleMaxPanelRows, 8, 1};
 
 }  // namespace
 
-int64_t s16_panel_rows() {
-  int64_t v = g_panel_rows.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = default_panel_rows();
-    g_panel_rows.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
-void set_s16_panel_rows(int64_t rows) {
-  checked_panel_rows("rows", std::to_string(rows));
-  g_panel_rows.store(rows ? rows : default_panel_rows(), std::memory_order_relaxed);
-}
+int64_t s16_panel_rows() { return s16_crossover.get(); }
+void set_s16_panel_rows(int64_t rows) { s16_crossover.set(rows); }
+int64_t nibble_panel_rows() { return nibble_crossover.get(); }
+void set_nibble_panel_rows(int64_t rows) { nibble_crossover.set(rows); }
 
 }  // namespace linear
 

@@ -49,10 +49,19 @@ def call(x, qtype, qs, d, m, activations, two_term_rows=-1, panels=None) -> torc
     return out
 
 
+@pytest.fixture(params=[1, 8], ids=["nibbles-tiles-above-1-row", "nibbles-in-place-to-8-rows"])
+def nibble_rows(request):
+    """Where 4-bit panels stop being read in place (nibble_panel_rows: the
+    CPU's default lies between): both kernels at every row count, on any CPU."""
+    C.set_nibble_panel_rows(request.param)
+    yield request.param
+    C.set_nibble_panel_rows(0)
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("n", [96, 72])  # whole chunks of 32 rows, and a partial last chunk
 @pytest.mark.parametrize("fp16_scales", [True, False], ids=["fp16-scales", "float32-scales"])
-def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n, fp16_scales):
+def test_cached_panels_are_bitwise_the_per_call_panels(avx512, nibble_rows, qtype, n, fp16_scales):
     gen = torch.Generator().manual_seed(3)
     qs, d, m = random_weight(qtype, n, 8 * 32 + 64, gen)  # 10 blocks: transposes of 16 and the scalar rest
     fp16_bytes = C.weight_panel_bytes(qtype, qs, d, m)
@@ -62,7 +71,7 @@ def test_cached_panels_are_bitwise_the_per_call_panels(avx512, qtype, n, fp16_sc
         assert C.weight_panel_bytes(qtype, qs, d, m) == fp16_bytes + arrays * ((n + 31) // 32) * 32 * 10 * 2
     panels = build(qtype, qs, d, m)
     assert C.weight_panel_layout() == "avx512/4"
-    for rows in (1, 2, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to 8 rows, widened above; q8_0: bytes
+    for rows in (1, 2, 3, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to nibble_rows, tiles above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
             want = call(x, qtype, qs, d, m, act, split)
@@ -137,30 +146,32 @@ def proc_cpuinfo_vendor() -> str | None:
         return None
 
 
-def test_s16_panel_rows_default_checks_and_override():
-    """Where s16 panels stop being read in place: the core's crossover (48 on
-    AMD, 12 elsewhere: csrc_cpu/linear/s16.h), the vendor as /proc/cpuinfo
-    names it; set_s16_panel_rows and PAGED_S16_PANEL_ROWS refuse what the
+@pytest.mark.parametrize("knob,env,lo,hi,amd,other", [("s16_panel_rows", "PAGED_S16_PANEL_ROWS", 8, 4096, 48, 12),
+                                                      ("nibble_panel_rows", "PAGED_NIBBLE_PANEL_ROWS", 1, 8, 8, 1)])
+def test_panel_crossover_default_checks_and_override(knob, env, lo, hi, amd, other):
+    """Where s16 / 4-bit panels stop being read in place: the core's
+    crossover (csrc_cpu/linear/s16.h, int8.h), by the vendor as /proc/cpuinfo
+    names it; the setter and the environment variable refuse what the
     kernels were not built for with the one ValueError shape."""
+    get, put = getattr(C, knob), getattr(C, "set_" + knob)
     vendor = proc_cpuinfo_vendor()
     if vendor is not None:
         assert C.cpu_vendor() == vendor
-    assert C.s16_panel_rows() == (48 if C.cpu_vendor() == "AuthenticAMD" else 12)
+    assert get() == (amd if C.cpu_vendor() == "AuthenticAMD" else other)
     try:
-        C.set_s16_panel_rows(100)
-        assert C.s16_panel_rows() == 100
-        for bad in (7, -1, 4097):
-            with pytest.raises(ValueError, match=rf"rows: expected an integer in \[8, 4096\].*got '{bad}'"):
-                C.set_s16_panel_rows(bad)
-        assert C.s16_panel_rows() == 100  # a refused value changes nothing
+        put(hi)
+        assert get() == hi
+        for bad in [v for v in (lo - 1, -1, hi + 1) if v != 0]:  # (0 asks for the default)
+            with pytest.raises(ValueError, match=rf"rows: expected an integer in \[{lo}, {hi}\].*got '{bad}'"):
+                put(bad)
+        assert get() == hi  # a refused value changes nothing
     finally:
-        C.set_s16_panel_rows(0)
-    code = "from paged import _C_cpu as C\ntry:\n print(C.s16_panel_rows())\nexcept ValueError as e:\n print(e)"
-    for value, want in (("20", "20"), ("0", str(C.s16_panel_rows())),
-                        ("lots", "PAGED_S16_PANEL_ROWS: expected an integer in [8, 4096] (0: the CPU's default), "
-                                 "got 'lots'")):
-        env = dict(os.environ, PAGED_S16_PANEL_ROWS=value)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        put(0)
+    code = f"from paged import _C_cpu as C\ntry:\n print(C.{knob}())\nexcept ValueError as e:\n print(e)"
+    for value, want in ((str(lo + 1), str(lo + 1)), ("0", str(get())),
+                        ("lots", f"{env}: expected an integer in [{lo}, {hi}] (0: the CPU's default), got 'lots'")):
+        env_vars = dict(os.environ, **{env: value})
+        out = subprocess.run([sys.executable, "-c", code], env=env_vars, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == want, (value, out.stdout, out.stderr)
 
 

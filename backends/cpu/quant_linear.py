@@ -500,14 +500,15 @@ def plan_weight_panels(linears) -> int:
         why = f"linear ISA {_C_cpu.linear_isa()!r} has none" if on else "PAGED_CPU_WEIGHT_PANELS=0"
         log.info("cpu weight panels: off (%s)", why)
         return 0
-    # calls of up to this many rows read s16 panels in place, more take the tiles (csrc_cpu/linear/s16.h):
-    # asked here so that a bad PAGED_S16_PANEL_ROWS stops the load with its ValueError, not a step
-    panel_rows = _C_cpu.s16_panel_rows()
+    # calls of up to this many rows read s16 / 4-bit panels in place, more take the tiles (csrc_cpu/linear/
+    # s16.h, int8.h): asked here so that a bad PAGED_S16_PANEL_ROWS / PAGED_NIBBLE_PANEL_ROWS stops the load
+    # with its ValueError, not a step
+    panel_rows = _C_cpu.s16_panel_rows(), _C_cpu.nibble_panel_rows()
     total = dropped = 0
     for w in mats:  # each matrix's panels, then its packed arrays dropped: memory peaks at one matrix over
         total += w.weight_panels().numel()
         dropped += w.release_packed()
     log.info("cpu weight panels: %.0f MiB for %d matrices, in place of their packed arrays (%.0f MiB; %s; "
-             "s16 read in place up to %d rows; PAGED_CPU_WEIGHT_PANELS=0 turns them off)", total / 2**20, len(mats),
-             dropped / 2**20, layout, panel_rows)
+             "read in place up to %d rows for s16, %d for 4-bit; PAGED_CPU_WEIGHT_PANELS=0 turns them off)",
+             total / 2**20, len(mats), dropped / 2**20, layout, *panel_rows)
     return total

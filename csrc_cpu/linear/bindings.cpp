@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "linear/bf16_prompt.h"
+#include "linear/int8.h"
 #include "linear/ops.h"
 #include "linear/s16.h"
 #include "linear/weight_panels.h"
@@ -49,6 +50,11 @@ void register_linear(nb::module_& m) {
         "48 on AMD, 12 elsewhere, or PAGED_S16_PANEL_ROWS.");
   m.def("set_s16_panel_rows", &l::set_s16_panel_rows, "rows"_a,
         "Set s16_panel_rows() (8 .. 4096; 0: the CPU's default), between calls.");
+  m.def("nibble_panel_rows", &l::nibble_panel_rows,
+        "Calls of up to this many rows read 4-bit weight panels (q4_0, q4_1) in place, more take the tiles (same "
+        "bits; int8.h): 8 on AMD, 1 elsewhere, or PAGED_NIBBLE_PANEL_ROWS.");
+  m.def("set_nibble_panel_rows", &l::set_nibble_panel_rows, "rows"_a,
+        "Set nibble_panel_rows() (1 .. 8; 0: the CPU's default), between calls.");
   m.def("weight_panel_layout", &l::weight_panel_layout,
         "The active linear ISA's persistent weight panel layout (e.g. 'avx512/2'), '' when it has none.");
   m.def("weight_panel_bytes", &l::weight_panel_bytes, "qtype"_a, "qs"_a, "d"_a, "m"_a.none(),

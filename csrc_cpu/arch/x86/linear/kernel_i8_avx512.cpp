@@ -750,7 +750,7 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   constexpr bool q8 = T == QType::Q8_0;
   // few rows read packed q8_0 panels in place, and table-index ones as nibbles
   const bool packed_panels = a.panels && q8 && (q8_packed(a) || q8_table(a));
-  const bool few = a.M <= kDirectRows && !(a.panels && q8 && !packed_panels);
+  const bool few = a.M <= (a.panels && !q8 ? nibble_panel_rows() : kDirectRows) && !(a.panels && q8 && !packed_panels);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
   // persistent: read in place (packed q8_0's widened to bytes for the tiles)
   const PanelView p = chunk_panel(a, n0, n1, few || (a.panels && !packed_panels), scratch);
