@@ -51,7 +51,7 @@ void register_linear(nb::module_& m) {
   m.def("set_s16_panel_rows", &l::set_s16_panel_rows, "rows"_a,
         "Set s16_panel_rows() (8 .. 4096; 0: the CPU's default), between calls.");
   m.def("nibble_panel_rows", &l::nibble_panel_rows,
-        "Calls of up to this many rows read 4-bit weight panels (q4_0, q4_1) in place, more take the tiles (same "
+        "Calls of up to this many rows read 4-bit and packed q8_0 weight panels in place, more take the tiles (same "
         "bits; int8.h): 8 on AMD, 1 elsewhere, or PAGED_NIBBLE_PANEL_ROWS.");
   m.def("set_nibble_panel_rows", &l::set_nibble_panel_rows, "rows"_a,
         "Set nibble_panel_rows() (1 .. 8; 0: the CPU's default), between calls.");

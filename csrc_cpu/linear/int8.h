@@ -72,14 +72,15 @@ constexpr int64_t kI8ChunkRows = 32;
 // panel path (more than 8 rows).
 constexpr int64_t pair_min_rows(QType t) { return t == QType::Q8_0 ? 4 : 9; }
 
-// With persistent 4-bit panels (the avx512 build's q4_0 / q4_1) calls of up
-// to nibble_panel_rows() rows read them in place column by column
-// (nibble_columns, in passes of 2 x rows), more take the tiles; same bits.
+// With persistent panels read in place (the avx512 build's 4-bit q4_0 /
+// q4_1, and q8_0's packed codes: q8_0.s5, q8_0.nl4) calls of up to
+// nibble_panel_rows() rows read them column by column (nibble_columns, in
+// passes of 2 x rows), more take the tiles; same bits.
 // The core's crossover, as s16's (s16.h): Zen 4 keeps the passes to 8 rows
 // (measured there against the calls without panels, not against these
 // tiles); on Ice Lake the tiles equal them at 1 row and win from 2 (1B
 // shapes: 1.0-1.1x at 2 rows, 1.2-1.3x at 3, 1.4-1.75x at 4, 2x at 8;
-// engine, Q4_K_M, 4 / 8 streams: 1.44x / 1.74x). So 8 on AMD, 1 elsewhere;
+// engine, 4 / 8 streams: Q4_K_M 1.44x / 1.74x, IQ4_XS 1.1x / 1.4x). So 8 on AMD, 1 elsewhere;
 // PAGED_NIBBLE_PANEL_ROWS (read once) or set_nibble_panel_rows overrides it.
 constexpr int64_t kNibbleMaxPanelRows = 8;
 int64_t nibble_panel_rows();

@@ -27,7 +27,7 @@
 // (its panel is as large as its packed weight); 4-bit ones as the
 // transposed nibble dwords (kNibbleBlockBytes a block: as many bytes as the
 // packed codes), read in place by both paths in one sequential stream:
-// calls of <= kDirectRows rows by nibble_columns, larger ones by tiles that
+// calls of up to nibble_panel_rows() rows (int8.h) by nibble_columns, larger ones by tiles that
 // split each nibble load into two steps' codes (an and and a shift, which
 // run beside vpdpbusd on the other vector pipes). Half the bytes of a panel
 // of one byte per code go through L1 and L2 (0.75 instead of 1.25 bytes per
@@ -746,11 +746,13 @@ void rows(const LinearArgs& a, int64_t n0, int64_t n1, Int8Panel& scratch) {
   // Without persistent panels, calls of few rows multiply the packed codes
   // from registers and more rows build the chunk's panel for the tiles. With
   // them, q8_0's (a byte per code, as packed) serve the tiles at every M;
-  // 4-bit ones serve nibble_columns up to kDirectRows and the tiles above.
+  // 4-bit ones serve nibble_columns up to nibble_panel_rows() and the tiles above.
   constexpr bool q8 = T == QType::Q8_0;
   // few rows read packed q8_0 panels in place, and table-index ones as nibbles
   const bool packed_panels = a.panels && q8 && (q8_packed(a) || q8_table(a));
-  const bool few = a.M <= (a.panels && !q8 ? nibble_panel_rows() : kDirectRows) && !(a.panels && q8 && !packed_panels);
+  // other panels are read in place by few rows up to the core's crossover (int8.h)
+  const bool byte_panels = a.panels && q8 && !packed_panels;
+  const bool few = !byte_panels && a.M <= (a.panels ? nibble_panel_rows() : kDirectRows);
   if (!few && !a.panels && !q8) return tiles<T>(a, scratch_nibble_panel<T>(a, n0, n1, scratch), 0, a.M, n0, n1);
   // persistent: read in place (packed q8_0's widened to bytes for the tiles)
   const PanelView p = chunk_panel(a, n0, n1, few || (a.panels && !packed_panels), scratch);
