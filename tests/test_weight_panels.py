@@ -177,6 +177,29 @@ def test_panel_crossover_default_checks_and_override(knob, env, lo, hi, amd, oth
         assert out.returncode == 0 and out.stdout.strip() == want, (value, out.stdout, out.stderr)
 
 
+def test_bad_crossover_variable_is_a_value_error_not_a_crash():
+    """A call on 4-bit panels chooses its crossover before its threads start:
+    a bad PAGED_NIBBLE_PANEL_ROWS is the call's ValueError, every time."""
+    code = """import torch
+from paged import _C_cpu as C
+C.set_linear_isa("avx512")
+gen = torch.Generator().manual_seed(1)
+qs = torch.randint(0, 256, (64, 128), generator=gen, dtype=torch.uint8)
+d, m = torch.rand(64, 8, generator=gen), torch.rand(64, 8, generator=gen)
+p = torch.empty(C.weight_panel_bytes("q4_1", qs, d, m), dtype=torch.uint8)
+C.build_weight_panels("q4_1", qs, d, m, p)
+for _ in range(2):
+    try:
+        C.quant_linear(torch.randn(4, 256), "q4_1", qs, d, m, torch.empty(4, 64), "int8", -1, p)
+    except ValueError as e:
+        print(e)
+"""
+    env = dict(os.environ, PAGED_NIBBLE_PANEL_ROWS="nine")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    want = "PAGED_NIBBLE_PANEL_ROWS: expected an integer in [1, 8] (0: the CPU's default), got 'nine'"
+    assert out.returncode == 0 and out.stdout.splitlines() == [want, want], (out.stdout, out.stderr)
+
+
 def test_s16_byte_codes_have_no_panels(avx512):
     gen = torch.Generator().manual_seed(2)
     codes = torch.randint(-100, 100, (32, 256), generator=gen, dtype=torch.int8)

@@ -349,6 +349,9 @@ void int8_linear(LinearArgs& a, int64_t two_rows, bool bf16_rest) {
   // (with panels qs is null: never)
   const bool reads_packed = q8_table(a) ? kernels.q8_reads_table : kernels.q8_reads_packed;
   const bool unpack_codes = (q8_packed(a) || q8_table(a)) && a.qs && (!reads_packed || bf.M);
+  // the panels' crossover (int8.h) is chosen, and PAGED_NIBBLE_PANEL_ROWS
+  // checked, on this thread: a ValueError cannot leave a worker
+  if (a.panels) nibble_panel_rows();
   parallel_for(chunks, parallel, Schedule::Balanced, 1, [&](int64_t c) {
     // Each thread's panel keeps its capacity between calls (no allocation and
     // zeroing per call); the worker threads live as long as the process.
