@@ -70,7 +70,7 @@ def test_cached_panels_are_bitwise_the_per_call_panels(avx512, nibble_rows, qtyp
         arrays = 2 if qtype == "q4_1" else 1  # d, and q4_1's m (float32 too: one form per panel)
         assert C.weight_panel_bytes(qtype, qs, d, m) == fp16_bytes + arrays * ((n + 31) // 32) * 32 * 10 * 2
     panels = build(qtype, qs, d, m)
-    assert C.weight_panel_layout() == "avx512/4"
+    assert C.weight_panel_layout() == "avx512/5"
     for rows in (1, 2, 3, 4, 8, 9, 16, 33, 100):  # q4: nibbles in place up to nibble_rows, tiles above; q8_0: bytes
         x = torch.randn(rows, d.shape[1] * 32, generator=gen) * 2
         for act, split in (("int8", -1), ("int8x2", -1), ("int8x2", rows // 3)):
@@ -115,13 +115,14 @@ def test_s16_panels_are_bitwise_the_packed_codes(avx512, panel_rows, case):
     those arrays back byte for byte from a panel of their size."""
     name, qtype, qs, d, m = case
     panels = build(qtype, qs, d, m)
-    # the header's scale form (PanelScales): Q5_K's compact bytes come in equal pairs (its scales are per 32)
-    form = {"compact": 3 if name.startswith("Q5_K") else 2, "fp16": 1, "float32": 0}[name.split("-")[1]]
+    # the header's scale form (PanelScales): compact with fp16 supers (GGUF's d and -dmin), in pairs for Q5_K
+    # (its scales are per 32)
+    form = {"compact": 5 if name.startswith("Q5_K") else 4, "fp16": 1, "float32": 0}[name.split("-")[1]]
     assert int(panels[56]) == form
     arrays = sum(t.numel() * t.element_size() for t in (qs, d, m) if t is not None)
     padded = arrays * 96 // 72  # 72 rows in 3 chunks of 32
-    if form == 2:  # compact scales: the packed size
-        assert panels.numel() - 64 == padded
+    if form == 4:  # compact scales: the packed size less 2 bytes a super (K = 512: 2 per row and array)
+        assert panels.numel() - 64 == padded - 96 * 2 * 2 * (1 if m is None else 2)
     elif form:  # compact pairs, fp16 values: less than the packed arrays (float32 scales)
         assert panels.numel() - 64 < padded
     gen = torch.Generator().manual_seed(6)
@@ -343,14 +344,14 @@ def test_panels_follow_the_linear_isa(avx512, monkeypatch):
     w = model.layers[0].gate_up
     x = torch.randn(12, w.in_features, generator=torch.Generator().manual_seed(2))
     first = w.weight_panels()
-    assert w._panels_layout == "avx512/4"
+    assert w._panels_layout == "avx512/5"
     with_panels = w.linear(x)
     w.use_panels = False
     assert w.weight_panels() is None and torch.equal(w.linear(x), with_panels)
     w.use_panels = True
     if "amx" in C.supported_linear_isas():  # reads avx512's panels as they lie: the same tensor
         C.set_linear_isa("amx")
-        assert C.weight_panel_layout() == "avx512/4" and w.weight_panels() is first
+        assert C.weight_panel_layout() == "avx512/5" and w.weight_panels() is first
         assert torch.equal(w.linear(x), with_panels)
     others = [name for name in C.supported_linear_isas() if name not in ("avx512", "amx")]
     for name in others:  # no layout: no panels; the stack leaves its avx512 tensors unused
@@ -445,8 +446,41 @@ def test_auto_gives_compact_scales_panels_of_their_packed_size(avx512, monkeypat
     assert compact.use_panels and plain.use_panels
     assert total == compact.weight_panels().numel() + plain.weight_panels().numel()
     held = sum(t.numel() * t.element_size() for t in (compact.qs, compact.d, compact.m))  # codes, compact scales
-    assert compact.weight_panels().numel() == held + 64  # and the header
+    supers = 2 * 64 * (512 // 256)  # d's and m's, a float32 per 256 weights of each row in the arrays
+    assert compact.weight_panels().numel() == held - 2 * supers + 64  # fp16 supers in the panel, and the header
+    assert int(compact.weight_panels()[56]) == 4  # PanelScales::CompactF16
     assert torch.equal(compact.linear(x), before)  # same bits with the panel
+
+
+def test_compact_supers_that_are_not_fp16_stay_float32(avx512):
+    """Compact scales whose supers are not all fp16 values (never GGUF's, but
+    the arrays allow them) keep float32 supers in the panel (PanelScales::Compact):
+    the packed size, the same bits as without the panel, and unpacked byte for byte."""
+    from gguf import GGMLQuantizationType as Q
+    from test_quant_layouts import random_blocks
+
+    from paged.core.models.loaders.packed import PackedBlocks
+
+    w = ql.CpuPackedLinear(PackedBlocks(Q.Q4_K, torch.from_numpy(random_blocks(Q.Q4_K, 40, 512, 5)), (40, 512)),
+                           "int8x2")
+    assert w.qtype == "q4_1" and w.d.dtype == torch.uint8
+    qs, d, m = w.qs, w.d.clone(), w.m.clone()
+    row_scales = 512 // 32
+    supers = d[:, row_scales:].contiguous().view(torch.float32)  # each row: 16 bytes, then 2 float32 supers
+    supers[7, 1] *= 1 + 2**-20  # no longer an fp16 value
+    d[:, row_scales:] = supers.view(torch.uint8)
+    panels = build("q4_1", qs, d, m)
+    assert int(panels[56]) == 2  # PanelScales::Compact: float32 supers
+    held = sum(t.numel() * t.element_size() for t in (qs, d, m))
+    assert panels.numel() - 64 == held * 64 // 40  # 40 rows in 2 chunks of 32, float32 supers as in the arrays
+    gen = torch.Generator().manual_seed(8)
+    for rows in (1, 5, 33):
+        x = torch.randn(rows, 512, generator=gen)
+        for act in ("int8", "int8x2"):
+            assert torch.equal(call(x, "q4_1", qs, d, m, act, -1, panels), call(x, "q4_1", qs, d, m, act))
+    back = [torch.empty_like(t) for t in (qs, d, m)]
+    C.unpack_weight_panels("q4_1", panels, *back)
+    assert all(torch.equal(t, u) for t, u in zip((qs, d, m), back))
 
 
 def packed_like(qs, d, m):

@@ -21,6 +21,25 @@ namespace paged::cpu::linear {
 
 constexpr int64_t kCompactWeights = 256;  // weights per float32 super value
 
+// A compact panel form's super value at p (PanelScales: float32, or fp16 in
+// the *F16 forms) as float32, and v stored there (the caller checked that the
+// form holds it exactly).
+inline float panel_super(const uint8_t* p, PanelScales form) {
+  if (super_bytes(form) == 4) {
+    float v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return attn::f16_to_float(h);
+}
+inline void store_panel_super(uint8_t* p, PanelScales form, float v) {
+  if (super_bytes(form) == 4) return void(std::memcpy(p, &v, sizeof v));
+  const uint16_t h = attn::float_to_f16(v);
+  std::memcpy(p, &h, sizeof h);
+}
+
 // Bytes of one row of compact scales: `scales` bytes, then a float32 per 256 weights.
 constexpr int64_t compact_row_bytes(int64_t scales, int64_t K) { return scales + 4 * (K / kCompactWeights); }
 

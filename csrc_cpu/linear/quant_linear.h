@@ -79,7 +79,15 @@ enum class Activations { Float32, Int8, Int8x2 };
 // 32 weights where each half's byte equals its pair's (Q5_K's scales, per
 // 32 weights, held per 16 by s16). The kernels widen them in registers to
 // the same float32 values, so the form changes bytes, never bits.
-enum class PanelScales : int8_t { F32, F16, Compact, CompactPairs };
+// CompactF16 / CompactPairsF16: the same with the supers as fp16, when
+// every super is an fp16 value (GGUF's d and -dmin always are: 2 bytes per
+// 256 weights and scale kind less, Q4_K's panel 152 -> 148 bytes per 256
+// weights against the file's 144).
+enum class PanelScales : int8_t { F32, F16, Compact, CompactPairs, CompactF16, CompactPairsF16 };
+constexpr bool compact_form(PanelScales f) { return f >= PanelScales::Compact; }
+constexpr bool pairs_form(PanelScales f) { return f == PanelScales::CompactPairs || f == PanelScales::CompactPairsF16; }
+// bytes of one super value in a compact form's panel
+constexpr int64_t super_bytes(PanelScales f) { return f >= PanelScales::CompactF16 ? 2 : 4; }
 // "float32" / "int8" / "int8x2", else ValueError "activations: expected ..., got '<s>'".
 Activations parse_activations(const std::string& s);
 

@@ -58,11 +58,29 @@ bool compact_pairs(const LinearArgs& a) {
   return true;
 }
 
+// Whether every super of a's compact scales (d and m) is an fp16 value.
+bool compact_supers_fp16(const LinearArgs& a) {
+  const int64_t scales = a.scales(), row = compact_row_bytes(scales, a.K), supers = a.K / kCompactWeights;
+  for (const uint8_t* c : {a.d8, a.m8})
+    for (int64_t n = 0; c && n < a.N; ++n)
+      for (int64_t g = 0; g < supers; ++g) {
+        float v;
+        std::memcpy(&v, c + n * row + scales + 4 * g, sizeof v);
+        if (!is_fp16_value(v)) return false;
+      }
+  return true;
+}
+
 // The most compact exact form of a's scales (PanelScales): compact scales
-// as they are; d (and m) as fp16 when each is an fp16 value (GGUF's, widened
+// as they are, their supers as fp16 where each is an fp16 value (GGUF's d
+// and -dmin); d (and m) as fp16 when each is an fp16 value (GGUF's, widened
 // at load), else float32. One pass over the scales, per build of the panels.
 PanelScales scales_form(const LinearArgs& a) {
-  if (a.d8) return a.qtype == QType::S16 && compact_pairs(a) ? PanelScales::CompactPairs : PanelScales::Compact;
+  if (a.d8) {
+    const bool pairs = a.qtype == QType::S16 && compact_pairs(a), f16 = compact_supers_fp16(a);
+    return pairs ? (f16 ? PanelScales::CompactPairsF16 : PanelScales::CompactPairs)
+                 : (f16 ? PanelScales::CompactF16 : PanelScales::Compact);
+  }
   const int64_t count = a.N * a.scales();
   for (const float* s : {a.d, a.m})
     if (s && !std::all_of(s, s + count, is_fp16_value)) return PanelScales::F32;
@@ -116,16 +134,18 @@ uint8_t* panel_data(const Array& panels, int64_t bytes, Header* header = nullptr
 // The layout a header names.
 std::string layout_of(const Header& h) { return std::string(h.layout, strnlen(h.layout, sizeof h.layout)); }
 
-// The scale form of panels with header h for a's scales: compact scales have
-// one form; else the header's (fp16 or float32). The caller checks the whole
-// header against it.
+// The scale form of panels with header h for a's scales: the header's where
+// it suits them (a compact form for compact scales; else fp16 or float32),
+// else one that does. The caller checks the whole header against it.
 PanelScales header_form(const LinearArgs& a, const Header& h) {
-  if (a.d8) return h.scales == int64_t(PanelScales::CompactPairs) ? PanelScales::CompactPairs : PanelScales::Compact;
-  return h.scales == int64_t(PanelScales::F16) ? PanelScales::F16 : PanelScales::F32;
+  const bool known = h.scales >= int64_t(PanelScales::F32) && h.scales <= int64_t(PanelScales::CompactPairsF16);
+  const auto form = known ? PanelScales(h.scales) : PanelScales::F32;
+  if (a.d8) return compact_form(form) ? form : PanelScales::Compact;
+  return form == PanelScales::F16 ? PanelScales::F16 : PanelScales::F32;
 }
 
 // A build's layout name as headers carry it: the version counts layout changes.
-std::string versioned(const char* layout) { return layout + std::string("/4"); }
+std::string versioned(const char* layout) { return layout + std::string("/5"); }
 
 }  // namespace
 

@@ -490,7 +490,7 @@ void check_widened_panels() {
 }
 
 // Persistent panels in every scale form (PanelScales: float32, fp16 and
-// q4_1's and q8_0's compact bytes and supers): the avx512 int8 kernel reading them,
+// q4_1's and q8_0's compact bytes and supers, float32 or fp16): the avx512 int8 kernel reading them,
 // with the weight's own pointers nulled as quant_linear.cpp does, is bitwise
 // the kernel building its panels per call, and unpack_panel_chunk gives the
 // weight's arrays back byte for byte. (Under the sanitizer build too: the
@@ -502,14 +502,15 @@ void check_panel_forms() {
   const auto fp16 = [](float v) { return attn::f16_to_float(attn::float_to_f16(v)); };
   constexpr int64_t N = 72, K = 512, nb = K / kBlock, chunks = (N + kI8ChunkRows - 1) / kI8ChunkRows;
   for (QType t : {QType::Q4_0, QType::Q4_1, QType::Q8_0})
-    for (PanelScales form : {PanelScales::F32, PanelScales::F16, PanelScales::Compact}) {
-      if (form == PanelScales::Compact && t == QType::Q4_0) continue;  // Q4_K's q4_1 and IQ4_XS's q8_0 have them
+    for (PanelScales form : {PanelScales::F32, PanelScales::F16, PanelScales::Compact, PanelScales::CompactF16}) {
+      const bool compact = compact_form(form);
+      if (compact && t == QType::Q4_0) continue;  // Q4_K's q4_1 and IQ4_XS's q8_0 have them
       Weight w = random_weight(t, N, K);
       std::vector<uint8_t> d8, m8;  // compact rows: a byte per block, then a float32 per 256 weights
       const bool offsets = t == QType::Q4_1;
       if (form == PanelScales::F16)
         for (auto* v : {&w.d, &w.m}) std::transform(v->begin(), v->end(), v->begin(), fp16);
-      if (form == PanelScales::Compact)
+      if (compact)
         for (auto* c : {&d8, &m8}) {
           if (c == &m8 && !offsets) break;
           c->resize(size_t(N * compact_row_bytes(nb, K)));
@@ -528,7 +529,7 @@ void check_panel_forms() {
         LinearArgs a = args(w, x, want);
         a.x8_lo = x.x8_lo.data();
         a.x8_lo_corr = x.x8_lo_corr.data();
-        if (form == PanelScales::Compact) {
+        if (compact) {
           a.d = a.m = nullptr;
           a.d8 = d8.data();
           a.m8 = offsets ? m8.data() : nullptr;
@@ -555,13 +556,13 @@ void check_panel_forms() {
         std::vector<float> ud(w.d.size()), um(w.m.size());
         LinearArgs back = a;
         back.qs = qs.data();
-        back.d = form == PanelScales::Compact ? nullptr : ud.data();
-        back.m = form == PanelScales::Compact || um.empty() ? nullptr : um.data();
-        back.d8 = form == PanelScales::Compact ? ud8.data() : nullptr;
-        back.m8 = form == PanelScales::Compact && offsets ? um8.data() : nullptr;
+        back.d = compact ? nullptr : ud.data();
+        back.m = compact || um.empty() ? nullptr : um.data();
+        back.d8 = compact ? ud8.data() : nullptr;
+        back.m8 = compact && offsets ? um8.data() : nullptr;
         for (int64_t c = 0; c < chunks; ++c)
           k.unpack_panel_chunk(back, c * kI8ChunkRows, std::min(N, (c + 1) * kI8ChunkRows), panels.data() + c * chunk);
-        const bool same = qs == w.qs && (form == PanelScales::Compact ? ud8 == d8 && um8 == m8
+        const bool same = qs == w.qs && (compact ? ud8 == d8 && um8 == m8
                                                                        : same_bits(ud, w.d) && same_bits(um, w.m));
         DRIVER_CHECK(same, "unpacked panels of qtype %d, scale form %d differ from the weight", int(t), int(form));
       }

@@ -61,8 +61,8 @@ struct PanelView {
   const uint16_t* m16 = nullptr;
   const int8_t* d8 = nullptr;     // Compact: [nb][kPanel] bytes of d, then m,
   const int8_t* m8 = nullptr;
-  const float* d_super = nullptr; // then [nb / 8][kPanel] float32 supers of d, then m
-  const float* m_super = nullptr;
+  const uint8_t* d_super = nullptr;  // then [nb / 8][kPanel] supers of d, then m (float32, or fp16 in CompactF16)
+  const uint8_t* m_super = nullptr;
 };
 
 // Blocks per super value of compact scales (compact_scales.h).
@@ -72,7 +72,7 @@ constexpr int64_t kBlocksPerSuper = kCompactWeights / kBlock;
 constexpr int64_t panel_scale_bytes(QType t, int64_t nb, PanelScales form) {
   const int64_t per_block = form == PanelScales::F32 ? 4 * kPanel
                             : form == PanelScales::F16 ? 2 * kPanel
-                                                       : kPanel + 4 * kPanel / kBlocksPerSuper;
+                                                       : kPanel + super_bytes(form) * kPanel / kBlocksPerSuper;
   return (t == QType::Q4_1 ? 2 : 1) * nb * per_block;
 }
 
@@ -86,10 +86,15 @@ inline __attribute__((always_inline)) __m512 panel_scale(const PanelView& p, boo
     case PanelScales::F16:
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>((offsets ? p.m16 : p.d16) + at)));
     case PanelScales::Compact:
-    case PanelScales::CompactPairs: {  // s16 only: never a q4 / q8 panel's
-      const float* super = (offsets ? p.m_super : p.d_super) + (b / kBlocksPerSuper) * kPanel + c * kLanes;
+    case PanelScales::CompactF16:
+    case PanelScales::CompactPairs:  // (the pairs forms: s16 only, never a q4 / q8 panel's)
+    case PanelScales::CompactPairsF16: {
+      const int64_t w = super_bytes(p.scales);
+      const uint8_t* super = (offsets ? p.m_super : p.d_super) + ((b / kBlocksPerSuper) * kPanel + c * kLanes) * w;
+      const __m512 sv = w == 2 ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(super)))
+                               : _mm512_load_ps(reinterpret_cast<const float*>(super));
       const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>((offsets ? p.m8 : p.d8) + at));
-      return _mm512_mul_ps(_mm512_load_ps(super), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+      return _mm512_mul_ps(sv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
     }
     case PanelScales::F32: break;
   }

@@ -623,11 +623,13 @@ PanelView chunk_view(const uint8_t* chunk, const LinearArgs& a) {
       p.m16 = q4_1 ? p.d16 + values : nullptr;
       break;
     case PanelScales::Compact:
-    case PanelScales::CompactPairs:  // s16 only: never a q4 / q8 panel's
+    case PanelScales::CompactF16:
+    case PanelScales::CompactPairs:  // (the pairs forms: s16 only, never a q4 / q8 panel's)
+    case PanelScales::CompactPairsF16:
       p.d8 = reinterpret_cast<const int8_t*>(scales);
       p.m8 = q4_1 ? p.d8 + values : nullptr;
-      p.d_super = reinterpret_cast<const float*>(scales + (q4_1 ? 2 : 1) * values);
-      p.m_super = q4_1 ? p.d_super + values / kBlocksPerSuper : nullptr;
+      p.d_super = scales + (q4_1 ? 2 : 1) * values;
+      p.m_super = q4_1 ? p.d_super + values / kBlocksPerSuper * super_bytes(form) : nullptr;
       break;
   }
   return p;
@@ -873,10 +875,11 @@ int64_t panel_chunk_bytes(const LinearArgs& a, PanelScales scales) {
 
 namespace {
 
-// Rows n0 .. n0 + kPanel of compact scales c8 (zero past n1) as a Compact
-// panel's bytes [nb][kPanel] and supers [nb / 8][kPanel]: a transpose, once
-// per matrix.
-void transpose_compact_bytes(const uint8_t* c8, int64_t K, int64_t n0, int64_t n1, int8_t* bytes, float* supers) {
+// Rows n0 .. n0 + kPanel of compact scales c8 (zero past n1) as a compact
+// form's panel bytes [nb][kPanel] and supers [nb / 8][kPanel] (each the
+// form's width): a transpose, once per matrix.
+void transpose_compact_bytes(const uint8_t* c8, int64_t K, int64_t n0, int64_t n1, PanelScales form, int8_t* bytes,
+                             uint8_t* supers) {
   const int64_t nb = K / kBlock, row_bytes = compact_row_bytes(nb, K);
   for (int64_t i = 0; i < kPanel; ++i) {
     const uint8_t* row = n0 + i < n1 ? c8 + (n0 + i) * row_bytes : nullptr;
@@ -884,15 +887,18 @@ void transpose_compact_bytes(const uint8_t* c8, int64_t K, int64_t n0, int64_t n
     for (int64_t g = 0; g < nb / kBlocksPerSuper; ++g) {
       float super = 0.f;
       if (row) std::memcpy(&super, row + nb + 4 * g, sizeof super);
-      supers[g * kPanel + i] = super;
+      store_panel_super(supers + (g * kPanel + i) * super_bytes(form), form, super);
     }
   }
 }
 
-// Row i of column c of a Compact panel's bytes and supers back into its compact scales row.
-void compact_row(const int8_t* bytes, const float* supers, int64_t nb, int64_t lane, uint8_t* row) {
+// Row i of column c of a compact panel's bytes and supers back into its compact scales row.
+void compact_row(const int8_t* bytes, const uint8_t* supers, PanelScales form, int64_t nb, int64_t lane, uint8_t* row) {
   for (int64_t b = 0; b < nb; ++b) row[b] = uint8_t(bytes[b * kPanel + lane]);
-  for (int64_t g = 0; g < nb / kBlocksPerSuper; ++g) std::memcpy(row + nb + 4 * g, supers + g * kPanel + lane, 4);
+  for (int64_t g = 0; g < nb / kBlocksPerSuper; ++g) {
+    const float super = panel_super(supers + (g * kPanel + lane) * super_bytes(form), form);
+    std::memcpy(row + nb + 4 * g, &super, 4);
+  }
 }
 
 // Block b's scale of panel lane `lane` as the float32 the weight holds.
@@ -923,10 +929,10 @@ void unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const uint8
           row[b * (q8 ? kBlock : kBlock / 2) + 4 * s + e] =
               q8 ? uint8_t(p.codes[b * kBlockBytes + (s * kCols + c) * 64 + 4 * i + e] ^ 0x80)
                  : p.nibbles[nibble_offset(b, s, int(c)) + 4 * i + e];
-    if (p.scales == PanelScales::Compact) {
+    if (compact_form(p.scales)) {
       const int64_t scale_bytes = compact_row_bytes(nb, a.K);
-      compact_row(p.d8, p.d_super, nb, lane, const_cast<uint8_t*>(a.d8) + n * scale_bytes);
-      if (q4_1) compact_row(p.m8, p.m_super, nb, lane, const_cast<uint8_t*>(a.m8) + n * scale_bytes);
+      compact_row(p.d8, p.d_super, p.scales, nb, lane, const_cast<uint8_t*>(a.d8) + n * scale_bytes);
+      if (q4_1) compact_row(p.m8, p.m_super, p.scales, nb, lane, const_cast<uint8_t*>(a.m8) + n * scale_bytes);
       continue;
     }
     for (int64_t b = 0; b < nb; ++b) {
@@ -954,11 +960,11 @@ void build_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t* dst) {
   PanelView p = chunk_view(dst, a);
   for (int c = 0; c < kCols; ++c) build_column<T>(a, n0 + c * kLanes, __builtin_popcount(mask[c]), c, p);
   if (p.scales == PanelScales::F32) return build<T>(a, n0, mask, true, p);  // the scales
-  if (p.scales == PanelScales::Compact) {
+  if (compact_form(p.scales)) {
     // q4_1 (Q4_K) and q8_0 (IQ4_XS); q4_1's always with compact m (checked at the boundary)
-    transpose_compact_bytes(a.d8, a.K, n0, n1, const_cast<int8_t*>(p.d8), const_cast<float*>(p.d_super));
+    transpose_compact_bytes(a.d8, a.K, n0, n1, p.scales, const_cast<int8_t*>(p.d8), const_cast<uint8_t*>(p.d_super));
     if constexpr (T == QType::Q4_1)
-      transpose_compact_bytes(a.m8, a.K, n0, n1, const_cast<int8_t*>(p.m8), const_cast<float*>(p.m_super));
+      transpose_compact_bytes(a.m8, a.K, n0, n1, p.scales, const_cast<int8_t*>(p.m8), const_cast<uint8_t*>(p.m_super));
     return;
   }
   AlignedVector<float> wide(size_t((T == QType::Q4_1 ? 2 : 1) * nb * kPanel));  // the F32 form, then narrowed

@@ -231,7 +231,7 @@ void persistent_panel(const S16Args& s, int64_t n0, int64_t, const int[kCols], P
   const uint8_t* chunk = s16_chunk(a, n0);
   constexpr int64_t zmm_lanes = isa_avx512::kLanes;
   p.d.resize(size_t(sh.nh * kPanel));
-  p.pairs = sh.form == PanelScales::CompactPairs;
+  p.pairs = pairs_form(sh.form);
   p.codes.resize(size_t(sh.nb * (Bytes ? kBlockBytes : kPairBlockBytes)));
   if (sh.offsets) p.offsets.resize(size_t(a.M * kPanel));
   for (int zc = 0; zc < kZmmCols; ++zc) {

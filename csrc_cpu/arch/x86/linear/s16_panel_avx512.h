@@ -19,7 +19,7 @@ namespace paged::cpu::linear::isa_avx512 {
 constexpr int64_t kHalvesPerSuper = kCompactWeights / kS16Half;
 
 // Halves per byte of compact scales in a panel of this form.
-constexpr int64_t halves_per_byte(PanelScales form) { return form == PanelScales::CompactPairs ? 2 : 1; }
+constexpr int64_t halves_per_byte(PanelScales form) { return pairs_form(form) ? 2 : 1; }
 // Where compact scales' supers start in a column's d or m: after their bytes.
 constexpr int64_t supers_at(PanelScales form, int64_t nh) { return nh / halves_per_byte(form) * kLanes; }
 
@@ -43,7 +43,10 @@ struct S16Shape {
     switch (form) {
       case PanelScales::F16: return nh * kLanes * 2;
       case PanelScales::Compact:
-      case PanelScales::CompactPairs: return supers_at(form, nh) + nh / kHalvesPerSuper * kLanes * 4;
+      case PanelScales::CompactPairs:
+      case PanelScales::CompactF16:
+      case PanelScales::CompactPairsF16:  // padded to a cache line: each column's codes start on one
+        return (supers_at(form, nh) + nh / kHalvesPerSuper * kLanes * super_bytes(form) + 63) / 64 * 64;
       case PanelScales::F32: break;
     }
     return nh * kLanes * 4;
@@ -69,10 +72,14 @@ PAGED_ALWAYS_INLINE __m512 lane_scales(const S16Column& col, int o, int64_t g) {
     case PanelScales::F16:
       return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(s + 2 * g * kLanes)));
     case PanelScales::Compact:
-    case PanelScales::CompactPairs: {
-      const int pairs = col.form == PanelScales::CompactPairs;  // a shift, not a division: per half
-      const __m512 super = _mm512_load_ps(reinterpret_cast<const float*>(s + supers_at(col.form, col.nh)) +
-                                          (g / kHalvesPerSuper) * kLanes);
+    case PanelScales::CompactPairs:
+    case PanelScales::CompactF16:
+    case PanelScales::CompactPairsF16: {
+      const int pairs = pairs_form(col.form);  // a shift, not a division: per half
+      const uint8_t* at = s + supers_at(col.form, col.nh) + (g / kHalvesPerSuper) * kLanes * super_bytes(col.form);
+      const __m512 super = super_bytes(col.form) == 2
+                               ? _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(at)))
+                               : _mm512_load_ps(reinterpret_cast<const float*>(at));
       const __m128i bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(s + (g >> pairs) * kLanes));
       return _mm512_mul_ps(super, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
     }

@@ -61,9 +61,11 @@ float scale_at(const S16Column& col, int o, int64_t g, int i) {
       return attn::f16_to_float(h);
     }
     case PanelScales::Compact:
-    case PanelScales::CompactPairs: {
-      float super;
-      std::memcpy(&super, s + supers_at(col.form, col.nh) + 4 * ((g / kHalvesPerSuper) * kLanes + i), 4);
+    case PanelScales::CompactPairs:
+    case PanelScales::CompactF16:
+    case PanelScales::CompactPairsF16: {
+      const int64_t w = super_bytes(col.form);
+      const float super = panel_super(s + supers_at(col.form, col.nh) + w * ((g / kHalvesPerSuper) * kLanes + i), col.form);
       return super * float(int8_t(s[g / halves_per_byte(col.form) * kLanes + i]));
     }
     case PanelScales::F32: break;
@@ -130,12 +132,15 @@ void s16_build_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, uint8_t*
     for (int64_t b = 0; b < sh.nb; ++b) encode_block(q.data() + b * kBlock, a.code_bias, sh.bits, i, col + b * sh.block_bytes());
     for (int o = 0; o < (sh.offsets ? 2 : 1); ++o) {
       uint8_t* s = col + sh.nb * sh.block_bytes() + o * sh.scale_bytes();
-      if (a.d8) {  // Compact or CompactPairs (every half's byte its pair's: one kept)
+      if (a.d8) {  // a compact form (every half's byte its pair's in the pairs forms: one kept)
         const uint8_t* row = (o ? a.m8 : a.d8) + n * scale_row;
-        const int64_t per = halves_per_byte(sh.form);
+        const int64_t per = halves_per_byte(sh.form), w = super_bytes(sh.form);
         for (int64_t g = 0; g < sh.nh; g += per) s[g / per * kLanes + i] = row[g];
-        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
-          std::memcpy(s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), row + sh.nh + 4 * g, 4);
+        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g) {
+          float super;
+          std::memcpy(&super, row + sh.nh + 4 * g, 4);
+          store_panel_super(s + supers_at(sh.form, sh.nh) + w * (g * kLanes + i), sh.form, super);
+        }
         continue;
       }
       const float* row = (o ? a.m : a.d) + n * sh.nh;
@@ -165,8 +170,11 @@ void s16_unpack_panel_chunk(const LinearArgs& a, int64_t n0, int64_t n1, const u
         uint8_t* row = const_cast<uint8_t*>(o ? a.m8 : a.d8) + n * scale_row;
         const uint8_t* s = col.scales[o];
         for (int64_t g = 0; g < sh.nh; ++g) row[g] = s[g / halves_per_byte(sh.form) * kLanes + i];
-        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g)
-          std::memcpy(row + sh.nh + 4 * g, s + supers_at(sh.form, sh.nh) + 4 * (g * kLanes + i), 4);
+        for (int64_t g = 0; g < sh.nh / kHalvesPerSuper; ++g) {
+          const int64_t w = super_bytes(sh.form);
+          const float super = panel_super(s + supers_at(sh.form, sh.nh) + w * (g * kLanes + i), sh.form);
+          std::memcpy(row + sh.nh + 4 * g, &super, 4);
+        }
         continue;
       }
       float* row = const_cast<float*>(o ? a.m : a.d) + n * sh.nh;
@@ -198,7 +206,7 @@ void panel_column(const S16Args& s, const S16Column& col, int64_t column_bytes, 
   constexpr int B = s16_base_bits(Bits), H = Bits - B;
   constexpr int64_t block_bytes = Bits * 64;
   const int64_t share = column_bytes / nb;
-  const bool pairs = col.form == PanelScales::CompactPairs;
+  const bool pairs = pairs_form(col.form);
   __m512 e[R][2];
   for (int r = 0; r < R; ++r) e[r][0] = e[r][1] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
