@@ -30,6 +30,7 @@ def no_openmp_build(request):
     return build, log
 
 
+@pytest.mark.slow  # its build is ~3.5 min on two cores: .ci/run's slow stage (tests/conftest.py)
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_driver_passes_without_openmp(no_openmp_build, driver):
     build, _ = no_openmp_build
