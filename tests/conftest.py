@@ -12,7 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 #: tests marked ``slow`` run in .ci/run's slow stage (PAGED_SLOW=1 ... -m slow), after the README's command:
-#: the README's suite stays well under 20 minutes on two cores, and CI still runs every test
+#: they leave the README's suite (bounded at 20 minutes on two cores), and CI still runs every test
 SLOW_STAGE = "PAGED_SLOW"
 
 
