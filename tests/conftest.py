@@ -16,15 +16,35 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SLOW_STAGE = "PAGED_SLOW"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m slow` selects: the slow mark added here must be seen
 def pytest_collection_modifyitems(config, items):
     import os
 
-    if os.environ.get(SLOW_STAGE):
-        return
-    skip = pytest.mark.skip(reason=f"slow stage: .ci/run runs it with {SLOW_STAGE}=1")
+    below = _below_native_levels()
+    stage = os.environ.get(SLOW_STAGE)
     for item in items:
-        if item.get_closest_marker("slow"):
-            item.add_marker(skip)
+        level = item.get_closest_marker("isa_level")
+        if level and level.args[0] in below:
+            item.add_marker(pytest.mark.slow)
+            why = f"{level.args[0]} is below this CPU's best level: "
+        elif item.get_closest_marker("slow"):
+            why = ""
+        else:
+            continue
+        if not stage:
+            item.add_marker(pytest.mark.skip(reason=f"{why}slow stage: .ci/run runs it with {SLOW_STAGE}=1"))
+
+
+def _below_native_levels() -> set[str]:
+    """ENGINE_LEVELS under the best one this CPU runs: the README's suite checks the build users get
+    here, and the slow stage the older generations forced on it (an AVX2 CPU runs avx2 in both)."""
+    try:
+        from paged.backends.cpu.host import isa as cpu_isa
+
+        runs = [level for level in LEVEL_NAMES if level in cpu_isa.supported_levels()]
+    except ImportError:  # not built: the level fixtures skip on their own
+        return set()
+    return set(runs[1:])
 
 
 @pytest.fixture(scope="session")
@@ -50,11 +70,14 @@ def default_model_fp32(default_model_path):
 # -- CPU generations ----------------------------------------------------------------
 # Engine, layer-stack and server tests run once per ISA level this machine
 # supports (avx512: Zen 4 / Xeon class; avx2: Zen 3 class), so one machine
-# checks the other generation's dispatch end to end. The scalar level is
+# checks the other generation's dispatch end to end: the best level in the
+# README's suite, the lower ones in .ci/run's slow stage. The scalar level is
 # checked kernel by kernel, bitwise or within tolerance against the SIMD builds
 # (test_kernels, test_quant_linear, test_fused_ops); a whole model at scalar
 # speed is ~40x slower, too slow for the suite.
-ENGINE_LEVELS = ("avx512", "avx2")
+LEVEL_NAMES = ("avx512", "avx2")
+#: the fixtures' params, each marked with its level: a level below this CPU's best is a slow-stage test
+ENGINE_LEVELS = tuple(pytest.param(level, marks=pytest.mark.isa_level(level)) for level in LEVEL_NAMES)
 
 
 def skip_unless_level(level: str) -> None:
