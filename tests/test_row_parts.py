@@ -61,6 +61,26 @@ def test_cat_rows_groups_consecutive_layouts():
     assert isinstance(one, PackedFields) and one.kernel_type == "q4_1" and one.shape == (24, 256)
 
 
+S16_QKV = [(Q.Q3_K, 64), (Q.Q3_K, 32), (Q.Q5_K, 32)]  # Q3_K_L's QKV: Q3_K Q/K rows, a Q5_K V (both s16)
+
+
+@pytest.mark.parametrize("activations", ["int8", "int8x2", "mixed"])
+def test_s16_rows_of_several_types_are_parts_with_the_same_bits(activations):
+    parts = [blocks(t, rows, 512, 20 + i) for i, (t, rows) in enumerate(S16_QKV)]
+    joined, fused = cat_rows(parts, row_parts=True), cat_rows(parts)
+    assert isinstance(joined, PackedParts) and [p.kernel_type for p in joined.parts] == ["s16", "s16"]
+    want = torch.cat([gguf_values(p) for p in parts])
+    assert torch.equal(joined.dequantize(torch.float64), want)
+    lin, one = CpuPackedLinear(joined, activations), CpuPackedLinear(fused, activations)
+    # each part packed as its own type (Q3_K's codes in 3 bits, no offsets), not every row in 6 bits with offsets
+    assert [p.kernel_qtype for p in lin.parts] == ["s16.s3", "s16.u5"] and one.kernel_qtype == "s16.s6"
+    held = lambda m: sum(t.numel() * t.element_size() for t in (m.qs, m.d, m.m) if t is not None)  # noqa: E731
+    assert sum(held(p) for p in lin.parts) < 0.6 * held(one)
+    for rows in (1, 5, 40):  # few-rows kernels and prompt tiles
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(lin.linear(x), one.linear(x))  # the s16 contract per row: the same values either way
+
+
 @pytest.mark.parametrize("activations", ["float32", "int8", "int8x2", "mixed"])
 def test_row_parts_linear_is_its_parts(activations):
     parts = qkv_parts(seed=3)

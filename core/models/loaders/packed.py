@@ -130,12 +130,20 @@ def _cat_one_layout(parts: list) -> "PackedBlocks | PackedFields":
     return PackedFields(parts[0].kernel_type, cat(0), cat(1), cat(2))
 
 
+def _part_key(p: PackedBlocks) -> object:
+    """What the rows of one row part share: the kernel layout, and for s16 the GGUF type too. s16 rows of
+    several types in one matrix take the widest type's code bits for every row and float32 scales (Q3_K_L's
+    QKV, Q3_K Q/K rows and a Q5_K V: 10 bits a weight); as parts each keeps its packed form (3.6 and 5.6)."""
+    return (p.kernel_type, p.qtype) if p.kernel_type == "s16" else p.kernel_type
+
+
 def cat_rows(parts: list, row_parts: bool = False) -> "PackedBlocks | PackedFields | PackedParts | torch.Tensor":
     """Concatenate matrices along rows (fused QKV / gate-up): tensors with
     torch.cat, packed blocks of one GGUF type block-row-wise, packed blocks
     of several types in one kernel layout as that layout's fields; of
     several layouts, with ``row_parts`` (the platform runs PackedParts) as
-    PackedParts of consecutive same-layout groups, else as s16 fields
+    PackedParts of consecutive same-layout groups (s16 rows also of one
+    GGUF type: ``_part_key``), else as s16 fields
     (every row keeps its values); a 16-bit float part among other types
     makes the whole matrix dense float32 (neither layout holds the other's
     values); a mix of packed and dense is the caller's to dequantize first."""
@@ -146,13 +154,13 @@ def cat_rows(parts: list, row_parts: bool = False) -> "PackedBlocks | PackedFiel
             return torch.cat([p.dequantize(torch.float32) for p in parts])
         groups: list[list[PackedBlocks]] = []
         for p in parts:
-            if groups and groups[-1][0].kernel_type == p.kernel_type:
+            if groups and _part_key(groups[-1][0]) == _part_key(p):
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        if len(groups) == 1:
-            return _cat_one_layout(parts)
-        return PackedParts([_cat_one_layout(g) for g in groups]) if row_parts else _as_s16(parts)
+        if len(groups) > 1 and row_parts:
+            return PackedParts([_cat_one_layout(g) for g in groups])
+        return _cat_one_layout(parts) if len({p.kernel_type for p in parts}) == 1 else _as_s16(parts)
     if any(isinstance(p, PackedBlocks) for p in parts):
         raise TypeError("cat_rows: mixed packed/dense; dequantize first")
     return torch.cat(parts)
