@@ -158,9 +158,9 @@ def cat_rows(parts: list, row_parts: bool = False) -> "PackedBlocks | PackedFiel
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        if len(groups) > 1 and row_parts:
-            return PackedParts([_cat_one_layout(g) for g in groups])
-        return _cat_one_layout(parts) if len({p.kernel_type for p in parts}) == 1 else _as_s16(parts)
+        if len(groups) == 1:
+            return _cat_one_layout(parts)
+        return PackedParts([_cat_one_layout(g) for g in groups]) if row_parts else _as_s16(parts)
     if any(isinstance(p, PackedBlocks) for p in parts):
         raise TypeError("cat_rows: mixed packed/dense; dequantize first")
     return torch.cat(parts)
